@@ -1,0 +1,68 @@
+"""Structural checks of an exported graph: IR version, opsets, required/forbidden ops, I/O, metadata."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+from onnx import TensorProto
+
+from raggedvit.exporter.blocks import RAGGED_DOMAIN
+from raggedvit.exporter.metadata import read_recipe
+
+__all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph"]
+
+MAX_IR_VERSION = 13  # onnxruntime 1.31 rejects IR 14
+# Control flow, sequences and host-side shape arithmetic: each forces CPU placement or Memcpy on the CUDA EP.
+FORBIDDEN_OPS = frozenset(
+    {"Loop", "If", "Scan", "Unique", "NonMaxSuppression", "Size", "Range", "SequenceAt", "SequenceConstruct",
+     "SplitToSequence", "ConcatFromSequence", "SequenceInsert", "Compress"}
+)
+_PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterND", "ScatterElements", "Gather")
+
+
+def _elem_and_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[str | int]]:
+    t = vi.type.tensor_type
+    return t.elem_type, [d.dim_param or d.dim_value for d in t.shape.dim]
+
+
+def check_graph(model: onnx.ModelProto) -> list[str]:
+    """Problems found in `model` (empty list: the graph has the expected structure)."""
+    problems: list[str] = []
+    if model.ir_version > MAX_IR_VERSION:
+        problems.append(f"IR version {model.ir_version} > {MAX_IR_VERSION} (onnxruntime 1.31 rejects it)")
+    opsets = {o.domain: o.version for o in model.opset_import}
+    if opsets.get("", opsets.get("ai.onnx")) != 17:
+        problems.append(f"default opset is {opsets.get('')}, expected 17")
+    if opsets.get(RAGGED_DOMAIN) != 1:
+        problems.append(f"opset import {RAGGED_DOMAIN} v1 missing (got {opsets.get(RAGGED_DOMAIN)})")
+    ops = Counter((n.domain, n.op_type) for n in model.graph.node)
+    bad = sorted(op for (_, op) in ops if op in FORBIDDEN_OPS or op.startswith("Memcpy"))
+    if bad:
+        problems.append(f"forbidden (host round trip / control flow) ops present: {bad}")
+    if ops[("", "Shape")] > 1:
+        problems.append(f"{ops[('', 'Shape')]} Shape nodes, expected at most 1 (the batch size)")
+    try:
+        recipe = read_recipe(model)
+    except KeyError as e:
+        problems.append(str(e))
+        recipe = {}
+    depth = recipe.get("depth")
+    n_attn = ops[(RAGGED_DOMAIN, "RaggedAttention")]
+    if depth is not None and n_attn != depth:
+        problems.append(f"{n_attn} RaggedAttention nodes, expected depth = {depth}")
+    stages = 0 if recipe.get("prune", {}).get("policy", "none") == "none" else len(recipe["prune"].get("prune_at", ()))
+    if stages:
+        missing = [op for op in _PRUNE_OPS if ops[("", op)] == 0]
+        if missing:
+            problems.append(f"pruning ops missing: {missing}")
+    ins = {vi.name: _elem_and_dims(vi) for vi in model.graph.input}
+    outs = {vi.name: _elem_and_dims(vi) for vi in model.graph.output}
+    if list(ins) != ["images"] or ins["images"][0] != TensorProto.FLOAT or ins["images"][1][:1] != ["batch"]:
+        problems.append(f"inputs {ins}, expected images [batch, 3, S, S] float32")
+    if outs.get("logits", (None, []))[0] != TensorProto.FLOAT or outs["logits"][1][:1] != ["batch"]:
+        problems.append(f"output logits {outs.get('logits')}, expected [batch, classes] float32")
+    exp_counts = (TensorProto.INT64, ["batch", stages])
+    if outs.get("token_counts") != exp_counts:
+        problems.append(f"output token_counts {outs.get('token_counts')}, expected {exp_counts}")
+    return problems

@@ -1,0 +1,79 @@
+"""Patch embedding, prefix tokens and position embedding: images -> packed tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+from torch import nn
+
+from raggedvit.exporter._builder import GraphBuilder
+from raggedvit.exporter.layers import maybe_layer_norm
+from raggedvit.exporter.support import prefix_tokens, tokens_per_image
+
+__all__ = ["Packed", "embed"]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Packed activations between blocks (tensor names in the graph).
+
+    x [T, C] compute dtype; cu [B+1] int64 (0, cumsum(counts)); counts [B] int64;
+    cu32 [B+1] int32 (the RaggedAttention input); nmax: static max rows per image.
+    """
+
+    x: str
+    cu: str
+    cu32: str
+    counts: str
+    nmax: int
+
+
+def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
+    """images [B, 3, S, S] float32 -> Packed with T = B * (num_patches + prefix) rows."""
+    C = int(vit.embed_dim)
+    n0 = tokens_per_image(vit)
+    x = images
+    if g.compute_dtype != np.float32:
+        x = g.op("Cast", [x], hint="images_cast", to=g.elem)
+    proj = vit.patch_embed.proj
+    x = g.op(
+        "Conv",
+        [x, g.weight(proj.weight, "patch_embed.proj.weight"), g.weight(proj.bias, "patch_embed.proj.bias")]
+        if proj.bias is not None
+        else [x, g.weight(proj.weight, "patch_embed.proj.weight")],
+        hint="patch_embed.proj",
+        kernel_shape=list(proj.kernel_size),
+        strides=list(proj.stride),
+    )  # [B, C, gh, gw]
+    x = g.op("Reshape", [x, g.const([0, C, -1], np.int64)], hint="patch_embed.flat")  # [B, C, N]
+    x = g.op("Transpose", [x], hint="patch_embed.nlc", perm=[0, 2, 1])  # [B, N, C]
+    x = maybe_layer_norm(g, x, getattr(vit.patch_embed, "norm", None), "patch_embed.norm")
+
+    batch = g.op("Shape", [images], hint="batch", start=0, end=1)  # [1] int64, the only Shape in the graph
+    prefix = []
+    for attr, p in prefix_tokens(vit):
+        tok = g.weight(p, attr)  # [1, n, C]
+        shape = g.op("Concat", [batch, g.const([int(p.shape[1]), C], np.int64)], hint=f"{attr}.shape", axis=0)
+        prefix.append(g.op("Expand", [tok, shape], hint=f"{attr}.expand"))
+    pos = g.weight(vit.pos_embed, "pos_embed")
+    if getattr(vit, "no_embed_class", False):
+        x = g.op("Add", [x, pos], hint="pos_add")
+        x = g.op("Concat", [*prefix, x], hint="tokens", axis=1) if prefix else x
+    else:
+        x = g.op("Concat", [*prefix, x], hint="tokens", axis=1) if prefix else x
+        x = g.op("Add", [x, pos], hint="pos_add")
+    x = maybe_layer_norm(g, x, getattr(vit, "norm_pre", None), "norm_pre")  # [B, n0, C]
+    x = g.op("Reshape", [x, g.const([-1, C], np.int64)], hint="packed")  # [B*n0, C]
+
+    counts = g.op("Expand", [g.const([n0], np.int64), batch], hint="counts0")  # [B]
+    cu = cu_from_counts(g, counts, "cu0")
+    return Packed(x=x, cu=cu, cu32=g.op("Cast", [cu], hint="cu0_i32", to=TensorProto.INT32), counts=counts, nmax=n0)
+
+
+def cu_from_counts(g: GraphBuilder, counts: str, hint: str) -> str:
+    """counts [B] int64 -> cu [B+1] int64 = [0, cumsum(counts)] (on the device: CumSum + Concat)."""
+    csum = g.op("CumSum", [counts, g.const(0, np.int64)], hint=f"{hint}.cumsum")
+    return g.op("Concat", [g.const([0], np.int64), csum], hint=hint, axis=0)
+

@@ -1,0 +1,161 @@
+"""One token-pruning stage on packed rows (DESIGN.md section 4), all on the device.
+
+Padded per-image views [B, Nmax] are built by scatter from the packed rows, the keep mask by
+TopK (stable descending sort) + inverse permutation, and the new packed rows by NonZero + Gather,
+so no row count is fixed anywhere and nothing is read back on the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from raggedvit.exporter._builder import GraphBuilder
+from raggedvit.exporter.embed import Packed, cu_from_counts
+
+__all__ = ["l2_scores", "prune_stage", "row_coordinates"]
+
+_F32 = TensorProto.FLOAT
+_I64 = TensorProto.INT64
+_NEG_INF = np.float32(-np.inf)
+CLS_MASS_EPS = 1e-30  # as raggedvit.pruning.select.CLS_MASS_EPS
+
+
+def l2_scores(g: GraphBuilder, x: str, hint: str) -> str:
+    """x [T, C] -> s [T] float32, the L2 norm of each row (computed in float32)."""
+    if g.compute_dtype != np.float32:
+        x = g.op("Cast", [x], hint=f"{hint}.f32", to=_F32)
+    return g.op("ReduceL2", [x], hint=hint, axes=[1], keepdims=0)
+
+
+def row_coordinates(g: GraphBuilder, state: Packed, hint: str) -> tuple[str, str, str]:
+    """(seq_id [T], pos [T], zeros [B, 1]) int64 of the packed rows, derived from counts alone.
+
+    nonzero(i < n_b) over the padded [B, Nmax] grid lists the rows in packed (row-major) order.
+    """
+    zeros_b1 = g.op("Mul", [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]), g.const(0, np.int64)],
+                    hint=f"{hint}.zeros_b1")
+    grid_i = g.op("Add", [zeros_b1, g.const(np.arange(state.nmax, dtype=np.int64)[None])], hint=f"{hint}.i")
+    valid = g.op("Less", [grid_i, g.op("Unsqueeze", [state.counts, g.const([1], np.int64)])], hint=f"{hint}.valid")
+    nz = g.op("NonZero", [valid], hint=f"{hint}.nz")  # [2, T]
+    seq = g.op("Gather", [nz, g.const(0, np.int64)], hint=f"{hint}.seq", axis=0)
+    pos = g.op("Gather", [nz, g.const(1, np.int64)], hint=f"{hint}.pos", axis=0)
+    return seq, pos, zeros_b1
+
+
+def prune_stage(
+    g: GraphBuilder,
+    state: Packed,
+    scores: str,
+    *,
+    policy: str,
+    keep: float,
+    mass: float,
+    fuse: bool,
+    num_prefix: int,
+    hint: str,
+) -> Packed:
+    """Keep the top-scoring patch rows of every image.
+
+    scores [T] float32 (L2 norm or cls_attn of the previous block). Returns the new Packed state
+    (x [T', C], counts [B] = n'_b, cu [B+1]); with `fuse` (evit) one extra token per image is
+    appended last: the cls_attn-weighted mean of its dropped patch rows.
+    """
+    p, nmax, h = num_prefix, state.nmax, hint
+    seq, pos, zeros_b1 = row_coordinates(g, state, h)
+    row = g.const(np.arange(nmax, dtype=np.int64)[None], hint="arange_row")  # [1, Nmax]
+    grid_i = g.op("Add", [zeros_b1, row], hint=f"{h}.grid_i")  # [B, Nmax]
+    n_b1 = g.op("Unsqueeze", [state.counts, g.const([1], np.int64)], hint=f"{h}.n")  # [B, 1]
+    patches = g.op("Sub", [n_b1, g.const(p, np.int64)], hint=f"{h}.P")  # [B, 1]
+
+    # 2. padded scores S [B, Nmax]: -inf everywhere but at patch rows.
+    neg = g.op("Add", [g.op("Cast", [zeros_b1], to=_F32), g.const(np.full((1, nmax), _NEG_INF))], hint=f"{h}.neg")
+    is_prefix = g.op("Less", [pos, g.const(p, np.int64)], hint=f"{h}.is_prefix")
+    s_masked = g.op("Where", [is_prefix, g.const(_NEG_INF), scores], hint=f"{h}.s_masked")
+    coords = g.op(
+        "Concat",
+        [g.op("Unsqueeze", [seq, g.const([1], np.int64)]), g.op("Unsqueeze", [pos, g.const([1], np.int64)])],
+        hint=f"{h}.coords",
+        axis=1,
+    )  # [T, 2]
+    S = g.op("ScatterND", [neg, coords, s_masked], hint=f"{h}.S")
+
+    # 4. stable descending order and its inverse permutation.
+    sorted_vals, order = g.op_multi("TopK", [S, g.const([nmax], np.int64)], hint=f"{h}.sort", n_out=2,
+                          axis=1, largest=1, sorted=1)
+    rank = g.op("ScatterElements", [grid_i, order, grid_i], hint=f"{h}.rank", axis=1)
+
+    # 3. tokens kept per image, k [B, 1].
+    if policy in ("topk-l2", "evit"):
+        kf = g.op("Ceil", [g.op("Mul", [g.op("Cast", [patches], to=_F32), g.const(np.float32(keep))])], hint=f"{h}.kf")
+        k = g.op("Cast", [kf], hint=f"{h}.k_raw", to=_I64)
+    elif policy == "cls-mass":
+        k = _mass_count(g, sorted_vals, grid_i, patches, mass=mass, hint=h)
+    else:
+        raise ValueError(f"unknown pruning policy {policy!r}")
+    k = g.op("Min", [g.op("Max", [k, g.const(1, np.int64)]), patches], hint=f"{h}.k")
+
+    keep_mask = g.op(
+        "And",
+        [
+            g.op("Less", [grid_i, n_b1]),
+            g.op("Or", [g.op("Less", [grid_i, g.const(p, np.int64)]), g.op("Less", [rank, k])]),
+        ],
+        hint=f"{h}.keep",
+    )  # [B, Nmax] bool
+
+    # 5. + 6. gather the kept rows (and the fused token, as an extra column Nmax) in row-major order.
+    x_src, keep_ext, nmax_out = state.x, keep_mask, nmax
+    if fuse:
+        fused = _fused_tokens(g, state.x, scores, seq, keep_mask, coords, zeros_b1, h)  # [B, C]
+        x_src = g.op("Concat", [state.x, fused], hint=f"{h}.x_src", axis=0)  # [T + B, C]
+        true_b1 = g.op("Equal", [zeros_b1, g.const(0, np.int64)], hint=f"{h}.true_b1")
+        keep_ext = g.op("Concat", [keep_mask, true_b1], hint=f"{h}.keep_ext", axis=1)  # [B, Nmax + 1]
+        nmax_out = nmax + 1
+    nz = g.op("NonZero", [keep_ext], hint=f"{h}.kept")  # [2, T']
+    b = g.op("Gather", [nz, g.const(0, np.int64)], hint=f"{h}.b", axis=0)
+    i = g.op("Gather", [nz, g.const(1, np.int64)], hint=f"{h}.i_kept", axis=0)
+    src = g.op("Add", [g.op("Gather", [state.cu, b], axis=0), i], hint=f"{h}.src")
+    if fuse:
+        total = g.op("Gather", [state.cu, g.const(-1, np.int64)], hint=f"{h}.T", axis=0)
+        fused_src = g.op("Add", [total, b], hint=f"{h}.fused_src")
+        src = g.op("Where", [g.op("Equal", [i, g.const(nmax, np.int64)]), fused_src, src], hint=f"{h}.src_ext")
+    x = g.op("Gather", [x_src, src], hint=f"{h}.x", axis=0)
+    counts = g.op(
+        "ReduceSum", [g.op("Cast", [keep_ext], to=_I64), g.const([1], np.int64)], hint=f"{h}.counts", keepdims=0
+    )
+    cu = cu_from_counts(g, counts, f"{h}.cu")
+    cu32 = g.op("Cast", [cu], hint=f"{h}.cu_i32", to=TensorProto.INT32)
+    return Packed(x=x, cu=cu, cu32=cu32, counts=counts, nmax=nmax_out)
+
+
+def _mass_count(g, sorted_vals, grid_i, patches, *, mass, hint):
+    """cls-mass k_b [B, 1] int64, as raggedvit.pruning.select: a = sorted patch scores / their sum (floor 1e-30),
+    k_b = #{j < P_b : exclusive cumsum a_j < mass}."""
+    h = hint
+    valid = g.op("Less", [grid_i, patches], hint=f"{h}.sorted_valid")  # sorted slot j < P_b holds a patch score
+    a = g.op("Where", [valid, sorted_vals, g.const(np.float32(0))], hint=f"{h}.a_sorted")
+    total = g.op("Max", [g.op("ReduceSum", [a, g.const([1], np.int64)], keepdims=1), g.const(np.float32(CLS_MASS_EPS))],
+                 hint=f"{h}.mass_total")
+    a = g.op("Div", [a, total], hint=f"{h}.a")
+    excl = g.op("Sub", [g.op("CumSum", [a, g.const(1, np.int64)], hint=f"{h}.c"), a], hint=f"{h}.c_excl")
+    below = g.op("And", [valid, g.op("Less", [excl, g.const(np.float32(mass))])], hint=f"{h}.below")
+    return g.op("ReduceSum", [g.op("Cast", [below], to=_I64), g.const([1], np.int64)], hint=f"{h}.k_mass",
+                keepdims=1)
+
+
+def _fused_tokens(g, x, scores, seq, keep_mask, coords, zeros_b1, hint):
+    """evit fuse: per image sum over dropped patch rows of a_t x_t / max(sum a_t, 1e-12) -> [B, C] compute dtype."""
+    h = hint
+    kept_row = g.op("GatherND", [keep_mask, coords], hint=f"{h}.kept_row")  # [T] bool (prefix rows are kept)
+    w = g.op("Where", [kept_row, g.const(np.float32(0)), scores], hint=f"{h}.w")  # [T]
+    ones_b1 = g.op("Add", [zeros_b1, g.const(1, np.int64)])
+    b_col = g.op("CumSum", [ones_b1, g.const(0, np.int64)], hint=f"{h}.b_col", exclusive=1)  # [B, 1] = b
+    member = g.op("Equal", [b_col, g.op("Unsqueeze", [seq, g.const([0], np.int64)])], hint=f"{h}.member")  # [B, T]
+    wmat = g.op("Mul", [g.op("Cast", [member], to=_F32), w], hint=f"{h}.wmat")  # [B, T]
+    x32 = x if g.compute_dtype == np.float32 else g.op("Cast", [x], to=_F32, hint=f"{h}.x32")
+    num = g.op("MatMul", [wmat, x32], hint=f"{h}.fuse_num")  # [B, C]
+    den = g.op("Max", [g.op("ReduceSum", [wmat, g.const([1], np.int64)], keepdims=1), g.const(np.float32(1e-12))],
+               hint=f"{h}.fuse_den")
+    fused = g.op("Div", [num, den], hint=f"{h}.fused")
+    return fused if g.compute_dtype == np.float32 else g.op("Cast", [fused], to=g.elem, hint=f"{h}.fused_cast")
