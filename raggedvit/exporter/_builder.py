@@ -105,7 +105,9 @@ class GraphBuilder:
         base = hint or op_type.lower()
         if outputs is None:
             outputs = [self.name(base if n_out == 1 else f"{base}_out{k}") for k in range(n_out)]
-        node = helper.make_node(op_type, list(inputs), list(outputs), name=self.name(f"n_{base}"), domain=domain, **attrs)
+        node = helper.make_node(
+            op_type, list(inputs), list(outputs), name=self.name(f"n_{base}"), domain=domain, **attrs
+        )
         self.nodes.append(node)
         return list(outputs)
 

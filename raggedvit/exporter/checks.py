@@ -15,8 +15,21 @@ __all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph"]
 MAX_IR_VERSION = 13  # onnxruntime 1.31 rejects IR 14
 # Control flow, sequences and host-side shape arithmetic: each forces CPU placement or Memcpy on the CUDA EP.
 FORBIDDEN_OPS = frozenset(
-    {"Loop", "If", "Scan", "Unique", "NonMaxSuppression", "Size", "Range", "SequenceAt", "SequenceConstruct",
-     "SplitToSequence", "ConcatFromSequence", "SequenceInsert", "Compress"}
+    {
+        "Loop",
+        "If",
+        "Scan",
+        "Unique",
+        "NonMaxSuppression",
+        "Size",
+        "Range",
+        "SequenceAt",
+        "SequenceConstruct",
+        "SplitToSequence",
+        "ConcatFromSequence",
+        "SequenceInsert",
+        "Compress",
+    }
 )
 _PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterND", "ScatterElements", "Gather")
 

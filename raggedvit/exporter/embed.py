@@ -76,4 +76,3 @@ def cu_from_counts(g: GraphBuilder, counts: str, hint: str) -> str:
     """counts [B] int64 -> cu [B+1] int64 = [0, cumsum(counts)] (on the device: CumSum + Concat)."""
     csum = g.op("CumSum", [counts, g.const(0, np.int64)], hint=f"{hint}.cumsum")
     return g.op("Concat", [g.const([0], np.int64), csum], hint=hint, axis=0)
-

@@ -41,7 +41,9 @@ def stage_blocks(spec: Any, depth: int) -> tuple[int, ...]:
     return at
 
 
-def build_model(vit: nn.Module, spec: Any, *, dtype: str = "fp32", recipe: dict[str, Any] | None = None) -> onnx.ModelProto:
+def build_model(
+    vit: nn.Module, spec: Any, *, dtype: str = "fp32", recipe: dict[str, Any] | None = None
+) -> onnx.ModelProto:
     """The ONNX graph of `vit` pruned by `spec`.
 
     Inputs: images [batch, 3, S, S] float32 (already normalised). Outputs: logits [batch, classes]
@@ -68,8 +70,15 @@ def build_model(vit: nn.Module, spec: Any, *, dtype: str = "fp32", recipe: dict[
                 k = stages.index(i)
                 scores = l2_scores(g, state.x, f"stage{k}.l2") if spec.policy == "topk-l2" else cls_attn
                 state = prune_stage(
-                    g, state, scores, policy=spec.policy, keep=float(spec.keep), mass=float(spec.mass),
-                    fuse=bool(spec.fuse) and spec.policy == "evit", num_prefix=p, hint=f"stage{k}",
+                    g,
+                    state,
+                    scores,
+                    policy=spec.policy,
+                    keep=float(spec.keep),
+                    mass=float(spec.mass),
+                    fuse=bool(spec.fuse) and spec.policy == "evit",
+                    num_prefix=p,
+                    hint=f"stage{k}",
                 )
                 stage_counts.append(state.counts)
             x, cls_attn = block(g, blk, state, i, want_cls_attn=(i + 1) in stages and spec.policy in _CLS_ATTN_POLICIES)
@@ -82,8 +91,11 @@ def build_model(vit: nn.Module, spec: Any, *, dtype: str = "fp32", recipe: dict[
         g.op("Concat", cols, outputs=[counts_name], axis=1)
     else:
         col0 = g.op("Unsqueeze", [counts0, g.const([1], np.int64)], hint="token_counts.col")
-        g.op("Slice", [col0, g.const([0], np.int64), g.const([0], np.int64), g.const([1], np.int64)],
-             outputs=[counts_name])
+        g.op(
+            "Slice",
+            [col0, g.const([0], np.int64), g.const([0], np.int64), g.const([1], np.int64)],
+            outputs=[counts_name],
+        )
     g.add_output(logits_name, TensorProto.FLOAT, ["batch", int(vit.head.out_features)])
     g.add_output(counts_name, TensorProto.INT64, ["batch", len(stages)])
 
@@ -102,8 +114,9 @@ def build_model(vit: nn.Module, spec: Any, *, dtype: str = "fp32", recipe: dict[
     return model
 
 
-def export_onnx(vit: nn.Module, spec: Any, path: str | Path, *, dtype: str = "fp32",
-                recipe: dict[str, Any] | None = None) -> Path:
+def export_onnx(
+    vit: nn.Module, spec: Any, path: str | Path, *, dtype: str = "fp32", recipe: dict[str, Any] | None = None
+) -> Path:
     """Build, check (onnx.checker full_check) and write the model atomically to `path`; returns the path."""
     model = build_model(vit, spec, dtype=dtype, recipe=recipe)
     onnx.checker.check_model(model, full_check=True)

@@ -23,13 +23,21 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
     if getattr(vit, "global_pool", "token") == "avg":
         x = maybe_layer_norm(g, state.x, vit.norm, "norm")
         seq, pos, zeros_b1 = row_coordinates(g, state, "head")
-        b_col = g.op("CumSum", [g.op("Add", [zeros_b1, g.const(1, np.int64)]), g.const(0, np.int64)],
-                     hint="head.b_col", exclusive=1)  # [B, 1]
+        b_col = g.op(
+            "CumSum",
+            [g.op("Add", [zeros_b1, g.const(1, np.int64)]), g.const(0, np.int64)],
+            hint="head.b_col",
+            exclusive=1,
+        )  # [B, 1]
         member = g.op("Equal", [b_col, g.op("Unsqueeze", [seq, g.const([0], np.int64)])], hint="head.member")
         patch = g.op("Not", [g.op("Less", [pos, g.const(num_prefix, np.int64)])], hint="head.patch_row")  # [T]
         sel = g.op("Cast", [g.op("And", [member, patch])], hint="head.sel", to=g.elem)  # [B, T]
-        npatch = g.op("Cast", [g.op("Sub", [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]),
-                                            g.const(num_prefix, np.int64)])], hint="head.npatch", to=g.elem)
+        npatch = g.op(
+            "Cast",
+            [g.op("Sub", [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]), g.const(num_prefix, np.int64)])],
+            hint="head.npatch",
+            to=g.elem,
+        )
         pooled = g.op("Div", [g.op("MatMul", [sel, x]), npatch], hint="head.avg")  # [B, C]
         pooled = maybe_layer_norm(g, pooled, getattr(vit, "fc_norm", None), "fc_norm")
         return linear(g, pooled, vit.head, "head")
@@ -48,5 +56,3 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
     dist_logits = linear(g, dist, head_dist, "head_dist")
     both = g.op("Add", [logits, dist_logits], hint="head.sum")
     return g.op("Mul", [both, g.const(np.asarray(0.5, dtype=g.compute_dtype))], hint="head.mean")
-
-

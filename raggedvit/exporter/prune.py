@@ -33,8 +33,11 @@ def row_coordinates(g: GraphBuilder, state: Packed, hint: str) -> tuple[str, str
 
     nonzero(i < n_b) over the padded [B, Nmax] grid lists the rows in packed (row-major) order.
     """
-    zeros_b1 = g.op("Mul", [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]), g.const(0, np.int64)],
-                    hint=f"{hint}.zeros_b1")
+    zeros_b1 = g.op(
+        "Mul",
+        [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]), g.const(0, np.int64)],
+        hint=f"{hint}.zeros_b1",
+    )
     grid_i = g.op("Add", [zeros_b1, g.const(np.arange(state.nmax, dtype=np.int64)[None])], hint=f"{hint}.i")
     valid = g.op("Less", [grid_i, g.op("Unsqueeze", [state.counts, g.const([1], np.int64)])], hint=f"{hint}.valid")
     nz = g.op("NonZero", [valid], hint=f"{hint}.nz")  # [2, T]
@@ -81,8 +84,9 @@ def prune_stage(
     S = g.op("ScatterND", [neg, coords, s_masked], hint=f"{h}.S")
 
     # 4. stable descending order and its inverse permutation.
-    sorted_vals, order = g.op_multi("TopK", [S, g.const([nmax], np.int64)], hint=f"{h}.sort", n_out=2,
-                          axis=1, largest=1, sorted=1)
+    sorted_vals, order = g.op_multi(
+        "TopK", [S, g.const([nmax], np.int64)], hint=f"{h}.sort", n_out=2, axis=1, largest=1, sorted=1
+    )
     rank = g.op("ScatterElements", [grid_i, order, grid_i], hint=f"{h}.rank", axis=1)
 
     # 3. tokens kept per image, k [B, 1].
@@ -135,13 +139,15 @@ def _mass_count(g, sorted_vals, grid_i, patches, *, mass, hint):
     h = hint
     valid = g.op("Less", [grid_i, patches], hint=f"{h}.sorted_valid")  # sorted slot j < P_b holds a patch score
     a = g.op("Where", [valid, sorted_vals, g.const(np.float32(0))], hint=f"{h}.a_sorted")
-    total = g.op("Max", [g.op("ReduceSum", [a, g.const([1], np.int64)], keepdims=1), g.const(np.float32(CLS_MASS_EPS))],
-                 hint=f"{h}.mass_total")
+    total = g.op(
+        "Max",
+        [g.op("ReduceSum", [a, g.const([1], np.int64)], keepdims=1), g.const(np.float32(CLS_MASS_EPS))],
+        hint=f"{h}.mass_total",
+    )
     a = g.op("Div", [a, total], hint=f"{h}.a")
     excl = g.op("Sub", [g.op("CumSum", [a, g.const(1, np.int64)], hint=f"{h}.c"), a], hint=f"{h}.c_excl")
     below = g.op("And", [valid, g.op("Less", [excl, g.const(np.float32(mass))])], hint=f"{h}.below")
-    return g.op("ReduceSum", [g.op("Cast", [below], to=_I64), g.const([1], np.int64)], hint=f"{h}.k_mass",
-                keepdims=1)
+    return g.op("ReduceSum", [g.op("Cast", [below], to=_I64), g.const([1], np.int64)], hint=f"{h}.k_mass", keepdims=1)
 
 
 def _fused_tokens(g, x, scores, seq, keep_mask, coords, zeros_b1, hint):
@@ -155,7 +161,10 @@ def _fused_tokens(g, x, scores, seq, keep_mask, coords, zeros_b1, hint):
     wmat = g.op("Mul", [g.op("Cast", [member], to=_F32), w], hint=f"{h}.wmat")  # [B, T]
     x32 = x if g.compute_dtype == np.float32 else g.op("Cast", [x], to=_F32, hint=f"{h}.x32")
     num = g.op("MatMul", [wmat, x32], hint=f"{h}.fuse_num")  # [B, C]
-    den = g.op("Max", [g.op("ReduceSum", [wmat, g.const([1], np.int64)], keepdims=1), g.const(np.float32(1e-12))],
-               hint=f"{h}.fuse_den")
+    den = g.op(
+        "Max",
+        [g.op("ReduceSum", [wmat, g.const([1], np.int64)], keepdims=1), g.const(np.float32(1e-12))],
+        hint=f"{h}.fuse_den",
+    )
     fused = g.op("Div", [num, den], hint=f"{h}.fused")
     return fused if g.compute_dtype == np.float32 else g.op("Cast", [fused], to=g.elem, hint=f"{h}.fused_cast")
