@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raggedvit.exporter.checks import check_graph
 from raggedvit.exporter.export import OPSET, build_model, export_onnx
-from raggedvit.exporter.metadata import RECIPE_KEY, read_recipe, weights_source
+from raggedvit.exporter.metadata import RECIPE_KEY, read_recipe
 from raggedvit.exporter.support import UnsupportedModelError, check_supported
 
 __all__ = [
@@ -16,5 +16,4 @@ __all__ = [
     "check_supported",
     "export_onnx",
     "read_recipe",
-    "weights_source",
 ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ from torch import nn
 
 import raggedvit
 from raggedvit.exporter._builder import GraphBuilder
+from raggedvit.exporter._io import atomic_write
 from raggedvit.exporter.blocks import RAGGED_DOMAIN, block
 from raggedvit.exporter.embed import embed
 from raggedvit.exporter.head import head
@@ -120,13 +119,5 @@ def export_onnx(
     """Build, check (onnx.checker full_check) and write the model atomically to `path`; returns the path."""
     model = build_model(vit, spec, dtype=dtype, recipe=recipe)
     onnx.checker.check_model(model, full_check=True)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    atomic_write(path, model.SerializeToString())
+    return Path(path)

@@ -22,6 +22,7 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
     first = g.op("Slice", [state.cu, g.const([0], np.int64), g.const([-1], np.int64)], hint="head.first_rows")  # [B]
     if getattr(vit, "global_pool", "token") == "avg":
         x = maybe_layer_norm(g, state.x, vit.norm, "norm")
+        q = 0 if getattr(vit, "pool_include_prefix", False) else num_prefix  # first pooled row of each image
         seq, pos, zeros_b1 = row_coordinates(g, state, "head")
         b_col = g.op(
             "CumSum",
@@ -30,11 +31,11 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
             exclusive=1,
         )  # [B, 1]
         member = g.op("Equal", [b_col, g.op("Unsqueeze", [seq, g.const([0], np.int64)])], hint="head.member")
-        patch = g.op("Not", [g.op("Less", [pos, g.const(num_prefix, np.int64)])], hint="head.patch_row")  # [T]
+        patch = g.op("Not", [g.op("Less", [pos, g.const(q, np.int64)])], hint="head.patch_row")  # [T]
         sel = g.op("Cast", [g.op("And", [member, patch])], hint="head.sel", to=g.elem)  # [B, T]
         npatch = g.op(
             "Cast",
-            [g.op("Sub", [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]), g.const(num_prefix, np.int64)])],
+            [g.op("Sub", [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]), g.const(q, np.int64)])],
             hint="head.npatch",
             to=g.elem,
         )

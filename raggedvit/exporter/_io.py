@@ -1,0 +1,24 @@
+"""Atomic file writes: a temp file in the target folder, then os.replace (no partial output on failure)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["atomic_write"]
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> Path:
+    """Write `data` (str as UTF-8) to `path` atomically; the folder must exist. Returns the path."""
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

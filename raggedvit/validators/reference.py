@@ -1,0 +1,67 @@
+"""Rebuild the PyTorch reference (timm ViT + PruneSpec) from an exported model's recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+from torch import nn
+
+from raggedvit.exporter.metadata import read_recipe
+from raggedvit.pruning import PruneSpec
+from raggedvit.validators.errors import ValidationInputError
+
+__all__ = ["load_recipe", "load_reference"]
+
+
+def load_recipe(model_path: str | Path) -> dict[str, Any]:
+    """The recipe of an exported .onnx file; ValidationInputError if missing, unreadable or not raggedvit's."""
+    path = Path(model_path)
+    if not path.is_file():
+        raise ValidationInputError(f"model file {str(path)!r} does not exist")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise ValidationInputError(f"{path.name} is not a readable ONNX model ({type(e).__name__})") from None
+    try:
+        return read_recipe(model)
+    except (KeyError, ValueError) as e:
+        raise ValidationInputError(f"{path.name}: {e}") from None
+
+
+def load_reference(recipe: dict[str, Any], *, checkpoint: str | Path | None = None) -> tuple[nn.Module, PruneSpec]:
+    """(timm ViT in fp32 eval mode with the exported weights, PruneSpec) from `recipe`.
+
+    Checkpoint weights are looked up at `checkpoint` (if given) or at the recorded path; their sha256 must
+    match the recorded one.
+    """
+    from raggedvit.weights import load_vit, sha256_file
+
+    try:
+        w = recipe["weights"]
+        name, source, img_size = recipe["model"], w["source"], int(recipe["img_size"])
+        spec = PruneSpec.from_dict(recipe["prune"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValidationInputError(f"incomplete export recipe ({type(e).__name__}: {e})") from None
+    kwargs: dict[str, Any] = {"img_size": img_size, "sharpen_qk": float(w.get("sharpen_qk", 1.0))}
+    if source == "checkpoint":
+        path = Path(checkpoint) if checkpoint is not None else Path(w.get("checkpoint_path") or w["checkpoint"])
+        if not path.is_file():
+            raise ValidationInputError(
+                f"checkpoint {w.get('checkpoint')!r} not found at {str(path)!r}; pass --checkpoint FILE"
+            )
+        if w.get("checkpoint_sha256") and sha256_file(path) != w["checkpoint_sha256"]:
+            raise ValidationInputError(f"checkpoint {str(path)!r} does not match the exported sha256")
+        kwargs["checkpoint"] = path
+    elif source == "pretrained":
+        kwargs["pretrained"] = True
+    elif source == "seeded":
+        kwargs["seed"] = int(w["seed"])
+    else:
+        raise ValidationInputError(f"unknown weights source {source!r} in the export recipe")
+    try:
+        vit, _ = load_vit(name, **kwargs)
+    except ValueError as e:
+        raise ValidationInputError(str(e)) from None
+    return vit.float().eval(), spec

@@ -1,0 +1,189 @@
+"""Validation report: per-image rows, typed failures, near-ties; JSON and Markdown writers (atomic)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from raggedvit.exporter._io import atomic_write
+
+__all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "ValidationReport"]
+
+FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Pass criteria: max |Δlogit| < max_abs_logit and top-1 agreement >= min_top1 (fraction);
+    a score gap (or cls-mass margin) < tie_eps at a cut makes a near-tie."""
+
+    max_abs_logit: float = 0.004
+    min_top1: float = 1.0
+    tie_eps: float = 1e-5
+
+
+@dataclass(frozen=True)
+class NearTie:
+    """Image `image` is within `gap` of a different cut at stage `stage` (block `block`).
+
+    kind "score": last kept vs first dropped score; kind "mass": cls-mass exclusive cumsum vs the mass."""
+
+    image: int
+    stage: int
+    block: int
+    kind: Literal["score", "mass"]
+    gap: float
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed criterion; image is None for whole-run criteria (top-1 agreement rate)."""
+
+    kind: FailureKind
+    image: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class ImageRow:
+    """ORT vs reference on one image."""
+
+    index: int
+    name: str
+    max_abs_diff: float
+    mean_abs_diff: float
+    top1_onnx: int
+    top1_reference: int
+    counts_onnx: list[int]
+    counts_reference: list[int]
+    near_tie: bool
+
+    @property
+    def top1_agree(self) -> bool:
+        return self.top1_onnx == self.top1_reference
+
+    @property
+    def counts_agree(self) -> bool:
+        return self.counts_onnx == self.counts_reference
+
+
+@dataclass
+class ValidationReport:
+    """Summary of one validation run; `passed` iff there are no failures."""
+
+    model: str
+    recipe: dict[str, Any]
+    device: str
+    providers: list[str]
+    thresholds: Thresholds
+    rows: list[ImageRow] = field(default_factory=list)
+    near_ties: list[NearTie] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((r.max_abs_diff for r in self.rows), default=0.0)
+
+    @property
+    def mean_abs_diff(self) -> float:
+        return sum(r.mean_abs_diff for r in self.rows) / max(len(self.rows), 1)
+
+    @property
+    def top1_agreement(self) -> float:
+        return sum(r.top1_agree for r in self.rows) / max(len(self.rows), 1)
+
+    @property
+    def counts_agreement(self) -> float:
+        return sum(r.counts_agree for r in self.rows) / max(len(self.rows), 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [{**asdict(r), "top1_agree": r.top1_agree, "counts_agree": r.counts_agree} for r in self.rows]
+        return {
+            "passed": self.passed,
+            "model": self.model,
+            "device": self.device,
+            "providers": self.providers,
+            "thresholds": asdict(self.thresholds),
+            "summary": {
+                "images": len(self.rows),
+                "max_abs_diff": self.max_abs_diff,
+                "mean_abs_diff": self.mean_abs_diff,
+                "top1_agreement": self.top1_agreement,
+                "token_counts_agreement": self.counts_agreement,
+                "near_ties": len(self.near_ties),
+            },
+            "failures": [asdict(f) for f in self.failures],
+            "near_ties": [asdict(t) for t in self.near_ties],
+            "rows": rows,
+            "recipe": self.recipe,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    def to_markdown(self) -> str:
+        r, th = self.recipe, self.thresholds
+        prune = r.get("prune", {})
+        lines = [
+            f"## raggedvit validation: {'PASS' if self.passed else 'FAIL'}",
+            "",
+            f"- model: `{self.model}` ({r.get('model', '?')}, {r.get('dtype', '?')}, img {r.get('img_size', '?')})",
+            f"- pruning: {_prune_text(prune)}",
+            f"- ONNX Runtime: {self.device} ({', '.join(self.providers)}); reference: PyTorch fp32 PrunedViT on CPU",
+            f"- thresholds: max |Δlogit| < {th.max_abs_logit:g}, top-1 >= {th.min_top1:.0%}, "
+            f"near-tie gap < {th.tie_eps:g}",
+            "",
+            "| images | max abs Δlogit | mean abs Δlogit | top-1 agreement | token_counts agreement | near-ties |",
+            "|---:|---:|---:|---:|---:|---:|",
+            f"| {len(self.rows)} | {self.max_abs_diff:.3e} | {self.mean_abs_diff:.3e} | {self.top1_agreement:.1%} "
+            f"| {self.counts_agreement:.1%} | {len(self.near_ties)} |",
+            "",
+            "| # | image | max abs Δ | mean abs Δ | top-1 onnx / ref | tokens onnx | tokens ref | near-tie |",
+            "|---:|---|---:|---:|---|---|---|---|",
+        ]
+        for row in self.rows:
+            mark = "" if row.top1_agree else " ✗"
+            cmark = "" if row.counts_agree else " ✗"
+            lines.append(
+                f"| {row.index} | {row.name} | {row.max_abs_diff:.3e} | {row.mean_abs_diff:.3e} "
+                f"| {row.top1_onnx} / {row.top1_reference}{mark} | {_counts(row.counts_onnx)}{cmark} "
+                f"| {_counts(row.counts_reference)} | {'yes' if row.near_tie else ''} |"
+            )
+        if self.near_ties:
+            lines += ["", "Near-ties at a pruning cut (listed, not failed):", ""]
+            lines += [
+                f"- image {t.image}, stage {t.stage} (block {t.block}): {t.kind} gap {t.gap:.2e}"
+                for t in self.near_ties
+            ]
+        if self.failures:
+            lines += ["", "Failures:", ""]
+            lines += [f"- {f.kind}: {f.message}" for f in self.failures]
+        return "\n".join(lines) + "\n"
+
+    def write(self, base: str | Path) -> tuple[Path, Path]:
+        """Write BASE.json and BASE.md (a .json/.md suffix on `base` is replaced) atomically; returns both paths."""
+        base = Path(base)
+        if base.suffix in (".json", ".md"):
+            base = base.with_suffix("")
+        js = atomic_write(base.with_name(base.name + ".json"), self.to_json())
+        md = atomic_write(base.with_name(base.name + ".md"), self.to_markdown())
+        return js, md
+
+
+def _counts(c: list[int]) -> str:
+    return "-" if not c else ",".join(str(v) for v in c)
+
+
+def _prune_text(prune: dict[str, Any]) -> str:
+    policy = prune.get("policy", "none")
+    if policy == "none":
+        return "none"
+    at = ",".join(str(i) for i in prune.get("prune_at", []))
+    amount = f"mass {prune.get('mass')}" if policy == "cls-mass" else f"keep {prune.get('keep')}"
+    return f"{policy} at blocks {at}, {amount}" + (", fuse" if prune.get("fuse") else "")

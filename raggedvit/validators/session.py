@@ -1,0 +1,40 @@
+"""An ONNX Runtime session for an exported model with the raggedvit op library registered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+
+from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
+
+__all__ = ["open_session"]
+
+
+def open_session(model_path: str | Path, device: str = "cpu") -> ort.InferenceSession:
+    """InferenceSession on the CPU EP (device "cpu") or CUDA EP (device "cuda", no silent CPU fallback)."""
+    from raggedvit.custom_ops import OpLibraryNotBuilt, library_path
+
+    if device not in ("cpu", "cuda"):
+        raise ValidationInputError(f"device must be cpu or cuda, got {device!r}")
+    try:
+        lib = library_path()
+    except OpLibraryNotBuilt as e:
+        raise OpLibraryMissing(f"raggedvit op library missing: {e}") from None
+    if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ValidationInputError("device cuda requested but this onnxruntime has no CUDAExecutionProvider")
+    try:
+        from raggedvit.runtime import create_session
+    except ImportError:
+        create_session = None
+    try:
+        if create_session is not None:
+            return create_session(str(model_path), device=device)
+        opts = ort.SessionOptions()
+        opts.register_custom_ops_library(lib)
+        providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        return ort.InferenceSession(str(model_path), opts, providers=providers)
+    except (OSError, RuntimeError) as e:
+        if "raggedvit" in str(e) or "custom op" in str(e).lower() or "library" in str(e).lower():
+            raise OpLibraryMissing(f"cannot load the raggedvit op library {lib}: {str(e).splitlines()[0]}") from None
+        raise

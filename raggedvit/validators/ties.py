@@ -1,0 +1,83 @@
+"""Near-ties at pruning cuts, recomputed from the PyTorch reference's own scores.
+
+Replays the packed forward of `raggedvit.pruning.PrunedViT` (same primitives) and, at every stage,
+measures how far each image is from a different cut: the gap between its last kept and first dropped
+sorted score, and for cls-mass the distance of the exclusive cumulative mass to `mass` at the cut.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raggedvit.pruning import PackedState, PruneSpec, packed_block_forward, packed_prune_stage, pad_scores
+from raggedvit.pruning._model import embed_tokens
+from raggedvit.pruning.select import CLS_MASS_EPS, select_tokens
+from raggedvit.validators.report import NearTie
+
+__all__ = ["cut_gaps", "find_near_ties"]
+
+
+def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int, spec: PruneSpec):
+    """Distances to a different cut, per image.
+
+    Args:
+        S: [B, W] float32 padded scores (-inf off patches); n: [B] tokens per image; k: [B] patch tokens kept.
+
+    Returns:
+        (score_gap [B], mass_gap [B]) float64, +inf where no cut exists (all patches kept) / not cls-mass.
+    """
+    B, W = S.shape
+    vals = torch.sort(S, dim=1, descending=True, stable=True).values.double()
+    P = n - num_prefix
+    score_gap = torch.full((B,), float("inf"), dtype=torch.float64)
+    mass_gap = torch.full((B,), float("inf"), dtype=torch.float64)
+    for b in range(B):
+        kb, pb = int(k[b]), int(P[b])
+        if kb < pb:
+            score_gap[b] = vals[b, kb - 1] - vals[b, kb]
+    if spec.policy == "cls-mass":
+        idx = torch.arange(W)
+        valid = idx.unsqueeze(0) < P.unsqueeze(1)
+        a = torch.where(valid, vals.float(), 0.0)
+        a = a / a.sum(dim=1, keepdim=True).clamp_min(CLS_MASS_EPS)
+        excl = (torch.cumsum(a, dim=1) - a).double()
+        for b in range(B):
+            kb, pb = int(k[b]), int(P[b])
+            cands = [abs(float(excl[b, j]) - spec.mass) for j in (kb - 1, kb) if 0 < j < pb]
+            if cands:
+                mass_gap[b] = min(cands)
+    return score_gap, mass_gap
+
+
+@torch.no_grad()
+def find_near_ties(vit: torch.nn.Module, spec: PruneSpec, images: torch.Tensor, eps: float) -> list[NearTie]:
+    """Near-ties (< eps) of every image at every stage; images [B, 3, S, S] float32 on CPU."""
+    if spec.policy == "none":
+        return []
+    p = int(vit.num_prefix_tokens)
+    tokens = embed_tokens(vit, images)
+    B, N, C = tokens.shape
+    rows = torch.arange(B * N)
+    state = PackedState(tokens.reshape(B * N, C), torch.arange(B + 1) * N, rows // N, rows % N, rows % N)
+    width, stages, ties = N, list(spec.prune_at), []
+    cls_attn = None
+    for bi, blk in enumerate(vit.blocks):
+        if bi in stages:
+            scores = torch.linalg.vector_norm(state.x.float(), dim=-1) if spec.policy == "topk-l2" else cls_attn
+            n = state.cu[1:] - state.cu[:-1]
+            S = pad_scores(scores, state.seq_id, state.pos, B, width, p)
+            k = select_tokens(S, n, p, spec).k
+            score_gap, mass_gap = cut_gaps(S, n, k, p, spec)
+            stage = stages.index(bi)
+            for b in range(B):
+                if score_gap[b] < eps:
+                    ties.append(NearTie(b, stage, bi, "score", float(score_gap[b])))
+                if mass_gap[b] < eps:
+                    ties.append(NearTie(b, stage, bi, "mass", float(mass_gap[b])))
+            state, _ = packed_prune_stage(state, scores, cls_attn, width, p, spec)
+            width += int(spec.fuse)
+        need_cls = spec.needs_cls_attn and (bi + 1) in stages
+        out = packed_block_forward(blk, state.x, state.cu, max_seqlen=width, return_cls_attn=need_cls)
+        x, cls_attn = out if need_cls else (out, None)
+        state = state._replace(x=x)
+    return ties

@@ -1,0 +1,125 @@
+"""ORT vs PyTorch on the same images: |Δlogit|, top-1 and token_counts agreement, near-ties, pass/fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.validators.report import Failure, ImageRow, Thresholds, ValidationReport
+from raggedvit.validators.session import open_session
+from raggedvit.validators.ties import find_near_ties
+
+__all__ = ["run_onnx", "run_reference", "validate"]
+
+
+def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool = False):
+    """images [N, 3, S, S] -> (logits [N, classes] float32, token_counts [N, stages] int64) numpy, in batches."""
+    logits, counts = [], []
+    chunks = range(0, images.shape[0], batch_size)
+    for s in tqdm(chunks, desc="onnxruntime", disable=not progress, leave=False):
+        lg, tc = session.run(["logits", "token_counts"], {"images": images[s : s + batch_size].numpy()})
+        logits.append(lg)
+        counts.append(tc)
+    return np.concatenate(logits), np.concatenate(counts)
+
+
+@torch.no_grad()
+def run_reference(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_size: int = 16, progress: bool = False):
+    """The PyTorch fp32 packed reference on CPU: (logits [N, classes], token_counts [N, stages]) numpy."""
+    model = PrunedViT(vit, spec)
+    logits, counts = [], []
+    chunks = range(0, images.shape[0], batch_size)
+    for s in tqdm(chunks, desc="pytorch reference", disable=not progress, leave=False):
+        out = model(images[s : s + batch_size])
+        logits.append(out.logits.float().numpy())
+        counts.append(out.token_counts.numpy())
+    return np.concatenate(logits), np.concatenate(counts)
+
+
+def validate(
+    model_path: str | Path,
+    images: torch.Tensor,
+    names: list[str],
+    *,
+    vit: nn.Module,
+    spec: PruneSpec,
+    recipe: dict,
+    device: str = "cpu",
+    thresholds: Thresholds | None = None,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> ValidationReport:
+    """Compare the ONNX model in ORT with the PyTorch reference on `images` [N, 3, S, S] float32 (CPU).
+
+    Images with a near-tie at a pruning cut are listed and excluded from the failure criteria.
+    """
+    th = thresholds or Thresholds()
+    session = open_session(model_path, device)
+    images = images.to("cpu", torch.float32).contiguous()
+    lg_o, tc_o = run_onnx(session, images, batch_size, progress)
+    lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
+    ties = find_near_ties(vit, spec, images, th.tie_eps)
+    tied = {t.image for t in ties}
+    report = ValidationReport(
+        model=str(model_path),
+        recipe=recipe,
+        device=device,
+        providers=list(session.get_providers()),
+        thresholds=th,
+        near_ties=ties,
+    )
+    for i, name in enumerate(names):
+        d = np.abs(lg_o[i].astype(np.float64) - lg_r[i].astype(np.float64))
+        report.rows.append(
+            ImageRow(
+                index=i,
+                name=name,
+                max_abs_diff=float(np.nanmax(d)) if d.size else 0.0,
+                mean_abs_diff=float(np.nanmean(d)) if d.size else 0.0,
+                top1_onnx=int(np.argmax(lg_o[i])),
+                top1_reference=int(np.argmax(lg_r[i])),
+                counts_onnx=[int(v) for v in tc_o[i]],
+                counts_reference=[int(v) for v in tc_r[i]],
+                near_tie=i in tied,
+            )
+        )
+    report.failures.extend(_failures(report.rows, lg_o, th))
+    return report
+
+
+def _failures(rows: list[ImageRow], logits_onnx: np.ndarray, th: Thresholds) -> list[Failure]:
+    out: list[Failure] = []
+    for r in rows:
+        if not np.isfinite(logits_onnx[r.index]).all():
+            out.append(Failure("non_finite", r.index, f"image {r.index} ({r.name}): non-finite ONNX logits"))
+            continue
+        if r.near_tie:
+            continue
+        if not r.max_abs_diff < th.max_abs_logit:
+            out.append(
+                Failure(
+                    "max_abs_logit",
+                    r.index,
+                    f"image {r.index} ({r.name}): max |Δlogit| {r.max_abs_diff:.3e} >= {th.max_abs_logit:g}",
+                )
+            )
+        if not r.counts_agree:
+            out.append(
+                Failure(
+                    "token_counts",
+                    r.index,
+                    f"image {r.index} ({r.name}): token_counts {r.counts_onnx} != reference {r.counts_reference}",
+                )
+            )
+    judged = [r for r in rows if not r.near_tie]
+    if judged:
+        agree = sum(r.top1_agree for r in judged) / len(judged)
+        if agree < th.min_top1:
+            bad = [r.index for r in judged if not r.top1_agree]
+            out.append(Failure("top1", None, f"top-1 agreement {agree:.1%} < {th.min_top1:.0%} (images {bad})"))
+    return out
