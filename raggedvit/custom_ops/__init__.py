@@ -1,0 +1,43 @@
+"""The ONNX Runtime op library `libraggedvit_ort.so` (com.raggedvit::RaggedAttention, CPU and CUDA EPs).
+
+Built by `build.py` during `pip install -e .`; this module only locates and describes it (no torch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LIBRARY_NAME", "OpLibraryNotBuilt", "library_info", "library_path"]
+
+LIBRARY_NAME = "libraggedvit_ort.so"
+_HERE = Path(__file__).resolve().parent
+
+
+class OpLibraryNotBuilt(FileNotFoundError):
+    """libraggedvit_ort.so was not built (or RAGGEDVIT_ORT_LIBRARY points nowhere)."""
+
+
+def library_path() -> str:
+    """Absolute path of libraggedvit_ort.so ($RAGGEDVIT_ORT_LIBRARY overrides the packaged one)."""
+    override = os.environ.get("RAGGEDVIT_ORT_LIBRARY")
+    path = Path(override) if override else _HERE / LIBRARY_NAME
+    if not path.is_file():
+        raise OpLibraryNotBuilt(
+            f"{path} does not exist: build it with `pip install --no-build-isolation -e .` or "
+            f"`python raggedvit/custom_ops/build.py --output {_HERE / LIBRARY_NAME}`"
+        )
+    return str(path)
+
+
+def library_info() -> dict[str, Any]:
+    """raggedvit_ort_info() of the library: version, archs, dtypes, head-dim blocks, kernel configs."""
+    lib = ctypes.CDLL(library_path())
+    fn = lib.raggedvit_ort_info
+    fn.restype = ctypes.c_char_p
+    info = json.loads(fn().decode())
+    info["path"] = library_path()
+    return info

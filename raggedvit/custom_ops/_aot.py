@@ -1,0 +1,200 @@
+"""Ahead-of-time compilation of the Triton ragged attention kernels to cubin (no GPU needed).
+
+Compiles `raggedvit/kernels/_kernel.py` (the same source the torch op JIT-compiles) for a given
+(kernel, dtype, cu dtype, BLOCK_D, arch) with the launch configs of `raggedvit/kernels/_config.py`.
+Triton needs an active driver to compile for a target; on a machine without a GPU we install a stub
+driver that only reports the requested target. Results are cached on disk, keyed by a hash of
+(kernel source, triton version, job), so rebuilding is fast.
+
+This module must not import torch or raggedvit: it runs inside the package build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AotJob", "AotResult", "compile_job", "kernel_configs", "make_jobs"]
+
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_SOURCE = KERNELS_DIR / "_kernel.py"
+CONFIG_SOURCE = KERNELS_DIR / "_config.py"
+
+DTYPES = ("fp16", "bf16", "fp32")
+CU_DTYPES = ("i32", "i64")
+BLOCK_DS = (32, 64, 128)
+ARCHS = (80, 86, 89, 90)
+
+# Used only when raggedvit/kernels/_config.py cannot be loaded (one dict to change).
+FALLBACK_CONFIG: dict[str, int] = {
+    "block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "cls_block_n": 64, "cls_num_warps": 4,
+}
+
+# Kernel parameters in order; "ptr" args get the 16-byte divisibility hint, like D (the launcher checks both).
+_FWD_ARGS = ("QKV", "CU", "Out", "Lse", "T", "B", "H", "D", "scale_bits", "store_lse")
+_CLS_ARGS = ("QKV", "CU", "Lse", "ClsAttn", "T", "B", "H", "D", "scale_bits")
+_HINTED_INTS = ("D",)
+
+
+@dataclass(frozen=True)
+class AotJob:
+    kernel: str  # "fwd" | "cls"
+    dtype: str  # "fp16" | "bf16" | "fp32"
+    cu_dtype: str  # "i32" | "i64"
+    block_d: int
+    arch: int
+    block_m: int  # 0 for "cls"
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def function(self) -> str:
+        return "_ragged_attn_fwd" if self.kernel == "fwd" else "_ragged_cls_attn"
+
+    def signature(self) -> tuple[dict[str, str], dict[str, int]]:
+        """Triton signature (arg -> type) and constexprs of this job."""
+        ptr = {"QKV": self.dtype, "Out": self.dtype, "CU": self.cu_dtype, "Lse": "fp32", "ClsAttn": "fp32"}
+        names = _FWD_ARGS if self.kernel == "fwd" else _CLS_ARGS
+        sig = {n: ("*" + ptr[n]) if n in ptr else "i32" for n in names}
+        consts = {"BLOCK_N": self.block_n, "BLOCK_D": self.block_d}
+        if self.kernel == "fwd":
+            consts = {"BLOCK_M": self.block_m, **consts}
+        sig.update({k: "constexpr" for k in consts})
+        return sig, consts
+
+
+@dataclass(frozen=True)
+class AotResult:
+    job: AotJob
+    cubin: bytes
+    function_name: str
+    shared_bytes: int
+    num_warps: int
+    num_params: int  # including Triton's trailing global/profile scratch pointers
+
+
+def _load_module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def kernel_configs() -> dict[tuple[str, int], dict[str, int]]:
+    """(dtype, BLOCK_D) -> launch config, from raggedvit/kernels/_config.py:aot_configs() when available."""
+    try:
+        module = _load_module(CONFIG_SOURCE, "_raggedvit_aot_config")
+        configs = {(c.dtype, c.block_d): c for c in module.aot_configs(BLOCK_DS)}
+        keys = ("block_m", "block_n", "num_warps", "num_stages", "cls_block_n", "cls_num_warps")
+        return {k: {key: int(getattr(c, key)) for key in keys} for k, c in configs.items()}
+    except (ImportError, AttributeError, FileNotFoundError) as exc:
+        print(f"build: using the fallback kernel config ({exc})", file=sys.stderr)
+        return {(dt, bd): dict(FALLBACK_CONFIG) for dt in DTYPES for bd in BLOCK_DS}
+
+
+def make_jobs(archs: tuple[int, ...]) -> list[AotJob]:
+    """Every kernel x dtype x cu dtype x BLOCK_D x arch."""
+    jobs = []
+    configs = kernel_configs()
+    for arch in archs:
+        for dtype in DTYPES:
+            for cu in CU_DTYPES:
+                for bd in BLOCK_DS:
+                    c = configs[(dtype, bd)]
+                    jobs.append(AotJob("fwd", dtype, cu, bd, arch, c["block_m"], c["block_n"], c["num_warps"],
+                                       c["num_stages"]))
+                    jobs.append(AotJob("cls", dtype, cu, bd, arch, 0, c["cls_block_n"], c["cls_num_warps"], 1))
+    return jobs
+
+
+def cache_key(job: AotJob) -> str:
+    import triton
+
+    h = hashlib.sha256()
+    h.update(KERNEL_SOURCE.read_bytes())
+    h.update(triton.__version__.encode())
+    h.update(json.dumps(asdict(job), sort_keys=True).encode())
+    h.update(b"aot-v1")
+    return h.hexdigest()[:24]
+
+
+class _StubDriver:
+    """Minimal active driver: reports the target to compile for (no GPU access)."""
+
+    def __init__(self, arch: int) -> None:
+        self.arch = arch
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.arch, 32)
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        from triton.backends.nvidia.driver import ty_to_cpp
+
+        return ty_to_cpp(ty)
+
+    def get_active_torch_device(self) -> Any:
+        raise RuntimeError("the AOT stub driver has no device")
+
+
+def _count_ptx_params(ptx: str, function: str) -> int:
+    m = re.search(r"\.entry\s+" + re.escape(function) + r"\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        raise RuntimeError(f"cannot find .entry {function} in the PTX")
+    return len(re.findall(r"\.param\s", m.group(1)))
+
+
+def _compile(job: AotJob) -> AotResult:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    triton.runtime.driver.set_active(_StubDriver(job.arch))
+    module = _load_module(KERNEL_SOURCE, "_raggedvit_aot_kernel")
+    fn = getattr(module, job.function)
+    sig, consts = job.signature()
+    names = list(sig)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or n in _HINTED_INTS}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    target = GPUTarget("cuda", job.arch, 32)
+    backend = triton.compiler.make_backend(target)
+    options = backend.parse_options({"num_warps": job.num_warps, "num_stages": job.num_stages})
+    compiled = triton.compile(src, target=target, options=options.__dict__)
+    md = compiled.metadata
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        raise RuntimeError(f"{job}: kernels needing global/profile scratch are not supported by the launcher")
+    n_params = _count_ptx_params(compiled.asm["ptx"], md.name)
+    expected = sum(1 for t in sig.values() if t != "constexpr") + 2  # + global and profile scratch
+    if n_params != expected:
+        raise RuntimeError(f"{job}: cubin has {n_params} params, the launcher passes {expected}")
+    return AotResult(job, bytes(compiled.asm["cubin"]), md.name, int(md.shared), int(md.num_warps), n_params)
+
+
+def compile_job(job: AotJob, cache_dir: Path) -> tuple[AotResult, bool]:
+    """Compiled kernel of `job` (from the cache when present) and whether it came from the cache."""
+    key = cache_key(job)
+    meta_path, bin_path = cache_dir / f"{key}.json", cache_dir / f"{key}.cubin"
+    if meta_path.exists() and bin_path.exists():
+        meta = json.loads(meta_path.read_text())
+        return AotResult(job, bin_path.read_bytes(), meta["function_name"], meta["shared_bytes"],
+                         meta["num_warps"], meta["num_params"]), True
+    result = _compile(job)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = bin_path.with_suffix(f".tmp{id(result)}")
+    tmp.write_bytes(result.cubin)
+    tmp.replace(bin_path)
+    meta = {"job": asdict(job), "function_name": result.function_name, "shared_bytes": result.shared_bytes,
+            "num_warps": result.num_warps, "num_params": result.num_params}
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return result, False

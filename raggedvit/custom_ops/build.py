@@ -1,0 +1,153 @@
+"""Builds libraggedvit_ort.so: Triton AOT cubins of raggedvit/kernels/_kernel.py + the C++ op library.
+
+    python raggedvit/custom_ops/build.py --output PATH [--archs 80,86,89,90] [--jobs N]
+
+Steps: compile every kernel x dtype x cu dtype x BLOCK_D x arch to cubin (parallel processes, cached
+under build/aot-cache), emit a C++ source with the cubins as byte arrays, then g++ everything into one
+shared library (no libonnxruntime and no CUDA library at link time; libcuda is opened at run time).
+Runs inside `pip install`, so it imports neither torch nor raggedvit's runtime modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from raggedvit.custom_ops import _aot, _codegen, _ort_headers  # noqa: E402
+
+SOURCES = (
+    "ragged_attention.cc",
+    "cpu/ragged_attention_cpu.cc",
+    "cuda/ragged_attention_cuda.cc",
+    "cuda/launcher.cc",
+    "registration.cc",
+)
+CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DORT_API_MANUAL_INIT", "-Wall", "-Wextra",
+            "-Wno-unused-parameter"]
+LIBS = ["-ldl", "-lpthread"]
+
+
+def _version() -> str:
+    text = (ROOT / "raggedvit" / "__init__.py").read_text()
+    m = re.search(r'__version__\s*=\s*"([^"]+)"', text)
+    return m.group(1) if m else "0"
+
+
+def _cuda_include() -> Path:
+    import triton
+
+    path = Path(triton.__file__).resolve().parent / "backends" / "nvidia" / "include"
+    if not (path / "cuda.h").is_file():
+        raise SystemExit(f"build: cuda.h not found in the triton wheel ({path})")
+    return path
+
+
+def _worker_init() -> None:
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+
+
+def _compile_one(job: _aot.AotJob, cache_dir: Path) -> tuple[_aot.AotResult, bool]:
+    return _aot.compile_job(job, cache_dir)
+
+
+def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> list[_aot.AotResult]:
+    work = _aot.make_jobs(archs)
+    if not work:
+        return []
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
+        futures = [pool.submit(_compile_one, job, cache_dir) for job in work]
+        out = [f.result() for f in futures]
+    hits = sum(1 for _, cached in out if cached)
+    print(f"build: {len(out)} cubins ({hits} from cache) for sm_{', sm_'.join(map(str, archs))}", flush=True)
+    return [r for r, _ in out]
+
+
+def _compile_object(src: Path, obj_dir: Path, flags: list[str]) -> tuple[Path, subprocess.Popen | None]:
+    """Starts g++ for src unless an object with the same (source, flags, headers) hash exists."""
+    h = hashlib.sha256(src.read_bytes() + " ".join(flags).encode())
+    for header in sorted(HERE.rglob("*.h")):
+        h.update(header.read_bytes())
+    obj = obj_dir / f"{src.stem}-{h.hexdigest()[:16]}.o"
+    if obj.exists():
+        return obj, None
+    tmp = obj.with_suffix(".tmp.o")
+    return obj, subprocess.Popen(["g++", *flags, "-c", str(src), "-o", str(tmp)])
+
+
+def compile_library(output: Path, generated: Path, ort_include: Path, cuda_include: Path, obj_dir: Path) -> None:
+    obj_dir.mkdir(parents=True, exist_ok=True)
+    flags = [*CXXFLAGS, f"-I{ort_include}", f"-I{cuda_include}", f"-I{HERE}", f"-I{HERE / 'cuda'}"]
+    started = [_compile_object(HERE / s, obj_dir, flags) for s in SOURCES]
+    started.append(_compile_object(generated, obj_dir, [f for f in flags if not f.startswith("-W")] + ["-O0"]))
+    for obj, proc in started:
+        if proc is not None:
+            if proc.wait() != 0:
+                raise SystemExit(f"build: g++ failed for {obj.name}")
+            obj.with_suffix(".tmp.o").replace(obj)
+    tmp = output.with_name(output.name + ".tmp")
+    cmd = ["g++", "-shared", "-Wl,--no-undefined", "-o", str(tmp), *(str(o) for o, _ in started), *LIBS]
+    subprocess.run(cmd, check=True)
+    tmp.replace(output)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", type=Path, required=True, help="path of the .so to write")
+    parser.add_argument("--archs", default="80,86,89,90", help="comma-separated SM archs; '' or 'none' for CPU only")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
+    parser.add_argument("--build-dir", type=Path, default=ROOT / "build", help="caches and generated sources")
+    args = parser.parse_args(argv)
+    archs = tuple(int(a) for a in args.archs.replace(" ", "").split(",") if a and a != "none")
+    t0 = time.perf_counter()
+    build_dir = args.build_dir.resolve()
+    try:
+        ort_include = _ort_headers.find_ort_headers(ROOT, build_dir)
+    except _ort_headers.OrtHeadersNotFound as exc:
+        print(f"build: {exc}", file=sys.stderr)
+        return 2
+    print(f"build: ORT headers {ort_include} (API {_ort_headers.header_api_version(ort_include)})", flush=True)
+    results = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
+    t1 = time.perf_counter()
+
+    import triton
+
+    gen_dir = build_dir / "ort-gen" / hashlib.sha256(str(archs).encode()).hexdigest()[:8]
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    generated = gen_dir / "cubins.cc"
+    info = _codegen.build_info(results, _version(), triton.__version__)
+    new_text = gen_dir / "cubins.cc.new"
+    _codegen.write_cubin_source(new_text, results, info)
+    if generated.exists() and generated.read_bytes() == new_text.read_bytes():
+        new_text.unlink()
+    else:
+        new_text.replace(generated)
+    output = args.output.resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    compile_library(output, generated, ort_include, _cuda_include(), build_dir / "ort-obj")
+    t2 = time.perf_counter()
+    size_mb = output.stat().st_size / 2**20
+    print(f"build: wrote {output} ({size_mb:.1f} MiB; cubins {t1 - t0:.1f} s, C++ {t2 - t1:.1f} s)", flush=True)
+    if shutil.which("ldd"):
+        deps = subprocess.run(["ldd", str(output)], capture_output=True, text=True).stdout
+        bad = [d for d in ("libcuda", "libcudart", "libonnxruntime") if d in deps]
+        if bad:
+            print(f"build: {output.name} links {bad}; it must not", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+// CPU kernel: one task per (sequence, block of query rows), all heads inside the task, so the task that
+// owns a sequence's first row is the only writer of that sequence's cls_attn entries.
+#include "ragged_attention_cpu.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace raggedvit {
+
+namespace {
+
+constexpr int64_t kRowsPerTask = 16;
+
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(Ort::Float16_t x) { return x.ToFloat(); }
+inline float ToFloat(Ort::BFloat16_t x) { return x.ToFloat(); }
+
+template <typename T>
+inline T FromFloat(float x) {
+  return T(x);
+}
+template <>
+inline float FromFloat<float>(float x) {
+  return x;
+}
+
+struct Task {
+  int64_t seq_begin, seq_end;  // the sequence's rows [seq_begin, seq_end)
+  int64_t row_begin, row_end;  // the query rows of this task
+};
+
+template <typename T>
+struct Job {
+  const T* qkv;
+  T* out;
+  float* cls;  // nullptr when the output is absent
+  Dims d;
+  float scale;
+  std::vector<Task> tasks;
+};
+
+template <typename T>
+void RunTask(const Job<T>& job, const Task& task) {
+  const int64_t H = job.d.H, D = job.d.D, W = 3 * H * D, L = task.seq_end - task.seq_begin;
+  thread_local std::vector<float> k, v, p, q, acc;
+  k.resize(static_cast<size_t>(L * D));
+  v.resize(static_cast<size_t>(L * D));
+  p.resize(static_cast<size_t>(L));
+  q.resize(static_cast<size_t>(D));
+  acc.resize(static_cast<size_t>(D));
+  const bool owns_cls = job.cls != nullptr && task.row_begin == task.seq_begin;
+  if (owns_cls) std::fill(job.cls + task.seq_begin, job.cls + task.seq_end, 0.0f);
+  const float inv_heads = 1.0f / static_cast<float>(H);
+
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t j = 0; j < L; ++j) {
+      const T* row = job.qkv + (task.seq_begin + j) * W;
+      for (int64_t e = 0; e < D; ++e) {
+        k[j * D + e] = ToFloat(row[H * D + h * D + e]);
+        v[j * D + e] = ToFloat(row[2 * H * D + h * D + e]);
+      }
+    }
+    for (int64_t i = task.row_begin; i < task.row_end; ++i) {
+      const T* qrow = job.qkv + i * W + h * D;
+      for (int64_t e = 0; e < D; ++e) q[e] = ToFloat(qrow[e]) * job.scale;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < L; ++j) {
+        const float* kj = k.data() + j * D;
+        float s = 0.0f;
+        for (int64_t e = 0; e < D; ++e) s += q[e] * kj[e];
+        p[j] = s;
+        m = std::max(m, s);
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < L; ++j) {
+        p[j] = std::exp(p[j] - m);
+        sum += p[j];
+      }
+      const float inv = 1.0f / sum;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < L; ++j) {
+        const float w = p[j];
+        const float* vj = v.data() + j * D;
+        for (int64_t e = 0; e < D; ++e) acc[e] += w * vj[e];
+      }
+      T* orow = job.out + i * H * D + h * D;
+      for (int64_t e = 0; e < D; ++e) orow[e] = FromFloat<T>(acc[e] * inv);
+      if (owns_cls && i == task.seq_begin) {
+        float* c = job.cls + task.seq_begin;
+        for (int64_t j = 0; j < L; ++j) c[j] += p[j] * inv * inv_heads;
+      }
+    }
+  }
+}
+
+template <typename T>
+void RunTaskFn(void* data, size_t index) {
+  const auto* job = static_cast<const Job<T>*>(data);
+  RunTask(*job, job->tasks[index]);
+}
+
+template <typename I>
+std::vector<Task> MakeTasks(const I* cu, int64_t B) {
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t lo = static_cast<int64_t>(cu[b]), hi = static_cast<int64_t>(cu[b + 1]);
+    for (int64_t r = lo; r < hi; r += kRowsPerTask) tasks.push_back({lo, hi, r, std::min(hi, r + kRowsPerTask)});
+  }
+  return tasks;
+}
+
+template <typename T, typename I>
+OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d, const std::vector<int64_t>& qkv_shape,
+                     const Ort::ConstValue& qkv, const Ort::ConstValue& cu_value) {
+  const I* cu = cu_value.GetTensorData<I>();
+  std::string err = CheckCuValues(cu, d, attrs, qkv_shape);
+  if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+
+  Job<T> job;
+  job.qkv = qkv.GetTensorData<T>();
+  job.d = d;
+  job.scale = attrs.has_scale ? attrs.scale : 1.0f / std::sqrt(static_cast<float>(d.D));
+  auto out = ctx.GetOutput(0, {d.T, d.H * d.D});
+  job.out = out.GetTensorMutableData<T>();
+  job.cls = nullptr;
+  if (ctx.GetOutputCount() > 1) {
+    auto cls = ctx.GetOutput(1, {d.T});
+    if (cls) job.cls = cls.GetTensorMutableData<float>();
+  }
+  job.tasks = MakeTasks(cu, d.B);
+  if (!job.tasks.empty()) ctx.ParallelFor(&RunTaskFn<T>, job.tasks.size(), 0, &job);
+  return nullptr;
+}
+
+template <typename T>
+OrtStatusPtr DispatchIndex(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
+                           const std::vector<int64_t>& qkv_shape, const Ort::ConstValue& qkv,
+                           const Ort::ConstValue& cu) {
+  const auto cu_type = cu.GetTensorTypeAndShapeInfo().GetElementType();
+  if (cu_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) return Compute<T, int32_t>(ctx, attrs, d, qkv_shape, qkv, cu);
+  if (cu_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) return Compute<T, int64_t>(ctx, attrs, d, qkv_shape, qkv, cu);
+  return MakeStatus(ORT_INVALID_ARGUMENT, std::string("input 'cu_seqlens' must be int32 or int64, got ") +
+                                              ElementTypeName(cu_type));
+}
+
+}  // namespace
+
+RaggedAttentionCpuKernel::RaggedAttentionCpuKernel(const Attrs& attrs, const OrtKernelInfo*) : attrs_(attrs) {}
+
+OrtStatusPtr RaggedAttentionCpuKernel::ComputeV2(OrtKernelContext* context) {
+  return GuardStatus([&]() -> OrtStatusPtr {
+    Ort::KernelContext ctx(context);
+    Ort::ConstValue qkv = ctx.GetInput(0);
+    Ort::ConstValue cu = ctx.GetInput(1);
+    auto qkv_info = qkv.GetTensorTypeAndShapeInfo();
+    const std::vector<int64_t> qkv_shape = qkv_info.GetShape();
+    const std::vector<int64_t> cu_shape = cu.GetTensorTypeAndShapeInfo().GetShape();
+    Dims d;
+    std::string err = CheckShapes(qkv_shape, cu_shape, attrs_.num_heads, &d);
+    if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+    switch (qkv_info.GetElementType()) {
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return DispatchIndex<float>(ctx, attrs_, d, qkv_shape, qkv, cu);
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+        return DispatchIndex<Ort::Float16_t>(ctx, attrs_, d, qkv_shape, qkv, cu);
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
+        return DispatchIndex<Ort::BFloat16_t>(ctx, attrs_, d, qkv_shape, qkv, cu);
+      default:
+        return MakeStatus(ORT_INVALID_ARGUMENT, std::string("input 'qkv' (shape ") + ShapeString(qkv_shape) +
+                                                    ") has element type " + ElementTypeName(qkv_info.GetElementType()) +
+                                                    "; supported: float16, float, bfloat16");
+    }
+  });
+}
+
+}  // namespace raggedvit

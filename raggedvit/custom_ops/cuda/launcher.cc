@@ -1,0 +1,318 @@
+// Loads libcuda.so.1 at run time, picks the cubin for the device's compute capability, loads it once per
+// CUDA context (thread-safe cache) and enqueues the Triton kernels with cuLaunchKernel.
+#include "launcher.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "cuda.h"  // types only (from the triton wheel: triton/backends/nvidia/include)
+
+namespace raggedvit::cuda {
+
+namespace {
+
+struct Driver {
+  bool ok = false;
+  std::string error;
+  CUresult (*Init)(unsigned int) = nullptr;
+  CUresult (*DeviceGetCount)(int*) = nullptr;
+  CUresult (*DeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*DeviceGetAttribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*CtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*CtxPushCurrent)(CUcontext) = nullptr;
+  CUresult (*CtxPopCurrent)(CUcontext*) = nullptr;
+  CUresult (*CtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*StreamGetCtx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*ModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*FuncSetAttribute)(CUfunction, CUfunction_attribute, int) = nullptr;
+  CUresult (*LaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                           unsigned int, unsigned int, CUstream, void**, void**) = nullptr;
+  CUresult (*GetErrorName)(CUresult, const char**) = nullptr;
+};
+
+template <typename F>
+bool Bind(void* lib, const char* name, F* fn, std::string* missing) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (*fn == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return *fn != nullptr;
+}
+
+const Driver& GetDriver() {
+  static Driver drv;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* e = dlerror();
+      drv.error = std::string("cannot load libcuda.so.1: ") + (e ? e : "unknown dlopen error");
+      return;
+    }
+    std::string missing;
+    Bind(lib, "cuInit", &drv.Init, &missing);
+    Bind(lib, "cuDeviceGetCount", &drv.DeviceGetCount, &missing);
+    Bind(lib, "cuDeviceGet", &drv.DeviceGet, &missing);
+    Bind(lib, "cuDeviceGetAttribute", &drv.DeviceGetAttribute, &missing);
+    Bind(lib, "cuDevicePrimaryCtxRetain", &drv.DevicePrimaryCtxRetain, &missing);
+    Bind(lib, "cuCtxGetCurrent", &drv.CtxGetCurrent, &missing);
+    Bind(lib, "cuCtxPushCurrent_v2", &drv.CtxPushCurrent, &missing);
+    Bind(lib, "cuCtxPopCurrent_v2", &drv.CtxPopCurrent, &missing);
+    Bind(lib, "cuCtxGetDevice", &drv.CtxGetDevice, &missing);
+    Bind(lib, "cuStreamGetCtx", &drv.StreamGetCtx, &missing);
+    Bind(lib, "cuModuleLoadData", &drv.ModuleLoadData, &missing);
+    Bind(lib, "cuModuleGetFunction", &drv.ModuleGetFunction, &missing);
+    Bind(lib, "cuFuncSetAttribute", &drv.FuncSetAttribute, &missing);
+    Bind(lib, "cuLaunchKernel", &drv.LaunchKernel, &missing);
+    Bind(lib, "cuGetErrorName", &drv.GetErrorName, &missing);
+    if (!missing.empty()) {
+      drv.error = "libcuda.so.1 lacks " + missing;
+      return;
+    }
+    CUresult r = drv.Init(0);
+    int count = 0;
+    if (r == CUDA_SUCCESS) r = drv.DeviceGetCount(&count);
+    if (r != CUDA_SUCCESS || count == 0) {
+      drv.error = "no usable CUDA device (cuInit/cuDeviceGetCount)";
+      return;
+    }
+    drv.ok = true;
+  });
+  return drv;
+}
+
+std::string ErrorText(const char* call, CUresult r) {
+  const char* name = nullptr;
+  const Driver& drv = GetDriver();
+  if (drv.GetErrorName == nullptr || drv.GetErrorName(r, &name) != CUDA_SUCCESS || name == nullptr) {
+    name = "CUDA_ERROR_UNKNOWN";
+  }
+  return std::string(call) + " failed: " + name + " (" + std::to_string(static_cast<int>(r)) + ")";
+}
+
+struct ContextState {
+  int arch = 0;
+  int shared_optin = 0;
+  std::map<size_t, CUfunction> functions;  // image index -> loaded function
+};
+
+std::mutex g_mutex;
+std::map<CUcontext, ContextState> g_contexts;
+std::map<int, CUcontext> g_primary;  // device ordinal -> retained primary context
+
+const char* DTypeName(DType t) {
+  return t == DType::kFloat32 ? "fp32" : (t == DType::kFloat16 ? "fp16" : "bf16");
+}
+
+// Picks the image for the device arch: same major, highest minor <= the device's (SASS is not forward
+// compatible across majors). Returns -1 when none fits.
+long PickImage(KernelKind kind, const AttentionLaunch& a, int block_d, int arch) {
+  long best = -1;
+  for (size_t i = 0; i < kNumKernelImages; ++i) {
+    const KernelImage& im = kKernelImages[i];
+    if (im.kind != kind || im.dtype != a.dtype || im.index_type != a.index_type || im.block_d != block_d) continue;
+    if (im.arch / 10 != arch / 10 || im.arch > arch) continue;
+    if (best < 0 || im.arch > kKernelImages[best].arch) best = static_cast<long>(i);
+  }
+  return best;
+}
+
+std::string AvailableArchs() {
+  std::map<int, bool> archs;
+  for (size_t i = 0; i < kNumKernelImages; ++i) archs[kKernelImages[i].arch] = true;
+  std::string s;
+  for (const auto& [arch, _] : archs) s += (s.empty() ? "sm_" : ", sm_") + std::to_string(arch);
+  return s.empty() ? "none" : s;
+}
+
+// Loads (once per context) the function of image `index`; call with g_mutex held and ctx current.
+std::string GetFunction(ContextState& st, size_t index, CUfunction* fn) {
+  auto it = st.functions.find(index);
+  if (it != st.functions.end()) {
+    *fn = it->second;
+    return "";
+  }
+  const Driver& drv = GetDriver();
+  const KernelImage& im = kKernelImages[index];
+  CUmodule mod = nullptr;
+  CUresult r = drv.ModuleLoadData(&mod, im.cubin);
+  if (r != CUDA_SUCCESS) return ErrorText("cuModuleLoadData", r);
+  r = drv.ModuleGetFunction(fn, mod, im.function_name);
+  if (r != CUDA_SUCCESS) return ErrorText("cuModuleGetFunction", r);
+  if (im.shared_bytes > 48 * 1024) {
+    if (im.shared_bytes > st.shared_optin) {
+      return std::string(im.function_name) + " needs " + std::to_string(im.shared_bytes) +
+             " bytes of shared memory; the device allows " + std::to_string(st.shared_optin);
+    }
+    r = drv.FuncSetAttribute(*fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, im.shared_bytes);
+    if (r != CUDA_SUCCESS) return ErrorText("cuFuncSetAttribute", r);
+  }
+  st.functions.emplace(index, *fn);
+  return "";
+}
+
+// Context of the launch: the stream's, else the device's primary context. Call with g_mutex held.
+std::string ResolveContext(const AttentionLaunch& a, CUcontext* ctx) {
+  const Driver& drv = GetDriver();
+  if (a.stream != nullptr) {
+    CUresult r = drv.StreamGetCtx(static_cast<CUstream>(a.stream), ctx);
+    return r == CUDA_SUCCESS ? "" : ErrorText("cuStreamGetCtx", r);
+  }
+  auto it = g_primary.find(a.device_ordinal);
+  if (it != g_primary.end()) {
+    *ctx = it->second;
+    return "";
+  }
+  CUdevice dev = 0;
+  CUresult r = drv.DeviceGet(&dev, a.device_ordinal);
+  if (r != CUDA_SUCCESS) return ErrorText("cuDeviceGet", r);
+  r = drv.DevicePrimaryCtxRetain(ctx, dev);
+  if (r != CUDA_SUCCESS) return ErrorText("cuDevicePrimaryCtxRetain", r);
+  g_primary[a.device_ordinal] = *ctx;
+  return "";
+}
+
+std::string InitContextState(ContextState& st) {
+  const Driver& drv = GetDriver();
+  CUdevice dev = 0;
+  CUresult r = drv.CtxGetDevice(&dev);
+  if (r != CUDA_SUCCESS) return ErrorText("cuCtxGetDevice", r);
+  int major = 0, minor = 0;
+  r = drv.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  if (r == CUDA_SUCCESS) r = drv.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  if (r == CUDA_SUCCESS) {
+    r = drv.DeviceGetAttribute(&st.shared_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+  }
+  if (r != CUDA_SUCCESS) return ErrorText("cuDeviceGetAttribute", r);
+  st.arch = major * 10 + minor;
+  return "";
+}
+
+struct ScopedContext {
+  bool pushed = false;
+  ~ScopedContext() {
+    if (pushed) {
+      CUcontext prev = nullptr;
+      GetDriver().CtxPopCurrent(&prev);
+    }
+  }
+};
+
+}  // namespace
+
+bool DriverAvailable() { return GetDriver().ok; }
+
+int BlockDFor(int64_t D) {
+  int best = 0;
+  for (size_t i = 0; i < kNumKernelImages; ++i) {
+    const int b = kKernelImages[i].block_d;
+    if (b >= D && (best == 0 || b < best)) best = b;
+  }
+  return best;
+}
+
+std::string CheckSupported(const AttentionLaunch& a) {
+  const int block_d = BlockDFor(a.D);
+  if (a.D % 16 != 0 || block_d == 0 || a.D < block_d / 2) {
+    return "head dim D = " + std::to_string(a.D) +
+           " is not supported by the CUDA kernels (AOT build ships D % 16 == 0, 32 <= D <= 128)";
+  }
+  if (a.T * 3 * a.H * a.D >= (int64_t{1} << 31) || a.B >= (int64_t{1} << 31)) {
+    return "T * 3 * H * D = " + std::to_string(a.T * 3 * a.H * a.D) + " elements exceed the int32 indexing of the kernel";
+  }
+  if (a.H > 65535) return "num_heads = " + std::to_string(a.H) + " exceeds the CUDA grid limit 65535";
+  const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn};
+  const char* names[] = {"qkv", "cu_seqlens", "out", "lse scratch", "cls_attn"};
+  for (int i = 0; i < 5; ++i) {
+    if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) {
+      return std::string("device buffer '") + names[i] + "' is not 16-byte aligned";
+    }
+  }
+  if (a.cls_attn != nullptr && a.lse == nullptr) return "cls_attn requested without an lse scratch buffer";
+  return "";
+}
+
+std::string LaunchRaggedAttention(const AttentionLaunch& a) {
+  if (a.T == 0) return "";  // empty grid: nothing to launch
+  std::string err = CheckSupported(a);
+  if (!err.empty()) return err;
+  const Driver& drv = GetDriver();
+  if (!drv.ok) return drv.error;
+  const int block_d = BlockDFor(a.D);
+
+  CUfunction fwd = nullptr, cls = nullptr;
+  long fwd_index = -1, cls_index = -1;
+  ScopedContext scope;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    CUcontext ctx = nullptr, current = nullptr;
+    err = ResolveContext(a, &ctx);
+    if (!err.empty()) return err;
+    CUresult r = drv.CtxGetCurrent(&current);
+    if (r != CUDA_SUCCESS) return ErrorText("cuCtxGetCurrent", r);
+    if (current != ctx) {
+      r = drv.CtxPushCurrent(ctx);
+      if (r != CUDA_SUCCESS) return ErrorText("cuCtxPushCurrent", r);
+      scope.pushed = true;
+    }
+    auto [it, inserted] = g_contexts.try_emplace(ctx);
+    ContextState& st = it->second;
+    if (inserted) {
+      err = InitContextState(st);
+      if (!err.empty()) {
+        g_contexts.erase(it);
+        return err;
+      }
+    }
+    fwd_index = PickImage(KernelKind::kForward, a, block_d, st.arch);
+    cls_index = PickImage(KernelKind::kClsAttn, a, block_d, st.arch);
+    if (fwd_index < 0 || cls_index < 0) {
+      return std::string("no cubin for sm_") + std::to_string(st.arch) + " " + DTypeName(a.dtype) +
+             (a.index_type == IndexType::kInt32 ? "/int32" : "/int64") + " BLOCK_D=" + std::to_string(block_d) +
+             " in this library (it holds " + AvailableArchs() + "; rebuild with build.py --archs)";
+    }
+    err = GetFunction(st, static_cast<size_t>(fwd_index), &fwd);
+    if (err.empty() && a.cls_attn != nullptr) err = GetFunction(st, static_cast<size_t>(cls_index), &cls);
+    if (!err.empty()) return err;
+  }
+
+  CUdeviceptr qkv = reinterpret_cast<CUdeviceptr>(a.qkv), cu = reinterpret_cast<CUdeviceptr>(a.cu);
+  CUdeviceptr out = reinterpret_cast<CUdeviceptr>(a.out), lse = reinterpret_cast<CUdeviceptr>(a.lse);
+  CUdeviceptr cls_attn = reinterpret_cast<CUdeviceptr>(a.cls_attn), scratch = 0, profile_scratch = 0;
+  int32_t T = static_cast<int32_t>(a.T), B = static_cast<int32_t>(a.B);
+  int32_t H = static_cast<int32_t>(a.H), D = static_cast<int32_t>(a.D);
+  int32_t scale_bits = 0, store_lse = a.cls_attn != nullptr ? 1 : 0;
+  std::memcpy(&scale_bits, &a.scale, sizeof(scale_bits));
+  CUstream stream = static_cast<CUstream>(a.stream);
+
+  const KernelImage& f = kKernelImages[fwd_index];
+  void* fwd_args[] = {&qkv, &cu, &out, &lse, &T, &B, &H, &D, &scale_bits, &store_lse, &scratch, &profile_scratch};
+  if (f.num_params != static_cast<int>(sizeof(fwd_args) / sizeof(void*))) {
+    return std::string(f.function_name) + ": cubin expects " + std::to_string(f.num_params) +
+           " parameters, launcher passes 12";
+  }
+  const unsigned fwd_grid = static_cast<unsigned>((a.T + f.block_m - 1) / f.block_m);
+  CUresult r = drv.LaunchKernel(fwd, fwd_grid, static_cast<unsigned>(a.H), 1, 32u * f.num_warps, 1, 1,
+                                static_cast<unsigned>(f.shared_bytes), stream, fwd_args, nullptr);
+  if (r != CUDA_SUCCESS) return ErrorText("cuLaunchKernel(_ragged_attn_fwd)", r);
+
+  if (a.cls_attn != nullptr) {
+    const KernelImage& c = kKernelImages[cls_index];
+    void* cls_args[] = {&qkv, &cu, &lse, &cls_attn, &T, &B, &H, &D, &scale_bits, &scratch, &profile_scratch};
+    if (c.num_params != static_cast<int>(sizeof(cls_args) / sizeof(void*))) {
+      return std::string(c.function_name) + ": cubin expects " + std::to_string(c.num_params) +
+             " parameters, launcher passes 11";
+    }
+    const unsigned cls_grid = static_cast<unsigned>((a.T + c.block_n - 1) / c.block_n);
+    r = drv.LaunchKernel(cls, cls_grid, 1, 1, 32u * c.num_warps, 1, 1, static_cast<unsigned>(c.shared_bytes), stream,
+                         cls_args, nullptr);
+    if (r != CUDA_SUCCESS) return ErrorText("cuLaunchKernel(_ragged_cls_attn)", r);
+  }
+  return "";
+}
+
+}  // namespace raggedvit::cuda

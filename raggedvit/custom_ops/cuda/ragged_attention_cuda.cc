@@ -1,0 +1,96 @@
+// ORT-facing part of the CUDA kernel: shape checks, output allocation, lse scratch, then the launcher.
+#include "ragged_attention_cuda.h"
+
+#include "launcher.h"
+
+namespace raggedvit {
+
+namespace {
+
+// Stream-ordered device scratch from ORT's allocator of the given memory, freed at scope exit.
+struct Scratch {
+  OrtAllocator* allocator = nullptr;
+  void* ptr = nullptr;
+  ~Scratch() {
+    if (allocator != nullptr) {
+      if (ptr != nullptr) allocator->Free(allocator, ptr);
+      Ort::GetApi().ReleaseAllocator(allocator);
+    }
+  }
+};
+
+bool ToLaunchType(ONNXTensorElementDataType t, cuda::DType* out) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: *out = cuda::DType::kFloat32; return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: *out = cuda::DType::kFloat16; return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: *out = cuda::DType::kBFloat16; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+RaggedAttentionCudaKernel::RaggedAttentionCudaKernel(const Attrs& attrs, const OrtKernelInfo*) : attrs_(attrs) {}
+
+OrtStatusPtr RaggedAttentionCudaKernel::ComputeV2(OrtKernelContext* context) {
+  return GuardStatus([&]() -> OrtStatusPtr {
+    Ort::KernelContext ctx(context);
+    Ort::ConstValue qkv = ctx.GetInput(0);
+    Ort::ConstValue cu = ctx.GetInput(1);
+    auto qkv_info = qkv.GetTensorTypeAndShapeInfo();
+    auto cu_info = cu.GetTensorTypeAndShapeInfo();
+    const std::vector<int64_t> qkv_shape = qkv_info.GetShape();
+    Dims d;
+    std::string err = CheckShapes(qkv_shape, cu_info.GetShape(), attrs_.num_heads, &d);
+    if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+
+    cuda::AttentionLaunch a;
+    if (!ToLaunchType(qkv_info.GetElementType(), &a.dtype)) {
+      return MakeStatus(ORT_INVALID_ARGUMENT, std::string("input 'qkv' (shape ") + ShapeString(qkv_shape) +
+                                                  ") has element type " + ElementTypeName(qkv_info.GetElementType()) +
+                                                  "; supported: float16, float, bfloat16");
+    }
+    const auto cu_type = cu_info.GetElementType();
+    if (cu_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 && cu_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+      return MakeStatus(ORT_INVALID_ARGUMENT,
+                        std::string("input 'cu_seqlens' must be int32 or int64, got ") + ElementTypeName(cu_type));
+    }
+    a.index_type = cu_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 ? cuda::IndexType::kInt32 : cuda::IndexType::kInt64;
+    a.T = d.T;
+    a.B = d.B;
+    a.H = d.H;
+    a.D = d.D;
+    a.scale = attrs_.has_scale ? attrs_.scale : 1.0f / std::sqrt(static_cast<float>(d.D));
+    if (d.T > 0) {
+      err = cuda::CheckSupported(a);
+      if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err + " (qkv shape " + ShapeString(qkv_shape) + ")");
+    }
+
+    auto out = ctx.GetOutput(0, {d.T, d.H * d.D});
+    a.out = out.GetTensorMutableRawData();
+    if (ctx.GetOutputCount() > 1) {
+      auto cls = ctx.GetOutput(1, {d.T});
+      if (cls) a.cls_attn = cls.GetTensorMutableRawData();
+    }
+    if (d.T == 0) return nullptr;  // empty grid: outputs are empty, nothing to launch
+
+    a.qkv = qkv.GetTensorRawData();
+    a.cu = cu.GetTensorRawData();
+    a.stream = ctx.GetGPUComputeStream();
+    auto mem = qkv.GetTensorMemoryInfo();
+    a.device_ordinal = mem.GetDeviceId();
+    Scratch lse;
+    if (a.cls_attn != nullptr) {
+      const OrtMemoryInfo* mem_info = mem;
+      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetAllocator(context, mem_info, &lse.allocator));
+      const size_t bytes = static_cast<size_t>(d.H * d.T) * sizeof(float);
+      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetScratchBuffer(context, mem_info, bytes, &lse.ptr));
+      a.lse = lse.ptr;
+    }
+    err = cuda::LaunchRaggedAttention(a);
+    if (!err.empty()) return MakeStatus(ORT_RUNTIME_EXCEPTION, err);
+    return nullptr;
+  });
+}
+
+}  // namespace raggedvit

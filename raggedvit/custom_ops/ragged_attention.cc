@@ -1,0 +1,118 @@
+// Attribute reading, shape checks and shape inference of RaggedAttention (shared by every EP).
+#include "ragged_attention.h"
+
+#include <sstream>
+
+namespace raggedvit {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << "]";
+  return s.str();
+}
+
+const char* ElementTypeName(ONNXTensorElementDataType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "double";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
+    default: return "a non-floating-point type";
+  }
+}
+
+namespace {
+
+// Optional attribute read through the C API (absent -> false, no exception, no leaked status).
+bool TryAttrInt(const OrtKernelInfo* info, const char* name, int64_t* out) {
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, out);
+  if (st == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(st);
+  return false;
+}
+
+bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out) {
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, out);
+  if (st == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(st);
+  return false;
+}
+
+}  // namespace
+
+std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
+  if (!TryAttrInt(info, "num_heads", &attrs->num_heads)) {
+    return "attribute 'num_heads' (int) is required";
+  }
+  if (attrs->num_heads <= 0) {
+    return "attribute 'num_heads' must be > 0, got " + std::to_string(attrs->num_heads);
+  }
+  attrs->has_scale = TryAttrFloat(info, "scale", &attrs->scale);
+  if (attrs->has_scale && !(std::isfinite(attrs->scale))) {
+    return "attribute 'scale' must be finite, got " + std::to_string(attrs->scale);
+  }
+  int64_t max_seqlen = -1;
+  if (TryAttrInt(info, "max_seqlen", &max_seqlen)) {
+    if (max_seqlen < 0) return "attribute 'max_seqlen' must be >= 0, got " + std::to_string(max_seqlen);
+    attrs->max_seqlen = max_seqlen;
+  }
+  return "";
+}
+
+std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector<int64_t>& cu_shape,
+                        int64_t num_heads, Dims* dims) {
+  const std::string shapes = "(qkv shape " + ShapeString(qkv_shape) + ", cu_seqlens shape " +
+                             ShapeString(cu_shape) + ", num_heads = " + std::to_string(num_heads) + ")";
+  if (qkv_shape.size() != 2) {
+    return "input 'qkv' must be 2-D [T, 3*num_heads*head_dim], got rank " + std::to_string(qkv_shape.size()) +
+           " " + shapes;
+  }
+  const int64_t T = qkv_shape[0], W = qkv_shape[1];
+  if (W <= 0 || W % (3 * num_heads) != 0) {
+    return "input 'qkv' width " + std::to_string(W) + " must be a positive multiple of 3*num_heads = " +
+           std::to_string(3 * num_heads) + " " + shapes;
+  }
+  if (cu_shape.size() != 1) {
+    return "input 'cu_seqlens' must be 1-D [B+1], got rank " + std::to_string(cu_shape.size()) + " " + shapes;
+  }
+  if (cu_shape[0] < 1) {
+    return "input 'cu_seqlens' must hold B+1 >= 1 offsets, got length " + std::to_string(cu_shape[0]) + " " +
+           shapes;
+  }
+  const int64_t B = cu_shape[0] - 1;
+  if (B == 0 && T > 0) {
+    return "input 'cu_seqlens' describes B = 0 sequences but input 'qkv' has T = " + std::to_string(T) +
+           " rows " + shapes;
+  }
+  dims->T = T;
+  dims->B = B;
+  dims->H = num_heads;
+  dims->D = W / (3 * num_heads);
+  return "";
+}
+
+OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* raw) noexcept {
+  return GuardStatus([&]() -> OrtStatusPtr {
+    Ort::ShapeInferContext ctx(&Ort::GetApi(), raw);
+    if (ctx.GetInputCount() < 1) return nullptr;
+    const auto& qkv = ctx.GetInputShape(0);
+    if (qkv.size() != 2) return nullptr;
+    Ort::ShapeInferContext::Shape out{qkv[0]};
+    if (qkv[1].IsInt() && qkv[1].AsInt() > 0 && qkv[1].AsInt() % 3 == 0) {
+      out.emplace_back(qkv[1].AsInt() / 3);
+      Ort::Status st = ctx.SetOutputShape(0, out);
+      if (!st.IsOK()) return st.release();
+    }
+    // cls_attn [T]: left to the graph (output 1 is optional and may be absent from the node).
+    return nullptr;
+  });
+}
+
+}  // namespace raggedvit

@@ -1,0 +1,138 @@
+// com.raggedvit::RaggedAttention v1: attributes, argument checks and the op definition shared by the
+// CPU and CUDA kernels (DESIGN.md section 3). No CUDA here.
+//
+//   qkv        [T, 3*H*D] float16 | float | bfloat16 (row t = q heads | k heads | v heads)
+//   cu_seqlens [B+1] int32 | int64, 0 = cu[0] <= ... <= cu[B] = T
+//   out        [T, H*D] same type as qkv
+//   cls_attn   [T] float (optional output)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "onnxruntime_cxx_api.h"
+
+namespace raggedvit {
+
+constexpr const char* kDomain = "com.raggedvit";
+constexpr const char* kOpName = "RaggedAttention";
+
+struct Attrs {
+  int64_t num_heads = 0;
+  float scale = 0.0f;  // 0 -> 1/sqrt(D)
+  bool has_scale = false;
+  int64_t max_seqlen = -1;  // -1 -> unbounded
+};
+
+struct Dims {
+  int64_t T = 0, B = 0, H = 0, D = 0;
+};
+
+std::string ShapeString(const std::vector<int64_t>& shape);
+const char* ElementTypeName(ONNXTensorElementDataType type);
+
+// Reads and checks the node attributes; "" on success, else the error text.
+std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs);
+
+// Checks ranks and widths; fills dims. "" on success, else the error text naming argument and shapes.
+std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector<int64_t>& cu_shape,
+                        int64_t num_heads, Dims* dims);
+
+// Host-side check of the cu_seqlens values (CPU EP only; the CUDA kernel clamps them instead).
+template <typename I>
+std::string CheckCuValues(const I* cu, const Dims& d, const Attrs& attrs, const std::vector<int64_t>& qkv_shape) {
+  const int64_t n = d.B + 1;
+  const std::string where = "input 'cu_seqlens' (shape [" + std::to_string(n) + "], qkv shape " +
+                            ShapeString(qkv_shape) + ")";
+  if (static_cast<int64_t>(cu[0]) != 0) {
+    return where + " must start at 0, got cu_seqlens[0] = " + std::to_string(static_cast<int64_t>(cu[0]));
+  }
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int64_t lo = static_cast<int64_t>(cu[b]), hi = static_cast<int64_t>(cu[b + 1]);
+    if (hi < lo) {
+      return where + " must be non-decreasing, got cu_seqlens[" + std::to_string(b + 1) + "] = " +
+             std::to_string(hi) + " < cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(lo);
+    }
+    if (hi > d.T) {
+      return where + ": cu_seqlens[" + std::to_string(b + 1) + "] = " + std::to_string(hi) +
+             " exceeds T = " + std::to_string(d.T);
+    }
+    if (attrs.max_seqlen >= 0 && hi - lo > attrs.max_seqlen) {
+      return where + ": sequence " + std::to_string(b) + " has length " + std::to_string(hi - lo) +
+             " above attribute max_seqlen = " + std::to_string(attrs.max_seqlen);
+    }
+  }
+  if (static_cast<int64_t>(cu[d.B]) != d.T) {
+    return where + " must end at T = " + std::to_string(d.T) + ", got cu_seqlens[" + std::to_string(d.B) +
+           "] = " + std::to_string(static_cast<int64_t>(cu[d.B]));
+  }
+  return "";
+}
+
+inline OrtStatusPtr MakeStatus(OrtErrorCode code, const std::string& msg) {
+  const std::string text = std::string(kOpName) + ": " + msg;
+  return Ort::GetApi().CreateStatus(code, text.c_str());
+}
+
+// Shape inference shared by every registration: out [T, W/3], cls_attn [T].
+OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* ctx) noexcept;
+
+// One OrtCustomOp per (EP, cu_seqlens type); qkv is declared UNDEFINED so that the kernel validates its
+// element type itself (and ORT infers out's type from qkv's).
+template <typename TKernel>
+struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel, /*WithStatus=*/true> {
+  RaggedAttentionOp(const char* provider, ONNXTensorElementDataType cu_type) : provider_(provider), cu_type_(cu_type) {
+    this->InferOutputShapeFn = [](const OrtCustomOp*, OrtShapeInferContext* ctx) -> OrtStatusPtr {
+      return InferRaggedAttentionShapes(ctx);
+    };
+  }
+
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    Attrs attrs;
+    std::string err = ReadAttrs(info, &attrs);
+    if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+    try {
+      *kernel = new TKernel(attrs, info);
+    } catch (const std::exception& e) {
+      return MakeStatus(ORT_FAIL, e.what());
+    }
+    return nullptr;
+  }
+
+  const char* GetName() const { return kOpName; }
+  const char* GetExecutionProviderType() const { return provider_; }
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : cu_type_;
+  }
+  size_t GetOutputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+
+ private:
+  const char* provider_;
+  ONNXTensorElementDataType cu_type_;
+};
+
+// Runs f() and turns any escaping exception into an ORT status.
+template <typename F>
+OrtStatusPtr GuardStatus(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const Ort::Exception& e) {
+    return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), e.what());
+  } catch (const std::exception& e) {
+    return MakeStatus(ORT_FAIL, e.what());
+  } catch (...) {
+    return MakeStatus(ORT_FAIL, "unknown C++ exception");
+  }
+}
+
+}  // namespace raggedvit

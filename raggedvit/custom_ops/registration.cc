@@ -1,0 +1,71 @@
+// Library entry points: RegisterCustomOps (ORT's custom-op library ABI) and raggedvit_ort_info().
+// The CPU op is always registered; the CUDA op only when libcuda.so.1 loads and a device exists.
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cpu/ragged_attention_cpu.h"
+#include "cuda/launcher.h"
+#include "cuda/ragged_attention_cuda.h"
+
+#define RAGGEDVIT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace raggedvit {
+namespace {
+
+struct OpSet {
+  std::vector<std::unique_ptr<OrtCustomOp>> ops;
+};
+
+const OpSet& Ops() {
+  static OpSet set;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (auto cu : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64}) {
+      set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu));
+    }
+    if (cuda::DriverAvailable()) {
+      for (auto cu : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64}) {
+        set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu));
+      }
+    }
+  });
+  return set;
+}
+
+}  // namespace
+}  // namespace raggedvit
+
+RAGGEDVIT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {
+    const std::string msg = std::string("libraggedvit_ort needs ONNX Runtime API version >= ") +
+                            std::to_string(ORT_API_VERSION) + "; this runtime is " + api_base->GetVersionString();
+    return api_base->GetApi(1)->CreateStatus(ORT_FAIL, msg.c_str());
+  }
+  Ort::InitApi(api);
+  return raggedvit::GuardStatus([&]() -> OrtStatusPtr {
+    static std::mutex mutex;
+    static std::list<Ort::CustomOpDomain> domains;  // must outlive every session that uses them
+    std::lock_guard<std::mutex> lock(mutex);
+    domains.emplace_back(raggedvit::kDomain);
+    for (const auto& op : raggedvit::Ops().ops) domains.back().Add(op.get());
+    Ort::UnownedSessionOptions(options).Add(domains.back());
+    return nullptr;
+  });
+}
+
+RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
+  static std::string info;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const bool cuda_ok = raggedvit::cuda::DriverAvailable();
+    info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
+           raggedvit::kOpName + "\", \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
+           raggedvit::cuda::kBuildInfoJson + "}";
+  });
+  return info.c_str();
+}

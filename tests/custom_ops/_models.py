@@ -1,0 +1,101 @@
+"""ONNX models with com.raggedvit::RaggedAttention nodes (IR 10, opset 17 + com.raggedvit 1) and inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+__all__ = ["DTYPES", "attention_model", "chained_model", "random_batch", "to_numpy"]
+
+DTYPES = {
+    torch.float32: TensorProto.FLOAT,
+    torch.float16: TensorProto.FLOAT16,
+    torch.bfloat16: TensorProto.BFLOAT16,
+}
+_CU = {torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64}
+
+
+def _finish(graph: onnx.GraphProto) -> bytes:
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    )
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def _attn_node(qkv: str, cu: str, outs: list[str], num_heads: int, name: str, **attrs: float | int) -> onnx.NodeProto:
+    return helper.make_node("RaggedAttention", [qkv, cu], outs, name=name, domain="com.raggedvit",
+                            num_heads=num_heads, **attrs)
+
+
+def attention_model(dtype: torch.dtype, cu_dtype: torch.dtype, num_heads: int | None, *, cls_attn: bool = True,
+                    qkv_elem: int | None = None, **attrs: float | int) -> bytes:
+    """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] -> out [T, W/3] (, cls_attn [T])."""
+    elem = DTYPES[dtype] if qkv_elem is None else qkv_elem
+    outs = ["out", "cls_attn"] if cls_attn else ["out"]
+    node_attrs = dict(attrs)
+    if num_heads is not None:
+        node_attrs["num_heads"] = num_heads
+    node = helper.make_node("RaggedAttention", ["qkv", "cu_seqlens"], outs, domain="com.raggedvit", **node_attrs)
+    outputs = [helper.make_tensor_value_info("out", elem, None)]
+    if cls_attn:
+        outputs.append(helper.make_tensor_value_info("cls_attn", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        [node], "ragged_attention",
+        [helper.make_tensor_value_info("qkv", elem, ["T", "W"]),
+         helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], ["B1"])],
+        outputs,
+    )
+    return _finish(graph)
+
+
+def chained_model(dtype: torch.dtype, cu_dtype: torch.dtype, num_heads: int, head_dim: int, weights: list[np.ndarray],
+                  *, cls_attn: bool = True) -> bytes:
+    """qkv -> RaggedAttention -> MatMul(w_i) [H*D -> 3*H*D] -> RaggedAttention ... (len(weights)+1 ops).
+
+    Outputs: out (last op), cls_attn of the last op when requested.
+    """
+    elem = DTYPES[dtype]
+    nodes, inits = [], []
+    x = "qkv"
+    n = len(weights) + 1
+    for i in range(n):
+        last = i == n - 1
+        outs = [f"o{i}"] + (["cls_attn"] if (last and cls_attn) else [])
+        nodes.append(_attn_node(x, "cu_seqlens", outs, num_heads, f"attn{i}"))
+        if not last:
+            inits.append(helper.make_tensor(f"w{i}", elem, list(weights[i].shape), weights[i].tobytes(), raw=True))
+            nodes.append(helper.make_node("MatMul", [f"o{i}", f"w{i}"], [f"x{i + 1}"], name=f"mm{i}"))
+            x = f"x{i + 1}"
+    nodes.append(helper.make_node("Identity", [f"o{n - 1}"], ["out"]))
+    outputs = [helper.make_tensor_value_info("out", elem, ["T", num_heads * head_dim])]
+    if cls_attn:
+        outputs.append(helper.make_tensor_value_info("cls_attn", TensorProto.FLOAT, ["T"]))
+    graph = helper.make_graph(
+        nodes, "ragged_attention_chain",
+        [helper.make_tensor_value_info("qkv", elem, ["T", 3 * num_heads * head_dim]),
+         helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], ["B1"])],
+        outputs, initializer=inits,
+    )
+    return _finish(graph)
+
+
+def random_batch(gen: torch.Generator, batch: int, max_len: int, num_heads: int, head_dim: int, dtype: torch.dtype,
+                 cu_dtype: torch.dtype, *, allow_empty: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv [T, 3*H*D] of dtype and cu_seqlens [batch+1] of random lengths in [0 or 1, max_len]."""
+    lo = 0 if allow_empty else 1
+    lens = torch.randint(lo, max_len + 1, (batch,), generator=gen)
+    cu = torch.zeros(batch + 1, dtype=torch.int64)
+    cu[1:] = lens.cumsum(0)
+    T = int(cu[-1])
+    qkv = torch.randn(T, 3 * num_heads * head_dim, generator=gen).to(dtype)
+    return qkv, cu.to(cu_dtype)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """numpy view for ORT inputs (bfloat16 goes through its uint16 bits, as onnxruntime expects)."""
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return t.contiguous().numpy()
