@@ -1,0 +1,77 @@
+"""Real sample images for tests and demos, and timm preprocessing."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+__all__ = ["IMAGE_SUFFIXES", "load_image_dir", "preprocess", "sample_images"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+_SKIMAGE_NAMES = ("chelsea", "coffee", "rocket", "astronaut")
+
+
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def sample_images() -> list[tuple[str, Image.Image]]:
+    """Bundled photos from scikit-image (chelsea, coffee, rocket, astronaut), scikit-learn (china, flower) and
+    matplotlib (grace_hopper), as RGB PIL images; packages that are not installed are skipped."""
+    out: list[tuple[str, Image.Image]] = []
+    if _have("skimage"):
+        from skimage import data
+
+        for name in _SKIMAGE_NAMES:
+            loader = getattr(data, name, None)
+            if loader is not None:
+                out.append((name, Image.fromarray(loader()).convert("RGB")))
+    if _have("sklearn"):
+        from sklearn.datasets import load_sample_images
+
+        bunch = load_sample_images()
+        for fname, arr in zip(bunch.filenames, bunch.images):
+            out.append((Path(fname).stem, Image.fromarray(arr).convert("RGB")))
+    if _have("matplotlib"):
+        from matplotlib import cbook
+
+        try:
+            with cbook.get_sample_data("grace_hopper.jpg") as f:
+                out.append(("grace_hopper", Image.open(f).convert("RGB")))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def load_image_dir(path: str | Path) -> list[tuple[str, Image.Image]]:
+    """All images directly in `path` (sorted by file name) as (stem, RGB PIL image)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"image directory {str(root)!r} does not exist")
+    files = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {str(root)!r}")
+    out = []
+    for p in files:
+        with Image.open(p) as im:
+            out.append((p.stem, im.convert("RGB")))
+    return out
+
+
+def preprocess(images: list[Image.Image] | list[tuple[str, Image.Image]], model: torch.nn.Module) -> torch.Tensor:
+    """PIL images (or (name, image) pairs) -> [B, 3, S, S] float32 with the model's timm eval transform."""
+    from timm.data import create_transform, resolve_data_config
+
+    if not images:
+        raise ValueError("preprocess needs at least one image")
+    args = {}
+    img_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if img_size is not None:  # the built resolution wins over the pretrained config's (img_size overrides)
+        args["input_size"] = (3, int(img_size[0]), int(img_size[1]))
+    config = resolve_data_config(args, model=model)
+    transform = create_transform(**config, is_training=False)
+    pils = [im[1] if isinstance(im, tuple) else im for im in images]
+    return torch.stack([transform(im.convert("RGB")) for im in pils]).to(torch.float32)

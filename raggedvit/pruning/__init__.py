@@ -1,0 +1,24 @@
+"""Token-pruned timm ViTs on packed variable-length tokens (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from raggedvit.pruning.packed import PackedState, PrunedOutput, PrunedViT, packed_prune_stage
+from raggedvit.pruning.packed_block import packed_block_forward
+from raggedvit.pruning.padded import padded_block_forward, padded_reference_forward
+from raggedvit.pruning.select import Selection, pad_scores, select_tokens
+from raggedvit.pruning.spec import POLICIES, PruneSpec
+
+__all__ = [
+    "POLICIES",
+    "PackedState",
+    "PruneSpec",
+    "PrunedOutput",
+    "PrunedViT",
+    "Selection",
+    "packed_block_forward",
+    "packed_prune_stage",
+    "pad_scores",
+    "padded_block_forward",
+    "padded_reference_forward",
+    "select_tokens",
+]

@@ -1,0 +1,60 @@
+"""What the pruned forwards need from a timm VisionTransformer: support checks, embedding, classifier head."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import Attention
+from timm.models.vision_transformer import Block, VisionTransformer
+
+__all__ = ["POOLS", "check_supported", "embed_tokens", "is_distilled", "classify"]
+
+POOLS = ("token", "avg", "avgmax", "max")
+
+
+def is_distilled(vit: VisionTransformer) -> bool:
+    """True for DeiT's VisionTransformerDistilled (class + distillation token, two heads)."""
+    return hasattr(vit, "head_dist") and getattr(vit, "dist_token", None) is not None
+
+
+def check_supported(vit: torch.nn.Module) -> None:
+    """Raise ValueError (one line) unless `vit` is a timm VisionTransformer the pruned forwards can run."""
+    if not isinstance(vit, VisionTransformer):
+        raise ValueError(f"expected a timm VisionTransformer, got {type(vit).__name__}")
+    if getattr(vit, "attn_pool", None) is not None:
+        raise ValueError(f"attention pooling (global_pool={vit.global_pool!r}) is not supported; use 'token' or 'avg'")
+    if vit.global_pool not in POOLS:
+        raise ValueError(f"global_pool {vit.global_pool!r} is not supported; expected one of {', '.join(POOLS)}")
+    if is_distilled(vit) and vit.global_pool != "token":
+        raise ValueError("distilled ViTs must use global_pool='token'")
+    for i, blk in enumerate(vit.blocks):
+        if type(blk) is not Block:
+            raise ValueError(f"block {i} is {type(blk).__name__}; only timm's pre-norm Block is supported")
+        if type(blk.attn) is not Attention:
+            raise ValueError(f"block {i} attention is {type(blk.attn).__name__}; only timm's Attention is supported")
+
+
+def embed_tokens(vit: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
+    """images [B, 3, S, S] -> tokens [B, N, C] (patch_embed, _pos_embed, patch_drop, norm_pre), N = p + patches."""
+    x = vit.patch_embed(images)
+    x = vit._pos_embed(x)
+    x = vit.patch_drop(x)
+    return vit.norm_pre(x)
+
+
+def classify(vit: VisionTransformer, first: torch.Tensor, second: torch.Tensor | None, pooled: torch.Tensor | None):
+    """Classifier head on per-image features, after the final norm.
+
+    Args:
+        first: [B, C] row 0 of each image (class token, or first prefix/patch row).
+        second: [B, C] row 1 of each image (distillation token) for distilled models, else None.
+        pooled: [B, C] pooled features for 'avg'/'avgmax'/'max' pools, else None.
+
+    Returns:
+        logits [B, num_classes] (distilled: the eval-mode average of both heads, as timm).
+    """
+    if is_distilled(vit):
+        assert second is not None
+        return (vit.head(vit.head_drop(first)) + vit.head_dist(vit.head_drop(second))) / 2
+    feats = first if vit.global_pool == "token" else pooled
+    assert feats is not None
+    return vit.head(vit.head_drop(vit.fc_norm(feats)))

@@ -1,0 +1,133 @@
+"""Pruning specification: which policy, where, and how much (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["POLICIES", "PruneSpec", "f32"]
+
+POLICIES = ("none", "topk-l2", "evit", "cls-mass")
+_CLS_POLICIES = ("evit", "cls-mass")
+
+
+def f32(value: float) -> float:
+    """`value` rounded to the nearest float32 (the precision every stage computes in)."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+@dataclass(frozen=True)
+class PruneSpec:
+    """A token pruning schedule.
+
+    Attributes:
+        policy: "none" (no stages), "topk-l2", "evit" or "cls-mass".
+        prune_at: block indices, strictly increasing; a stage "at i" runs after blocks 0..i-1.
+            Always () for policy "none".
+        keep: fraction of patch tokens kept per stage (topk-l2, evit), in (0, 1].
+        mass: cumulative normalised cls attention kept per stage (cls-mass), in (0, 1].
+        fuse: evit only: append one token per image fusing the dropped tokens.
+    """
+
+    policy: str = "none"
+    prune_at: tuple[int, ...] = ()
+    keep: float = 0.5
+    mass: float = 0.9
+    fuse: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown pruning policy {self.policy!r}; expected one of {', '.join(POLICIES)}")
+        if self.policy == "none":
+            object.__setattr__(self, "prune_at", ())
+        object.__setattr__(self, "prune_at", tuple(int(i) for i in self.prune_at))
+        if self.policy != "none" and not self.prune_at:
+            raise ValueError(f"policy {self.policy!r} needs at least one prune index (prune_at)")
+        if any(b <= a for a, b in zip(self.prune_at, self.prune_at[1:])):
+            raise ValueError(f"prune indices must be strictly increasing, got {list(self.prune_at)}")
+        if any(i < 1 for i in self.prune_at):
+            raise ValueError(f"prune indices must be >= 1 (a stage runs after a block), got {list(self.prune_at)}")
+        if not (math.isfinite(self.keep) and 0.0 < self.keep <= 1.0):
+            raise ValueError(f"keep must be in (0, 1], got {self.keep}")
+        if not (math.isfinite(self.mass) and 0.0 < self.mass <= 1.0):
+            raise ValueError(f"mass must be in (0, 1], got {self.mass}")
+        if self.fuse and self.policy != "evit":
+            raise ValueError(f"fuse is only defined for policy 'evit', not {self.policy!r}")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.prune_at)
+
+    @property
+    def needs_cls_attn(self) -> bool:
+        return self.policy in _CLS_POLICIES
+
+    @classmethod
+    def from_strings(
+        cls,
+        policy: str,
+        prune_at: str | int | tuple[int, ...] = "4",
+        keep: float | str = 0.5,
+        mass: float | str = 0.9,
+        fuse: bool = False,
+        *,
+        depth: int | None = None,
+        has_class_token: bool | None = None,
+    ) -> PruneSpec:
+        """Parse CLI-style values, e.g. `from_strings("evit", "4,7", keep="0.7")`.
+
+        `depth` / `has_class_token` (when given) check the spec against a model too.
+        """
+        if isinstance(prune_at, str):
+            parts = [p.strip() for p in prune_at.replace(";", ",").split(",") if p.strip()]
+            try:
+                indices = tuple(int(p) for p in parts)
+            except ValueError:
+                raise ValueError(f"prune_at must be comma-separated block indices, got {prune_at!r}") from None
+        elif isinstance(prune_at, int):
+            indices = (prune_at,)
+        else:
+            indices = tuple(int(i) for i in prune_at)
+        try:
+            keep_f, mass_f = float(keep), float(mass)
+        except ValueError:
+            raise ValueError(f"keep and mass must be numbers, got keep={keep!r} mass={mass!r}") from None
+        spec = cls(policy=policy, prune_at=indices, keep=keep_f, mass=mass_f, fuse=bool(fuse))
+        if depth is not None or has_class_token is not None:
+            spec.check_model(depth=depth, has_class_token=has_class_token)
+        return spec
+
+    def check_model(self, *, depth: int | None, has_class_token: bool | None) -> None:
+        """Raise ValueError if the spec cannot run on a model of `depth` blocks / without a class token."""
+        if depth is not None:
+            bad = [i for i in self.prune_at if not 1 <= i <= depth - 1]
+            if bad:
+                raise ValueError(f"prune index {bad[0]} out of range 1..{depth - 1} for a model with {depth} blocks")
+        if has_class_token is False and self.needs_cls_attn:
+            raise ValueError(f"policy {self.policy!r} needs a class token; the model has none")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "prune_at": list(self.prune_at),
+            "keep": self.keep,
+            "mass": self.mass,
+            "fuse": self.fuse,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PruneSpec:
+        known = {"policy", "prune_at", "keep", "mass", "fuse"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown PruneSpec fields {unknown}")
+        return cls(
+            policy=str(data.get("policy", "none")),
+            prune_at=tuple(int(i) for i in data.get("prune_at", ())),
+            keep=float(data.get("keep", 0.5)),
+            mass=float(data.get("mass", 0.9)),
+            fuse=bool(data.get("fuse", False)),
+        )

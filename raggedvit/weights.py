@@ -1,0 +1,159 @@
+"""Build a timm ViT with known weights: a checkpoint file, timm's pretrained weights, or a seeded random init."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from timm.layers import Attention
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+
+__all__ = ["CHECKPOINT_SUFFIXES", "WeightsInfo", "load_checkpoint", "load_vit", "sha256_file", "sharpen_qk_"]
+
+CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+DEFAULT_SHARPEN_QK = 4.0
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """Where a model's weights came from (written into export metadata and benchmark results)."""
+
+    model_name: str
+    source: str  # "checkpoint" | "pretrained" | "seeded"
+    checkpoint: str | None
+    checkpoint_sha256: str | None
+    seed: int | None
+    sharpen_qk: float
+    img_size: tuple[int, int]
+    num_classes: int
+    num_prefix_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["img_size"] = list(self.img_size)
+        return d
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a state dict from .pth/.pt/.bin (torch.load, weights_only) or .safetensors; unwraps
+    {'state_dict': ...} and {'model': ...}."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist")
+    if path.suffix not in CHECKPOINT_SUFFIXES:
+        raise ValueError(f"checkpoint {path.name!r}: unsupported suffix, expected {', '.join(CHECKPOINT_SUFFIXES)}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path), device="cpu")
+    else:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"checkpoint {path.name!r} does not hold a state dict of tensors")
+    return state
+
+
+@torch.no_grad()
+def sharpen_qk_(model: torch.nn.Module, factor: float) -> None:
+    """Multiply the q and k rows of every attention `qkv` weight (and bias) by `factor`, in place.
+
+    Attention logits scale by factor**2, so seeded random weights give peaked attention and pruning
+    decisions that are not near-ties."""
+    for mod in model.modules():
+        if isinstance(mod, Attention):
+            rows = 2 * mod.qkv.out_features // 3
+            mod.qkv.weight[:rows].mul_(factor)
+            if mod.qkv.bias is not None:
+                mod.qkv.bias[:rows].mul_(factor)
+
+
+def _create(model_name: str, pretrained: bool, img_size: int | None, kwargs: dict[str, Any]) -> VisionTransformer:
+    if not timm.is_model(model_name):
+        raise ValueError(f"unknown timm model {model_name!r}")
+    extra = dict(kwargs)
+    if img_size is not None:
+        extra["img_size"] = img_size
+    try:
+        model = timm.create_model(model_name, pretrained=pretrained, **extra)
+    except TypeError as e:
+        raise ValueError(f"cannot build {model_name!r} with {extra}: {e}") from None
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"{model_name!r} is a timm {type(model).__name__}, not a VisionTransformer (vit_*/deit_*)")
+    return model
+
+
+def load_vit(
+    model_name: str,
+    *,
+    checkpoint: str | Path | None = None,
+    pretrained: bool = False,
+    seed: int | None = None,
+    img_size: int | None = None,
+    sharpen_qk: float | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+) -> tuple[VisionTransformer, WeightsInfo]:
+    """Create a timm ViT in eval mode.
+
+    Args:
+        model_name: a timm VisionTransformer name (vit_*, deit_*, incl. distilled and register variants).
+        checkpoint: .pth/.pt/.bin/.safetensors state dict, passed through timm's ViT checkpoint filter
+            (pos-embed resizing etc.) and loaded strictly.
+        pretrained: download timm's weights (needs network).
+        seed: random init seed (default 0 when neither checkpoint nor pretrained is given).
+        img_size: input resolution override (timm resizes pos embeds of checkpoints).
+        sharpen_qk: q/k row scale (default 4.0 for seeded random weights, 1.0 otherwise).
+        model_kwargs: extra timm.create_model arguments (e.g. depth for small test models).
+
+    Returns:
+        (model, WeightsInfo).
+    """
+    if checkpoint is not None and pretrained:
+        raise ValueError("give either checkpoint or pretrained=True, not both")
+    random_init = checkpoint is None and not pretrained
+    if random_init and seed is None:
+        seed = 0
+    if sharpen_qk is None:
+        sharpen_qk = DEFAULT_SHARPEN_QK if random_init else 1.0
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = _create(model_name, pretrained, img_size, model_kwargs or {})
+    ckpt_name = ckpt_sha = None
+    if checkpoint is not None:
+        state = checkpoint_filter_fn(load_checkpoint(checkpoint), model)
+        result = model.load_state_dict(state, strict=False)
+        if result.missing_keys or result.unexpected_keys:
+            raise ValueError(
+                f"checkpoint {Path(checkpoint).name!r} does not match {model_name}: "
+                f"missing keys {result.missing_keys[:8]}, unexpected keys {result.unexpected_keys[:8]}"
+            )
+        ckpt_name, ckpt_sha = Path(checkpoint).name, sha256_file(checkpoint)
+    if sharpen_qk != 1.0:
+        sharpen_qk_(model, sharpen_qk)
+    model.eval()
+    info = WeightsInfo(
+        model_name=model_name,
+        source="checkpoint" if checkpoint is not None else ("pretrained" if pretrained else "seeded"),
+        checkpoint=ckpt_name,
+        checkpoint_sha256=ckpt_sha,
+        seed=seed,
+        sharpen_qk=float(sharpen_qk),
+        img_size=tuple(int(s) for s in model.patch_embed.img_size),
+        num_classes=int(model.num_classes),
+        num_prefix_tokens=int(model.num_prefix_tokens),
+    )
+    return model, info
