@@ -1,0 +1,193 @@
+"""Triton kernels of ragged attention (DESIGN.md section 2), shared by the torch op and the AOT build.
+
+Layout: QKV [T, 3*H*D] (q | k | v, head-major), Out [T, H*D], Lse [H, T] fp32, ClsAttn [T] fp32,
+CU [B+1] int32/int64. A query tile owns BLOCK_M consecutive packed rows and may straddle sequences;
+every row finds its sequence by a binary search of CU and attends only to that sequence's keys.
+CU is clamped to [0, T] in-kernel and every load is masked, so a bad CU never reads out of bounds.
+
+Lse units: log2 of the row's softmax denominator over scores already multiplied by scale*log2(e),
+i.e. softmax(row)[k] = exp2(s_k * scale * log2(e) - Lse[h, row]).
+
+Precision: fp16/bf16 use tensor-core dots with fp32 accumulation (P is rounded to the input dtype
+before the PV dot, as in FlashAttention); fp32 inputs use input_precision="ieee" (no tf32) so the
+fp32 path keeps fp32 accuracy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+__all__ = ["_ragged_attn_fwd", "_ragged_cls_attn"]
+
+
+# Reductions go through tl.reduce with tl.standard's own combine functions (the IR of tl.max /
+# tl.min / tl.sum): the tl.standard wrappers themselves are plain JIT functions unless TRITON_INTERPRET
+# was set when triton was first imported, which would break `load_interpreted_kernels()`; the
+# interpreter maps these combine functions to numpy reductions.
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _add_combine(a, b):
+    return a + b
+
+
+# True only in a copy of this module decorated under TRITON_INTERPRET (see _launch.load_interpreted_kernels):
+# the interpreter multiplies bf16 tensors as their raw uint16 bits, so interpreted bf16 dots are upcast.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
+
+_max_fn = getattr(tl.standard, "_elementwise_max", _max_combine)
+_min_fn = getattr(tl.standard, "_elementwise_min", _min_combine)
+_add_fn = getattr(tl.standard, "_sum_combine", _add_combine)
+
+
+@triton.jit
+def _dot(a, b):
+    """a [M, K] @ b [K, N] -> fp32 [M, N]; fp32 operands in full fp32 (no tf32)."""
+    if a.dtype == tl.float32:
+        c = tl.dot(a, b, input_precision="ieee")
+    else:
+        if _INTERPRETED:
+            c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            c = tl.dot(a, b)
+    return c
+
+
+@triton.jit
+def _seq_bounds(CU, rows, T, B):
+    """rows [R] int32 -> (start, end) [R] int32 of each row's sequence, both clamped to [0, T].
+
+    Binary lifting for the largest b in [0, B] with cu[b] <= row (cu[0] is taken as 0), then b is
+    clamped to B - 1. Empty sequences are skipped because the largest b wins.
+    """
+    b = rows * 0
+    step = 1
+    while step * 2 <= B:
+        step = step * 2
+    while step > 0:
+        cand = b + step
+        ok = cand <= B
+        v = tl.load(CU + cand, mask=ok, other=0)
+        v = tl.minimum(tl.maximum(v, 0), T).to(tl.int32)
+        b = tl.where(ok & (v <= rows), cand, b)
+        step = step // 2
+    b = tl.minimum(b, tl.maximum(B - 1, 0))
+    has_seq = b < B
+    start = tl.load(CU + b, mask=has_seq, other=0)
+    end = tl.load(CU + b + 1, mask=has_seq, other=0)
+    start = tl.minimum(tl.maximum(start, 0), T).to(tl.int32)
+    end = tl.minimum(tl.maximum(end, 0), T).to(tl.int32)
+    return start, end
+
+
+@triton.jit(do_not_specialize=["T", "B", "scale_bits", "store_lse"])
+def _ragged_attn_fwd(
+    QKV,
+    CU,
+    Out,
+    Lse,
+    T,
+    B,
+    H,
+    D,
+    scale_bits,
+    store_lse,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale) v within each row's sequence."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < T
+    row_start, row_end = _seq_bounds(CU, rows, T, B)
+    # keys any valid row of the tile may need
+    lo = tl.reduce(tl.where(row_ok, row_start, T), 0, _min_fn)
+    hi = tl.reduce(tl.where(row_ok, row_end, 0), 0, _max_fn)
+
+    qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    row_stride = 3 * H * D
+    head_off = h * D
+    q_ptrs = QKV + rows.to(tl.int64)[:, None] * row_stride + head_off + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (cols < hi)[:, None] & d_ok[None, :]
+        k_ptrs = QKV + cols.to(tl.int64)[:, None] * row_stride + (H * D + head_off) + offs_d[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        s = _dot(q, tl.trans(k)) * qk_scale
+        in_seq = (cols[None, :] >= row_start[:, None]) & (cols[None, :] < row_end[:, None])
+        s = tl.where(in_seq, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid inf - inf
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.reduce(p, 1, _add_fn)
+        v = tl.load(k_ptrs + H * D, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    o_ptrs = Out + rows.to(tl.int64)[:, None] * (H * D) + head_off + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if store_lse != 0:
+        lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(Lse + h * T + rows, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["T", "B", "scale_bits"])
+def _ragged_cls_attn(
+    QKV,
+    CU,
+    Lse,
+    ClsAttn,
+    T,
+    B,
+    H,
+    D,
+    scale_bits,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """grid = (cdiv(T, BLOCK_N),). ClsAttn[t] = mean_h softmax(row cu[b])[t] for token t of sequence b.
+
+    Needs Lse [H, T] of the sequences' first rows from _ragged_attn_fwd(store_lse=1). Deterministic.
+    """
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < T
+    start, end = _seq_bounds(CU, cols, T, B)
+    ok = col_ok & (cols >= start) & (cols < end)  # token lies inside its (clamped) sequence
+    qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = ok[:, None] & (offs_d < D)[None, :]
+    row_stride = 3 * H * D
+    q_base = QKV + start.to(tl.int64)[:, None] * row_stride + offs_d[None, :]
+    k_base = QKV + cols.to(tl.int64)[:, None] * row_stride + H * D + offs_d[None, :]
+    acc = tl.full([BLOCK_N], 0.0, dtype=tl.float32)
+    for h in range(0, H):
+        q = tl.load(q_base + h * D, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(k_base + h * D, mask=mask, other=0.0).to(tl.float32)
+        s = tl.reduce(q * k, 1, _add_fn) * qk_scale
+        lse = tl.load(Lse + h * T + start, mask=ok, other=0.0)
+        acc += tl.where(ok, tl.math.exp2(s - lse), 0.0)
+    tl.store(ClsAttn + cols, acc / H, mask=col_ok)
