@@ -53,6 +53,9 @@ def check_supported(vit: nn.Module) -> None:
     proj = getattr(pe, "proj", None)
     if not isinstance(proj, nn.Conv2d) or tuple(proj.padding) != (0, 0) or proj.groups != 1:
         raise UnsupportedModelError("patch embedding must be an unpadded Conv2d")
+    img, patch = tuple(pe.img_size), tuple(pe.patch_size)
+    if any(i % q for i, q in zip(img, patch)):
+        raise UnsupportedModelError(f"image size {img} is not a multiple of the patch size {patch}")
     if getattr(pe, "dynamic_img_pad", False) or getattr(pe, "dynamic_img_size", False):
         raise UnsupportedModelError("dynamic patch padding is not supported")
     for i, blk in enumerate(vit.blocks):

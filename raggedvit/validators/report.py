@@ -17,7 +17,7 @@ FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite"]
 @dataclass(frozen=True)
 class Thresholds:
     """Pass criteria: max |Δlogit| < max_abs_logit and top-1 agreement >= min_top1 (fraction);
-    a score gap (or cls-mass margin) < tie_eps at a cut makes a near-tie."""
+    a relative score gap (or cls-mass margin) < tie_eps at a cut makes a near-tie."""
 
     max_abs_logit: float = 0.004
     min_top1: float = 1.0
@@ -28,7 +28,8 @@ class Thresholds:
 class NearTie:
     """Image `image` is within `gap` of a different cut at stage `stage` (block `block`).
 
-    kind "score": last kept vs first dropped score; kind "mass": cls-mass exclusive cumsum vs the mass."""
+    kind "score": (last kept - first dropped score) / |last kept|;
+    kind "mass": cls-mass exclusive cumsum vs the mass."""
 
     image: int
     stage: int

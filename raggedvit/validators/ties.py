@@ -2,7 +2,8 @@
 
 Replays the packed forward of `raggedvit.pruning.PrunedViT` (same primitives) and, at every stage,
 measures how far each image is from a different cut: the gap between its last kept and first dropped
-sorted score, and for cls-mass the distance of the exclusive cumulative mass to `mass` at the cut.
+sorted score relative to the last kept score (scores differ in scale: L2 norms ~10, cls attention ~1/N),
+and for cls-mass the distance of the exclusive cumulative mass to `mass` at the cut.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
         S: [B, W] float32 padded scores (-inf off patches); n: [B] tokens per image; k: [B] patch tokens kept.
 
     Returns:
-        (score_gap [B], mass_gap [B]) float64, +inf where no cut exists (all patches kept) / not cls-mass.
+        (score_gap [B] = (s_last_kept - s_first_dropped) / |s_last_kept|, mass_gap [B] = min |exclusive mass - mass|
+        at the cut) float64, +inf where no cut exists (all patches kept) / not cls-mass.
     """
     B, W = S.shape
     vals = torch.sort(S, dim=1, descending=True, stable=True).values.double()
@@ -34,7 +36,8 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
     for b in range(B):
         kb, pb = int(k[b]), int(P[b])
         if kb < pb:
-            score_gap[b] = vals[b, kb - 1] - vals[b, kb]
+            last = vals[b, kb - 1]
+            score_gap[b] = (last - vals[b, kb]) / max(abs(float(last)), 1e-30)
     if spec.policy == "cls-mass":
         idx = torch.arange(W)
         valid = idx.unsqueeze(0) < P.unsqueeze(1)

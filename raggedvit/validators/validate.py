@@ -21,7 +21,7 @@ def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool
     """images [N, 3, S, S] -> (logits [N, classes] float32, token_counts [N, stages] int64) numpy, in batches."""
     logits, counts = [], []
     chunks = range(0, images.shape[0], batch_size)
-    for s in tqdm(chunks, desc="onnxruntime", disable=not progress, leave=False):
+    for s in tqdm(chunks, desc="onnxruntime", disable=None if progress else True, leave=False):
         lg, tc = session.run(["logits", "token_counts"], {"images": images[s : s + batch_size].numpy()})
         logits.append(lg)
         counts.append(tc)
@@ -34,7 +34,7 @@ def run_reference(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_s
     model = PrunedViT(vit, spec)
     logits, counts = [], []
     chunks = range(0, images.shape[0], batch_size)
-    for s in tqdm(chunks, desc="pytorch reference", disable=not progress, leave=False):
+    for s in tqdm(chunks, desc="pytorch reference", disable=None if progress else True, leave=False):
         out = model(images[s : s + batch_size])
         logits.append(out.logits.float().numpy())
         counts.append(out.token_counts.numpy())

@@ -1,0 +1,293 @@
+"""raggedvit command line: export | validate | info (thin click commands over the library).
+
+Exit codes: 0 success / validation passed, 1 validation failed numerically, 2 usage or input error
+(one line "error: ..." on stderr, no partial output file), 3 unexpected internal error
+(set RAGGEDVIT_DEBUG=1 for the traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["CliError", "main"]
+
+POLICY_CHOICES = ("none", "topk-l2", "evit", "cls-mass")
+
+
+class CliError(Exception):
+    """A one-line user-facing error with its exit code."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Group(click.Group):
+    """A click group whose errors are one line on stderr ("error: ...") with exit codes 2 / 3."""
+
+    def main(self, args=None, prog_name=None, **kwargs):  # type: ignore[override]
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "raggedvit", standalone_mode=False, **kwargs)
+        except CliError as e:
+            _fail(str(e), e.code)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.ClickException as e:  # usage errors: bad option values, missing arguments
+            _fail(e.format_message().replace("\n", " "), 2)
+        except click.Abort:
+            _fail("aborted", 1)
+        except Exception as e:  # noqa: BLE001 - last resort: keep the one-line contract
+            if os.environ.get("RAGGEDVIT_DEBUG"):
+                raise
+            _fail(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", 3)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """CliError unless `path` can be created: its folder exists and is a writable directory."""
+    parent = path.resolve().parent
+    if path.is_dir():
+        raise CliError(f"{what} {str(path)!r} is a directory")
+    if not parent.is_dir():
+        raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} is not writable")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(package_name="raggedvit")
+def main() -> None:
+    """Export token-pruned timm ViTs to ONNX (com.raggedvit::RaggedAttention) and validate them."""
+
+
+# ---- export ---------------------------------------------------------------------------------------
+@main.command()
+@click.argument("model")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="ONNX file.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="State dict (.pth/.safetensors).")
+@click.option("--pretrained", is_flag=True, default=False, help="timm's pretrained weights (needs network).")
+@click.option("--seed", type=int, default=None, help="Seeded random weights (default 0 without other weights).")
+@click.option("--img-size", type=int, default=None, help="Input resolution (default: the model's).")
+@click.option("--policy", type=click.Choice(POLICY_CHOICES), default="topk-l2", help="Token pruning policy.")
+@click.option("--keep", type=float, default=0.5, help="Fraction of patch tokens kept per stage (topk-l2, evit).")
+@click.option("--mass", type=float, default=0.9, help="Cumulative cls-attention mass kept per stage (cls-mass).")
+@click.option("--prune-at", default="4", help="Comma-separated block indices of the pruning stages.")
+@click.option("--fuse", is_flag=True, default=False, help="evit: fuse dropped tokens into one extra token.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", help="Weight and compute dtype.")
+def export(model, output, checkpoint, pretrained, seed, img_size, policy, keep, mass, prune_at, fuse, dtype) -> None:
+    """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
+    from tqdm import tqdm
+
+    if sum([checkpoint is not None, pretrained, seed is not None]) > 1:
+        raise CliError("give at most one of --checkpoint, --pretrained, --seed")
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise CliError(f"checkpoint {str(checkpoint)!r} does not exist")
+    if img_size is not None and img_size <= 0:
+        raise CliError(f"--img-size must be positive, got {img_size}")
+    _check_writable(output, "output")
+    from raggedvit.pruning import PruneSpec
+
+    try:
+        spec = PruneSpec.from_strings(policy, prune_at if policy != "none" else (), keep, mass, fuse)
+    except ValueError as e:
+        raise CliError(f"bad pruning parameters: {e}") from None
+
+    steps = tqdm(total=3, desc="export", unit="step", file=sys.stderr, disable=None, leave=False)
+    steps.set_postfix_str("loading weights")
+    vit, info = _load_vit(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
+    steps.update()
+    from raggedvit.exporter import UnsupportedModelError, export_onnx
+
+    try:
+        spec.check_model(depth=len(vit.blocks), has_class_token=getattr(vit, "cls_token", None) is not None)
+    except ValueError as e:
+        raise CliError(f"bad pruning parameters for {model}: {e}") from None
+    weights = info.to_dict()
+    if checkpoint is not None:
+        weights["checkpoint_path"] = str(Path(checkpoint).resolve())
+    recipe = {"model": model, "weights": weights}
+    steps.set_postfix_str("building graph")
+    try:
+        path = export_onnx(vit, spec, output, dtype=dtype, recipe=recipe)
+    except UnsupportedModelError as e:
+        raise CliError(f"unsupported model {model}: {e}") from None
+    except OSError as e:
+        raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None
+    steps.update(2)
+    steps.close()
+    size_mb = path.stat().st_size / 2**20
+    click.echo(f"wrote {path} ({model}, {spec.policy}, {dtype}, {size_mb:.1f} MiB)")
+
+
+def _load_vit(model: str, **kwargs):
+    """raggedvit.weights.load_vit with its failures turned into one-line CliErrors."""
+    import pickle
+
+    from raggedvit.weights import load_vit
+
+    try:
+        return load_vit(model, **kwargs)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    except (RuntimeError, OSError, pickle.UnpicklingError, EOFError) as e:
+        ckpt = kwargs.get("checkpoint")
+        if ckpt is not None:
+            raise CliError(f"cannot read checkpoint {str(ckpt)!r}: {str(e).splitlines()[0]}") from None
+        raise CliError(f"cannot build {model}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # safetensors raises its own error type
+        if kwargs.get("checkpoint") is not None and "safetensor" in type(e).__name__.lower():
+            raise CliError(f"cannot read checkpoint {str(kwargs['checkpoint'])!r}: {e}") from None
+        raise
+
+
+# ---- validate -------------------------------------------------------------------------------------
+@main.command()
+@click.argument("onnx_file", metavar="MODEL.onnx", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--images", "image_dir", type=click.Path(path_type=Path), default=None, help="Folder of images.")
+@click.option("--sample-images", is_flag=True, default=False, help="Bundled sample photos (the default source).")
+@click.option("--random", "random_n", type=int, default=None, help="N seeded random normalised inputs.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="ONNX Runtime execution provider.")
+@click.option("--atol", type=float, default=0.004, help="Pass if max |Δlogit| < ATOL on every image.")
+@click.option("--min-top1", type=float, default=1.0, help="Pass if the top-1 agreement is at least this fraction.")
+@click.option(
+    "--tie-eps",
+    type=float,
+    default=1e-5,
+    help="Relative score gap (or cls-mass margin) at a cut below which an image is a near-tie.",
+)
+@click.option("--report", type=click.Path(path_type=Path), default=None, help="Write REPORT.json and REPORT.md.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="Where the exported checkpoint is.")
+@click.option("--batch-size", type=int, default=16, help="Images per ORT / PyTorch call.")
+def validate(
+    onnx_file, image_dir, sample_images, random_n, device, atol, min_top1, tie_eps, report, checkpoint, batch_size
+) -> int:
+    """Run MODEL.onnx in ONNX Runtime and the PyTorch reference on the same images; print a Markdown report.
+
+    Exit 0 if it passes, 1 on a numerical failure, 2 on a usage or input error.
+    """
+    if sum([image_dir is not None, sample_images, random_n is not None]) > 1:
+        raise CliError("give at most one of --images, --sample-images, --random")
+    if random_n is not None and random_n <= 0:
+        raise CliError(f"--random must be positive, got {random_n}")
+    if atol <= 0 or batch_size <= 0:
+        raise CliError("--atol and --batch-size must be positive")
+    if report is not None:
+        base = report.with_suffix("") if report.suffix in (".json", ".md") else report
+        _check_writable(base.with_name(base.name + ".json"), "report")
+    from raggedvit.validators import (
+        OpLibraryMissing,
+        Thresholds,
+        ValidationInputError,
+        load_recipe,
+        load_reference,
+        open_session,
+    )
+    from raggedvit.validators import validate as run_validation
+
+    try:
+        recipe = load_recipe(onnx_file)
+        open_session(onnx_file, device)  # fail fast: op library, providers, model loadable
+        vit, spec = load_reference(recipe, checkpoint=checkpoint)
+        images, names = _validation_images(vit, image_dir, random_n)
+        result = run_validation(
+            onnx_file,
+            images,
+            names,
+            vit=vit,
+            spec=spec,
+            recipe=recipe,
+            device=device,
+            thresholds=Thresholds(max_abs_logit=atol, min_top1=min_top1, tie_eps=tie_eps),
+            batch_size=batch_size,
+            progress=True,
+        )
+    except (ValidationInputError, OpLibraryMissing) as e:
+        raise CliError(str(e)) from None
+    click.echo(result.to_markdown(), nl=False)
+    if report is not None:
+        try:
+            js, md = result.write(report)
+        except OSError as e:
+            raise CliError(f"cannot write report {str(report)!r}: {e.strerror or e}") from None
+        click.echo(f"wrote {js} and {md}", err=True)
+    return 0 if result.passed else 1
+
+
+def _validation_images(vit, image_dir: Path | None, random_n: int | None):
+    """(images [N, 3, S, S] float32, names) from a folder, random seeded inputs, or the sample photos."""
+    import torch
+
+    from raggedvit.images import load_image_dir, preprocess, sample_images
+    from raggedvit.validators import ValidationInputError
+
+    if random_n is not None:
+        size = tuple(int(s) for s in vit.patch_embed.img_size)
+        gen = torch.Generator().manual_seed(0)
+        return torch.randn(random_n, 3, *size, generator=gen), [f"random{i}" for i in range(random_n)]
+    if image_dir is not None:
+        try:
+            pairs = load_image_dir(image_dir)
+        except ValueError as e:
+            raise ValidationInputError(str(e)) from None
+    else:
+        pairs = sample_images()
+        if not pairs:
+            raise ValidationInputError("no sample images available (install scikit-image, scikit-learn or matplotlib)")
+    return preprocess(pairs, vit), [name for name, _ in pairs]
+
+
+# ---- info -----------------------------------------------------------------------------------------
+@main.command()
+def info() -> None:
+    """Versions, ONNX Runtime providers, GPU, and the op library (path, archs, dtypes)."""
+    import importlib.metadata as md
+
+    def version(dist: str) -> str:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    import raggedvit
+
+    click.echo(f"raggedvit     {raggedvit.__version__}")
+    for dist in ("torch", "triton", "timm", "onnx"):
+        click.echo(f"{dist:<13} {version(dist)}")
+    ort_dist = "onnxruntime-gpu" if version("onnxruntime-gpu") != "not installed" else "onnxruntime"
+    click.echo(f"{'onnxruntime':<13} {version(ort_dist)} ({ort_dist})")
+    import onnxruntime as ort
+
+    click.echo(f"ORT providers {', '.join(ort.get_available_providers())}")
+    import torch
+
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            cap = torch.cuda.get_device_capability(i)
+            click.echo(f"GPU {i}         {torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]})")
+    else:
+        click.echo("GPU           none (torch.cuda.is_available() is False)")
+    from raggedvit.custom_ops import OpLibraryNotBuilt, library_info
+
+    try:
+        lib = library_info()
+    except (OpLibraryNotBuilt, OSError) as e:
+        click.echo(f"op library    not available: {str(e).splitlines()[0]}")
+        return
+    click.echo(f"op library    {lib.get('path')}")
+    for key in sorted(k for k in lib if k != "path"):
+        click.echo(f"  {key:<11} {lib[key]}")
+
+
+# `raggedvit bench` is registered here by the benchmarks owner (main.add_command(...)).
+
+if __name__ == "__main__":
+    main()
