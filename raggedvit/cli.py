@@ -183,19 +183,16 @@ def validate(
     if report is not None:
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
         _check_writable(base.with_name(base.name + ".json"), "report")
-    from raggedvit.validators import (
-        OpLibraryMissing,
-        Thresholds,
-        ValidationInputError,
-        load_recipe,
-        load_reference,
-        open_session,
-    )
-    from raggedvit.validators import validate as run_validation
+    from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
+    from raggedvit.validators.reference import load_recipe
+    from raggedvit.validators.session import open_session
 
     try:
         recipe = load_recipe(onnx_file)
-        open_session(onnx_file, device)  # fail fast: op library, providers, model loadable
+        open_session(onnx_file, device)  # fail fast (before torch is imported): op library, providers, model loads
+        from raggedvit.validators import Thresholds, load_reference
+        from raggedvit.validators import validate as run_validation
+
         vit, spec = load_reference(recipe, checkpoint=checkpoint)
         images, names = _validation_images(vit, image_dir, random_n)
         result = run_validation(
@@ -283,8 +280,12 @@ def info() -> None:
         click.echo(f"op library    not available: {str(e).splitlines()[0]}")
         return
     click.echo(f"op library    {lib.get('path')}")
-    for key in sorted(k for k in lib if k != "path"):
-        click.echo(f"  {key:<11} {lib[key]}")
+    flat = {k: v for k, v in lib.items() if k != "path" and not isinstance(v, dict)}
+    for group in (v for v in lib.values() if isinstance(v, dict)):  # e.g. "build": archs, dtypes, configs
+        flat.update({k: (f"{len(v)} entries" if isinstance(v, dict) else v) for k, v in group.items()})
+    for key in sorted(flat):
+        value = flat[key]
+        click.echo(f"  {key:<16} {', '.join(map(str, value)) or '-' if isinstance(value, list) else value}")
 
 
 # `raggedvit bench` is registered here by the benchmarks owner (main.add_command(...)).

@@ -1,19 +1,28 @@
-"""Explicit ONNX export of token-pruned timm ViTs with com.raggedvit::RaggedAttention nodes."""
+"""Explicit ONNX export of token-pruned timm ViTs with com.raggedvit::RaggedAttention nodes.
+
+Names are imported lazily (PEP 562): reading a recipe or checking a graph does not import torch.
+"""
 
 from __future__ import annotations
 
-from raggedvit.exporter.checks import check_graph
-from raggedvit.exporter.export import OPSET, build_model, export_onnx
-from raggedvit.exporter.metadata import RECIPE_KEY, read_recipe
-from raggedvit.exporter.support import UnsupportedModelError, check_supported
+import importlib
+from typing import Any
 
-__all__ = [
-    "OPSET",
-    "RECIPE_KEY",
-    "UnsupportedModelError",
-    "build_model",
-    "check_graph",
-    "check_supported",
-    "export_onnx",
-    "read_recipe",
-]
+_EXPORTS = {
+    "check_graph": "checks",
+    "OPSET": "export",
+    "build_model": "export",
+    "export_onnx": "export",
+    "RECIPE_KEY": "metadata",
+    "read_recipe": "metadata",
+    "UnsupportedModelError": "support",
+    "check_supported": "support",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'raggedvit.exporter' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"raggedvit.exporter.{_EXPORTS[name]}"), name)

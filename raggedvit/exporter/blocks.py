@@ -8,10 +8,9 @@ from torch import nn
 from raggedvit.exporter._builder import GraphBuilder
 from raggedvit.exporter.embed import Packed
 from raggedvit.exporter.layers import bias_gelu, layer_norm, linear, maybe_layer_norm
+from raggedvit.exporter.metadata import RAGGED_DOMAIN
 
 __all__ = ["RAGGED_DOMAIN", "block"]
-
-RAGGED_DOMAIN = "com.raggedvit"
 
 
 def _layer_scale(g: GraphBuilder, x: str, ls: nn.Module, hint: str) -> str:

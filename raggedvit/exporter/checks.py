@@ -7,8 +7,7 @@ from collections import Counter
 import onnx
 from onnx import TensorProto
 
-from raggedvit.exporter.blocks import RAGGED_DOMAIN
-from raggedvit.exporter.metadata import read_recipe
+from raggedvit.exporter.metadata import RAGGED_DOMAIN, read_recipe
 
 __all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph"]
 

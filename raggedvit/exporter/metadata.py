@@ -8,9 +8,10 @@ from typing import Any
 
 import onnx
 
-__all__ = ["RECIPE_KEY", "read_recipe", "write_recipe"]
+__all__ = ["RAGGED_DOMAIN", "RECIPE_KEY", "read_recipe", "write_recipe"]
 
 RECIPE_KEY = "raggedvit.recipe"
+RAGGED_DOMAIN = "com.raggedvit"  # custom op domain of RaggedAttention (DESIGN.md section 3)
 
 
 def write_recipe(model: onnx.ModelProto, recipe: dict[str, Any]) -> None:

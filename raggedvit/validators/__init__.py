@@ -1,28 +1,35 @@
-"""Validate an exported model: ONNX Runtime vs the PyTorch reference, with JSON and Markdown reports."""
+"""Validate an exported model: ONNX Runtime vs the PyTorch reference, with JSON and Markdown reports.
+
+Names are imported lazily (PEP 562) so that input checks (recipe, op library) run without importing torch.
+"""
 
 from __future__ import annotations
 
-from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
-from raggedvit.validators.reference import load_recipe, load_reference
-from raggedvit.validators.report import Failure, ImageRow, NearTie, Thresholds, ValidationReport
-from raggedvit.validators.session import open_session
-from raggedvit.validators.ties import cut_gaps, find_near_ties
-from raggedvit.validators.validate import run_onnx, run_reference, validate
+import importlib
+from typing import Any
 
-__all__ = [
-    "Failure",
-    "ImageRow",
-    "NearTie",
-    "OpLibraryMissing",
-    "Thresholds",
-    "ValidationInputError",
-    "ValidationReport",
-    "cut_gaps",
-    "find_near_ties",
-    "load_recipe",
-    "load_reference",
-    "open_session",
-    "run_onnx",
-    "run_reference",
-    "validate",
-]
+_EXPORTS = {
+    "OpLibraryMissing": "errors",
+    "ValidationInputError": "errors",
+    "load_recipe": "reference",
+    "load_reference": "reference",
+    "Failure": "report",
+    "ImageRow": "report",
+    "NearTie": "report",
+    "Thresholds": "report",
+    "ValidationReport": "report",
+    "open_session": "session",
+    "cut_gaps": "ties",
+    "find_near_ties": "ties",
+    "run_onnx": "validate",
+    "run_reference": "validate",
+    "validate": "validate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'raggedvit.validators' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"raggedvit.validators.{_EXPORTS[name]}"), name)

@@ -6,10 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from torch import nn
 
 from raggedvit.exporter.metadata import read_recipe
-from raggedvit.pruning import PruneSpec
 from raggedvit.validators.errors import ValidationInputError
 
 __all__ = ["load_recipe", "load_reference"]
@@ -30,12 +28,13 @@ def load_recipe(model_path: str | Path) -> dict[str, Any]:
         raise ValidationInputError(f"{path.name}: {e}") from None
 
 
-def load_reference(recipe: dict[str, Any], *, checkpoint: str | Path | None = None) -> tuple[nn.Module, PruneSpec]:
-    """(timm ViT in fp32 eval mode with the exported weights, PruneSpec) from `recipe`.
+def load_reference(recipe: dict[str, Any], *, checkpoint: str | Path | None = None) -> tuple[Any, Any]:
+    """(timm VisionTransformer in fp32 eval mode with the exported weights, PruneSpec) from `recipe`.
 
     Checkpoint weights are looked up at `checkpoint` (if given) or at the recorded path; their sha256 must
     match the recorded one.
     """
+    from raggedvit.pruning import PruneSpec
     from raggedvit.weights import load_vit, sha256_file
 
     try:
