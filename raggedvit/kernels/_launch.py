@@ -20,7 +20,17 @@ from raggedvit.kernels._config import KernelConfig, pick_config
 
 __all__ = ["_launch_triton", "load_interpreted_kernels", "scale_bits"]
 
-_EMPTY_CLS: dict[torch.device, torch.Tensor] = {}
+_BUFFERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+# Compiled kernels per (device, dtype, cu dtype, H, D, store_lse, config), launched without Triton's
+# per-call binder. Set RAGGEDVIT_NO_FAST_LAUNCH=1 to always go through JITFunction.run.
+_FAST: dict[tuple, tuple[Any, Any]] = {}
+try:
+    from triton import knobs as _knobs  # Triton >= 3.4: launcher takes all args + knobs hooks
+
+    _FAST_ENABLED = os.environ.get("RAGGEDVIT_NO_FAST_LAUNCH", "0") != "1"
+except ImportError:  # pragma: no cover - older Triton: plain JIT launches only
+    _knobs = None
+    _FAST_ENABLED = False
 
 
 def scale_bits(scale: float) -> int:
@@ -64,10 +74,12 @@ def load_interpreted_kernels() -> ModuleType:
     return module
 
 
-def _empty_cls(device: torch.device) -> torch.Tensor:
-    t = _EMPTY_CLS.get(device)
+def _cached(device: torch.device, numel: int) -> torch.Tensor:
+    """A per-device fp32 buffer: [0] for the absent cls_attn, [1] as the unused Lse pointer."""
+    key = (device, numel)
+    t = _BUFFERS.get(key)
     if t is None:
-        t = _EMPTY_CLS[device] = torch.empty(0, dtype=torch.float32, device=device)
+        t = _BUFFERS[key] = torch.zeros(numel, dtype=torch.float32, device=device)
     return t
 
 
@@ -80,40 +92,81 @@ def _launch_triton(
     *,
     kernels: Any = None,
     config: KernelConfig | None = None,
+    out: torch.Tensor | None = None,
+    cls_attn: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, 3*H*D] (contiguous), cu_seqlens [B+1] -> out [T, H*D], cls_attn [T] fp32 (or [0]).
 
-    Inputs must already be validated. `kernels` defaults to `raggedvit.kernels._kernel`;
-    `config` defaults to `pick_config(T, D, dtype)` (the benchmark's tuner overrides it).
+    Inputs must already be validated; CUDA tensors must be on the current device. `kernels` defaults
+    to `raggedvit.kernels._kernel`; `config` defaults to `pick_config(T, D, dtype)` (the benchmark's
+    tuner overrides it). `out` [T, H*D] / `cls_attn` [T] fp32 may be preallocated (tests poison them).
     """
     T, width = qkv.shape
     H = num_heads
     D = width // (3 * H)
     B = cu_seqlens.shape[0] - 1
-    out = torch.empty((T, H * D), dtype=qkv.dtype, device=qkv.device)
+    device = qkv.device
+    if out is None:
+        out = torch.empty((T, H * D), dtype=qkv.dtype, device=device)
     if not return_cls_attn:
-        cls_attn = _empty_cls(qkv.device)
-    else:
-        cls_attn = torch.empty((T,), dtype=torch.float32, device=qkv.device)
+        cls_attn = _cached(device, 0)
+    elif cls_attn is None:
+        cls_attn = torch.empty((T,), dtype=torch.float32, device=device)
     if T == 0:
         return out, cls_attn
-    k = _default_kernels() if kernels is None else kernels
     cfg = pick_config(T, D, qkv.dtype) if config is None else config
     bits = scale_bits(scale)
-    lse = torch.empty((H, T), dtype=torch.float32, device=qkv.device) if return_cls_attn else cls_attn
-    grid = (triton_cdiv(T, cfg.block_m), H)
-    k._ragged_attn_fwd[grid](
-        qkv, cu_seqlens, out, lse, T, B, H, D, bits, int(return_cls_attn),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
+    store = int(return_cls_attn)
+    lse = torch.empty((H, T), dtype=torch.float32, device=device) if store else _cached(device, 1)
+    grid_m = -(-T // cfg.block_m)
+    fwd_args = (qkv, cu_seqlens, out, lse, T, B, H, D, bits, store, cfg.block_m, cfg.block_n, cfg.block_d)
+    cls_args = (qkv, cu_seqlens, lse, cls_attn, T, B, H, D, bits, cfg.cls_block_n, cfg.block_d)
+    grid_c = -(-T // cfg.cls_block_n)
+
+    key = None
+    if kernels is None and _FAST_ENABLED and qkv.is_cuda:
+        ptrs = qkv.data_ptr() | cu_seqlens.data_ptr() | out.data_ptr() | lse.data_ptr() | cls_attn.data_ptr()
+        if ptrs & 15 == 0:  # kernels compiled on 16-byte aligned pointers
+            key = (device.index, qkv.dtype, cu_seqlens.dtype, H, D, store, cfg)
+            fast = _FAST.get(key)
+            if fast is not None:
+                stream = torch._C._cuda_getCurrentRawStream(device.index)
+                fast[0].launch((grid_m, H, 1), stream, fwd_args)
+                if store:
+                    fast[1].launch((grid_c, 1, 1), stream, cls_args)
+                return out, cls_attn
+    k = _default_kernels() if kernels is None else kernels
+    ck_fwd = k._ragged_attn_fwd[(grid_m, H)](
+        *fwd_args[:10], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if return_cls_attn:
-        k._ragged_cls_attn[(triton_cdiv(T, cfg.cls_block_n),)](
-            qkv, cu_seqlens, lse, cls_attn, T, B, H, D, bits,
-            BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, num_warps=cfg.cls_num_warps, num_stages=1,
+    ck_cls = None
+    if store:
+        ck_cls = k._ragged_cls_attn[(grid_c,)](
+            *cls_args[:9], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, num_warps=cfg.cls_num_warps, num_stages=1,
         )  # fmt: skip
+    if key is not None and _Compiled.usable(ck_fwd) and (not store or _Compiled.usable(ck_cls)):
+        _FAST[key] = (_Compiled(ck_fwd), _Compiled(ck_cls) if store else None)
     return out, cls_attn
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+class _Compiled:
+    """A compiled Triton kernel launched the way JITFunction.run launches it (Triton >= 3.4 convention:
+    every signature argument, constexprs included, after the hooks), minus binding and cache lookup."""
+
+    __slots__ = ("kernel", "run", "function", "packed")
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.run = kernel.run
+        self.function = kernel.function
+        self.packed = kernel.packed_metadata
+
+    @staticmethod
+    def usable(kernel: Any) -> bool:
+        return all(getattr(kernel, a, None) is not None for a in ("run", "function", "packed_metadata"))
+
+    def launch(self, grid: tuple[int, int, int], stream: int, args: tuple) -> None:
+        rt = _knobs.runtime
+        md = self.kernel.launch_metadata(grid, stream, *args)
+        self.run(*grid, stream, self.function, self.packed, md, rt.launch_enter_hook, rt.launch_exit_hook, *args)

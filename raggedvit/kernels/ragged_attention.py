@@ -1,12 +1,45 @@
-"""Public ragged attention op (TEMPORARY: reference-only until the Triton path lands)."""
+"""Public ragged attention op: attention within each packed variable-length sequence (DESIGN.md section 1)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from raggedvit.kernels.reference import ragged_attention_reference
+from raggedvit.kernels._cpu import ragged_attention_cpu
+from raggedvit.kernels._launch import _launch_triton
+from raggedvit.kernels._op import ragged_attention_op
 
 __all__ = ["ragged_attention"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_CU_DTYPES = (torch.int32, torch.int64)
+_MAX_TRITON_D = 256
+
+
+def _check(qkv: torch.Tensor, cu_seqlens: torch.Tensor, num_heads: int) -> int:
+    """Validate shapes, dtypes and devices (never reads tensor data); returns the head dim D."""
+    if qkv.dim() != 2:
+        raise ValueError(f"qkv must be 2-D [T, 3*H*D], got shape {tuple(qkv.shape)}")
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    width = qkv.shape[1]
+    if width % (3 * num_heads) != 0 or width == 0:
+        raise ValueError(
+            f"qkv width {width} (shape {tuple(qkv.shape)}) is not a positive multiple of 3*num_heads = {3 * num_heads}"
+        )
+    if qkv.dtype not in _DTYPES:
+        raise ValueError(f"qkv dtype must be float16, bfloat16 or float32, got {qkv.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be 1-D [B+1] with B >= 0, got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype not in _CU_DTYPES:
+        raise ValueError(f"cu_seqlens dtype must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.device != qkv.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but qkv is on {qkv.device}")
+    D = width // (3 * num_heads)
+    if qkv.is_cuda and D > _MAX_TRITON_D:
+        raise ValueError(f"head dim D={D} (qkv shape {tuple(qkv.shape)}, H={num_heads}) exceeds 256 (Triton path)")
+    return D
 
 
 def ragged_attention(
@@ -18,5 +51,41 @@ def ragged_attention(
     max_seqlen: int | None = None,
     return_cls_attn: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """qkv [T, 3*H*D], cu_seqlens [B+1] -> out [T, H*D] (and cls_attn [T] float32)."""
-    return ragged_attention_reference(qkv, cu_seqlens, num_heads, scale=scale, return_cls_attn=return_cls_attn)
+    """Bidirectional attention within each packed sequence (inference only, no autograd).
+
+    Args:
+        qkv: [T, 3*H*D] float16/bfloat16/float32, timm's qkv Linear output (q | k | v, head-major).
+        cu_seqlens: [B+1] int32/int64 on qkv's device, 0 = cu[0] <= ... <= cu[B] = T.
+            Never read on the host for CUDA tensors (checked on CPU).
+        num_heads: H.
+        scale: softmax scale, default 1/sqrt(D).
+        max_seqlen: optional hint (unused: the kernel grid depends on T and H only).
+        return_cls_attn: also return cls_attn.
+
+    Returns:
+        out [T, H*D] in qkv.dtype, or (out, cls_attn [T] float32) where cls_attn[t] is the mean over
+        heads of the attention the first token of t's sequence pays to t.
+
+    Eager CUDA tensors launch the Triton kernels directly (lean path); CPU tensors run a padded SDPA;
+    under torch.compile / torch.export (or with fake/functional tensors) the call goes through
+    `torch.ops.raggedvit.ragged_attention`.
+    """
+    D = _check(qkv, cu_seqlens, num_heads)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    scale = float(scale)
+    if torch.compiler.is_compiling() or type(qkv) is not torch.Tensor or type(cu_seqlens) is not torch.Tensor:
+        out, cls_attn = ragged_attention_op(qkv, cu_seqlens, num_heads, scale, return_cls_attn)
+    elif qkv.is_cuda:
+        if not qkv.is_contiguous():
+            qkv = qkv.contiguous()
+        if not cu_seqlens.is_contiguous():
+            cu_seqlens = cu_seqlens.contiguous()
+        if qkv.get_device() == torch.cuda.current_device():
+            out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn)
+        else:
+            with torch.cuda.device(qkv.device):
+                out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn)
+    else:
+        out, cls_attn = ragged_attention_cpu(qkv.contiguous(), cu_seqlens, num_heads, scale, return_cls_attn)
+    return (out, cls_attn) if return_cls_attn else out

@@ -1,0 +1,76 @@
+"""Random ragged batches and the checks shared by the kernel tests."""
+
+from __future__ import annotations
+
+import torch
+
+from raggedvit.kernels.reference import ragged_attention_reference
+from raggedvit.testing import assert_close
+
+LENGTHS = (1, 2, 63, 64, 65, 197, 577)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def random_lengths(
+    gen: torch.Generator, max_batch: int, max_tokens: int, choices: tuple[int, ...] = LENGTHS
+) -> list[int]:
+    """1..max_batch lengths drawn from `choices`, stopping before the total exceeds max_tokens (at least one)."""
+    batch = int(torch.randint(1, max_batch + 1, (1,), generator=gen))
+    picks = torch.randint(0, len(choices), (batch,), generator=gen).tolist()
+    lengths: list[int] = []
+    for i in picks:
+        if lengths and sum(lengths) + choices[i] > max_tokens:
+            continue
+        lengths.append(choices[i])
+    return lengths
+
+
+def make_batch(
+    lengths: list[int],
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    *,
+    cu_dtype: torch.dtype = torch.int32,
+    device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv [T, 3*H*D] standard normal in `dtype`, cu_seqlens [B+1]."""
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    T = int(cu[-1])
+    qkv = torch.randn(T, 3 * num_heads * head_dim, generator=gen).to(dtype)
+    return qkv.to(device), cu.to(cu_dtype).to(device)
+
+
+def poisoned_outputs(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """NaN-filled out [T, H*D] and cls_attn [T] fp32, so unwritten elements fail the checks."""
+    T, width = qkv.shape
+    out = torch.full((T, width // 3), float("nan"), dtype=qkv.dtype, device=qkv.device)
+    cls_attn = torch.full((T,), float("nan"), dtype=torch.float32, device=qkv.device)
+    return out, cls_attn
+
+
+def check_against_reference(
+    out: torch.Tensor,
+    cls_attn: torch.Tensor | None,
+    qkv: torch.Tensor,
+    cu: torch.Tensor,
+    num_heads: int,
+    *,
+    scale: float | None = None,
+    name: str = "",
+) -> None:
+    """out (and cls_attn) vs the float64 reference; cls_attn must sum to 1 over every non-empty sequence."""
+    ref_out, ref_cls = ragged_attention_reference(
+        qkv.cpu(), cu.cpu(), num_heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64
+    )
+    assert out.dtype == qkv.dtype
+    assert_close(out.cpu(), ref_out.to(qkv.dtype), name=f"{name} out")
+    if cls_attn is None:
+        return
+    assert cls_attn.dtype == torch.float32
+    assert_close(cls_attn.cpu(), ref_cls.to(torch.float32), name=f"{name} cls_attn")
+    bounds = cu.cpu().tolist()
+    sums = torch.stack([cls_attn.cpu()[a:b].double().sum() for a, b in zip(bounds[:-1], bounds[1:]) if b > a])
+    assert_close(sums.float(), torch.ones_like(sums).float(), name=f"{name} cls_attn sums")

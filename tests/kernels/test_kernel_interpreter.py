@@ -1,0 +1,107 @@
+"""The Triton kernels under the interpreter (CPU tensors) vs the float64 reference, with poisoned outputs."""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+import pytest
+import torch
+from _kernel_cases import check_against_reference, make_batch, poisoned_outputs, random_lengths
+
+from raggedvit.kernels._config import KernelConfig, block_d, pick_config
+from raggedvit.kernels._launch import _launch_triton
+
+# (dtype, D, H, max tokens): every dtype, D and H appears; token budgets keep the interpreter fast
+CASES = [
+    (torch.float16, 64, 12, 200),
+    (torch.float16, 32, 1, 800),
+    (torch.float16, 80, 3, 300),
+    (torch.bfloat16, 128, 1, 600),
+    (torch.bfloat16, 64, 3, 400),
+    (torch.bfloat16, 32, 12, 200),
+    (torch.float32, 32, 3, 400),
+    (torch.float32, 80, 1, 450),
+    (torch.float32, 128, 3, 200),
+]
+
+
+def run(kernels: ModuleType, qkv, cu, H, *, scale=None, config=None, cls=True):
+    out, cls_attn = poisoned_outputs(qkv, H)
+    D = qkv.shape[1] // (3 * H)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    return _launch_triton(qkv, cu, H, scale, cls, kernels=kernels, config=config, out=out, cls_attn=cls_attn)
+
+
+@pytest.mark.parametrize(("dtype", "D", "H", "max_tokens"), CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_random_batches(interpreted, gen, dtype, D, H, max_tokens):
+    lengths = random_lengths(gen, 8, max_tokens)
+    cu_dtype = torch.int32 if int(torch.randint(0, 2, (1,), generator=gen)) else torch.int64
+    qkv, cu = make_batch(lengths, H, D, dtype, gen, cu_dtype=cu_dtype)
+    out, cls_attn = run(interpreted, qkv, cu, H)
+    check_against_reference(out, cls_attn, qkv, cu, H, name=f"lengths={lengths}")
+
+
+def test_small_tiles_straddle_many_sequences(interpreted, gen):
+    """16-row tiles over lengths 1/2/17: most tiles hold several sequences (and empty ones in between)."""
+    lengths = [1, 2, 17, 0, 1, 33, 2, 0, 16, 1]
+    qkv, cu = make_batch(lengths, 2, 16, torch.float16, gen)
+    cfg = KernelConfig("fp16", 16, 16, 16, 4, 1, 16, 4)
+    out, cls_attn = run(interpreted, qkv, cu, 2, config=cfg, scale=0.3)
+    check_against_reference(out, cls_attn, qkv, cu, 2, scale=0.3)
+
+
+def test_head_dim_not_power_of_two(interpreted, gen):
+    qkv, cu = make_batch([5, 9], 2, 8, torch.float32, gen)  # BLOCK_D = 16 > D
+    out, cls_attn = run(interpreted, qkv, cu, 2)
+    check_against_reference(out, cls_attn, qkv, cu, 2)
+
+
+def test_without_cls_attn(interpreted, gen):
+    qkv, cu = make_batch([65, 3], 3, 32, torch.float16, gen)
+    out, cls_attn = run(interpreted, qkv, cu, 3, cls=False)
+    assert cls_attn.shape == (0,)
+    check_against_reference(out, None, qkv, cu, 3)
+
+
+def test_single_token(interpreted, gen):
+    qkv, cu = make_batch([1], 3, 32, torch.float32, gen)
+    out, cls_attn = run(interpreted, qkv, cu, 3)
+    torch.testing.assert_close(out, qkv[:, 2 * 96 :], rtol=0, atol=0)  # softmax of one key = 1: out = v
+    torch.testing.assert_close(cls_attn, torch.ones(1), rtol=0, atol=0)
+
+
+def test_empty_launches_nothing():
+    qkv = torch.empty(0, 3 * 2 * 32, dtype=torch.float16)
+    out, cls_attn = _launch_triton(qkv, torch.zeros(1, dtype=torch.int32), 2, 0.1, True, kernels=object())
+    assert out.shape == (0, 64) and cls_attn.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "cu_values",
+    [[0, 40, 20, 64], [0, 30, 500, 64], [0, 10, 64, 30], [5, -3, 64], [0, 1000], [0, 20], [-7, -7]],
+    ids=["decreasing", "beyond-T", "last-below-T", "negative", "huge", "short", "all-negative"],
+)
+def test_bad_cu_stays_in_bounds(interpreted, gen, cu_values):
+    """Bad cu_seqlens: no exception, no read outside qkv (NaN guard rows), no write outside out/cls_attn."""
+    T, H, D, G = 64, 2, 32, 16
+    width = 3 * H * D
+    buf = torch.full((T + 2 * G, width), float("nan"), dtype=torch.float16)
+    buf[G : G + T] = torch.randn(T, width, generator=gen).half()
+    qkv = buf[G : G + T]
+    out_buf = torch.full((T + 2 * G, H * D), 7.0, dtype=torch.float16)
+    out_buf[G : G + T] = float("nan")
+    cls_buf = torch.full((T + 2 * G,), 7.0)
+    cls_buf[G : G + T] = float("nan")
+    cu = torch.tensor(cu_values, dtype=torch.int32)
+    cfg = pick_config(T, D, torch.float16)
+    out, cls_attn = out_buf[G : G + T], cls_buf[G : G + T]
+    _launch_triton(qkv, cu, H, 0.2, True, kernels=interpreted, config=cfg, out=out, cls_attn=cls_attn)
+    assert torch.isfinite(out_buf[G : G + T].float()).all(), "rows read guard memory or were left unwritten"
+    assert (out_buf[:G] == 7).all() and (out_buf[G + T :] == 7).all(), "out written out of bounds"
+    assert (cls_buf[:G] == 7).all() and (cls_buf[G + T :] == 7).all(), "cls_attn written out of bounds"
+    assert not torch.isnan(cls_buf[G : G + T]).any(), "cls_attn left unwritten"
+
+
+def test_block_d():
+    assert [block_d(d) for d in (1, 16, 17, 32, 64, 80, 128, 129, 256)] == [16, 16, 32, 32, 64, 128, 128, 256, 256]
