@@ -33,7 +33,12 @@ ARCHS = (80, 86, 89, 90)
 
 # Used only when raggedvit/kernels/_config.py cannot be loaded (one dict to change).
 FALLBACK_CONFIG: dict[str, int] = {
-    "block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "cls_block_n": 64, "cls_num_warps": 4,
+    "block_m": 64,
+    "block_n": 64,
+    "num_warps": 4,
+    "num_stages": 2,
+    "cls_block_n": 64,
+    "cls_num_warps": 4,
 }
 
 # Kernel parameters in order; "ptr" args get the 16-byte divisibility hint, like D (the launcher checks both).
@@ -111,8 +116,9 @@ def make_jobs(archs: tuple[int, ...]) -> list[AotJob]:
             for cu in CU_DTYPES:
                 for bd in BLOCK_DS:
                     c = configs[(dtype, bd)]
-                    jobs.append(AotJob("fwd", dtype, cu, bd, arch, c["block_m"], c["block_n"], c["num_warps"],
-                                       c["num_stages"]))
+                    jobs.append(
+                        AotJob("fwd", dtype, cu, bd, arch, c["block_m"], c["block_n"], c["num_warps"], c["num_stages"])
+                    )
                     jobs.append(AotJob("cls", dtype, cu, bd, arch, 0, c["cls_block_n"], c["cls_num_warps"], 1))
     return jobs
 
@@ -164,8 +170,9 @@ def _compile(job: AotJob) -> AotResult:
     fn = getattr(module, job.function)
     sig, consts = job.signature()
     names = list(sig)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or n in _HINTED_INTS}
+    attrs = {
+        (i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n in _HINTED_INTS
+    }
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     target = GPUTarget("cuda", job.arch, 32)
     backend = triton.compiler.make_backend(target)
@@ -187,14 +194,27 @@ def compile_job(job: AotJob, cache_dir: Path) -> tuple[AotResult, bool]:
     meta_path, bin_path = cache_dir / f"{key}.json", cache_dir / f"{key}.cubin"
     if meta_path.exists() and bin_path.exists():
         meta = json.loads(meta_path.read_text())
-        return AotResult(job, bin_path.read_bytes(), meta["function_name"], meta["shared_bytes"],
-                         meta["num_warps"], meta["num_params"]), True
+        return AotResult(
+            job,
+            bin_path.read_bytes(),
+            meta["function_name"],
+            meta["shared_bytes"],
+            meta["num_warps"],
+            meta["num_params"],
+        ), True
     result = _compile(job)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = bin_path.with_suffix(f".tmp{id(result)}")
     tmp.write_bytes(result.cubin)
     tmp.replace(bin_path)
-    meta = {"job": asdict(job), "function_name": result.function_name, "shared_bytes": result.shared_bytes,
-            "num_warps": result.num_warps, "num_params": result.num_params}
-    meta_path.write_text(json.dumps(meta, indent=1))
+    meta = {
+        "job": asdict(job),
+        "function_name": result.function_name,
+        "shared_bytes": result.shared_bytes,
+        "num_warps": result.num_warps,
+        "num_params": result.num_params,
+    }
+    tmp_meta = meta_path.with_suffix(f".tmp{id(result)}")
+    tmp_meta.write_text(json.dumps(meta, indent=1))
+    tmp_meta.replace(meta_path)
     return result, False

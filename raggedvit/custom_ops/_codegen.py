@@ -21,8 +21,12 @@ def build_info(results: Sequence[AotResult], version: str, triton_version: str) 
     for r in results:
         j = r.job
         entry = configs.setdefault(f"{j.dtype}/d{j.block_d}", {})
-        entry[j.kernel] = {"block_m": j.block_m, "block_n": j.block_n, "num_warps": j.num_warps,
-                           "num_stages": j.num_stages}
+        entry[j.kernel] = {
+            "block_m": j.block_m,
+            "block_n": j.block_n,
+            "num_warps": j.num_warps,
+            "num_stages": j.num_stages,
+        }
         entry.setdefault("shared_bytes", {})[f"{j.kernel}/sm_{j.arch}/{j.cu_dtype}"] = r.shared_bytes
     return {
         "version": version,
@@ -45,7 +49,7 @@ def _bytes_literal(data: bytes, per_line: int = 24) -> str:
 
 
 def _cpp_string(text: str) -> str:
-    return "R\"RVJSON(" + text + ")RVJSON\""
+    return 'R"RVJSON(' + text + ')RVJSON"'
 
 
 def write_cubin_source(path: Path, results: Sequence[AotResult], info: dict) -> None:
@@ -69,7 +73,9 @@ def write_cubin_source(path: Path, results: Sequence[AotResult], info: dict) -> 
             f"{j.block_n}, {r.num_params}}},"
         )
     if not rows:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        rows.append('    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, 0, "", nullptr, 0, 0, 0, 0, 0, 0},')
+        rows.append(
+            '    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, 0, "", nullptr, 0, 0, 0, 0, 0, 0},'
+        )
     out.append("const KernelImage kKernelImages[] = {")
     out.extend(rows)
     out.append("};")

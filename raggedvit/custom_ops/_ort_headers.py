@@ -65,11 +65,16 @@ def _apt_download(workdir: Path) -> Path:
     for sub in ("lists/partial", "cache/archives/partial"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     opts = [
-        "-o", f"Dir::Etc::SourceList={sources}",
-        "-o", "Dir::Etc::SourceParts=/dev/null",
-        "-o", f"Dir::State::Lists={workdir / 'lists'}",
-        "-o", f"Dir::Cache={workdir / 'cache'}",
-        "-o", "Debug::NoLocking=1",
+        "-o",
+        f"Dir::Etc::SourceList={sources}",
+        "-o",
+        "Dir::Etc::SourceParts=/dev/null",
+        "-o",
+        f"Dir::State::Lists={workdir / 'lists'}",
+        "-o",
+        f"Dir::Cache={workdir / 'cache'}",
+        "-o",
+        "Debug::NoLocking=1",
     ]
     subprocess.run(["apt-get", *opts, "update"], check=True, cwd=workdir)
     subprocess.run(["apt-get", *opts, "download", "libonnxruntime-dev"], check=True, cwd=workdir)

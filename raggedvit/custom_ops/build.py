@@ -34,8 +34,16 @@ SOURCES = (
     "cuda/launcher.cc",
     "registration.cc",
 )
-CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-DORT_API_MANUAL_INIT", "-Wall", "-Wextra",
-            "-Wno-unused-parameter"]
+CXXFLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-DORT_API_MANUAL_INIT",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+]
 LIBS = ["-ldl", "-lpthread"]
 
 
@@ -110,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build", help="caches and generated sources")
     args = parser.parse_args(argv)
-    archs = tuple(int(a) for a in args.archs.replace(" ", "").split(",") if a and a != "none")
+    try:
+        archs = tuple(int(a) for a in args.archs.replace(" ", "").split(",") if a and a != "none")
+    except ValueError:
+        parser.error(f"--archs must be comma-separated SM numbers like 80,86,89,90, got {args.archs!r}")
+    if any(a < 80 for a in archs):
+        parser.error(f"--archs: the kernels need sm_80 or newer, got {args.archs!r}")
     t0 = time.perf_counter()
     build_dir = args.build_dir.resolve()
     try:

@@ -26,13 +26,25 @@ def _finish(graph: onnx.GraphProto) -> bytes:
 
 
 def _attn_node(qkv: str, cu: str, outs: list[str], num_heads: int, name: str, **attrs: float | int) -> onnx.NodeProto:
-    return helper.make_node("RaggedAttention", [qkv, cu], outs, name=name, domain="com.raggedvit",
-                            num_heads=num_heads, **attrs)
+    return helper.make_node(
+        "RaggedAttention", [qkv, cu], outs, name=name, domain="com.raggedvit", num_heads=num_heads, **attrs
+    )
 
 
-def attention_model(dtype: torch.dtype, cu_dtype: torch.dtype, num_heads: int | None, *, cls_attn: bool = True,
-                    qkv_elem: int | None = None, **attrs: float | int) -> bytes:
-    """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] -> out [T, W/3] (, cls_attn [T])."""
+def attention_model(
+    dtype: torch.dtype,
+    cu_dtype: torch.dtype,
+    num_heads: int | None,
+    *,
+    cls_attn: bool = True,
+    qkv_elem: int | None = None,
+    any_rank: bool = False,
+    **attrs: float | int,
+) -> bytes:
+    """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] -> out [T, W/3] (, cls_attn [T]).
+
+    any_rank declares the inputs without a shape, so that bad ranks reach the op's own checks.
+    """
     elem = DTYPES[dtype] if qkv_elem is None else qkv_elem
     outs = ["out", "cls_attn"] if cls_attn else ["out"]
     node_attrs = dict(attrs)
@@ -43,18 +55,29 @@ def attention_model(dtype: torch.dtype, cu_dtype: torch.dtype, num_heads: int | 
     if cls_attn:
         outputs.append(helper.make_tensor_value_info("cls_attn", TensorProto.FLOAT, None))
     graph = helper.make_graph(
-        [node], "ragged_attention",
-        [helper.make_tensor_value_info("qkv", elem, ["T", "W"]),
-         helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], ["B1"])],
+        [node],
+        "ragged_attention",
+        [
+            helper.make_tensor_value_info("qkv", elem, None if any_rank else ["T", "W"]),
+            helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], None if any_rank else ["B1"]),
+        ],
         outputs,
     )
     return _finish(graph)
 
 
-def chained_model(dtype: torch.dtype, cu_dtype: torch.dtype, num_heads: int, head_dim: int, weights: list[np.ndarray],
-                  *, cls_attn: bool = True) -> bytes:
-    """qkv -> RaggedAttention -> MatMul(w_i) [H*D -> 3*H*D] -> RaggedAttention ... (len(weights)+1 ops).
+def chained_model(
+    dtype: torch.dtype,
+    cu_dtype: torch.dtype,
+    num_heads: int,
+    head_dim: int,
+    weights: list[np.ndarray],
+    *,
+    cls_attn: bool = True,
+) -> bytes:
+    """qkv -> RaggedAttention -> Cast(float) -> MatMul(w_i float32 [H*D, 3*H*D]) -> Cast -> RaggedAttention ...
 
+    len(weights)+1 attention ops (MatMul in float: ORT's CPU EP has no bfloat16 MatMul).
     Outputs: out (last op), cls_attn of the last op when requested.
     """
     elem = DTYPES[dtype]
@@ -66,24 +89,40 @@ def chained_model(dtype: torch.dtype, cu_dtype: torch.dtype, num_heads: int, hea
         outs = [f"o{i}"] + (["cls_attn"] if (last and cls_attn) else [])
         nodes.append(_attn_node(x, "cu_seqlens", outs, num_heads, f"attn{i}"))
         if not last:
-            inits.append(helper.make_tensor(f"w{i}", elem, list(weights[i].shape), weights[i].tobytes(), raw=True))
-            nodes.append(helper.make_node("MatMul", [f"o{i}", f"w{i}"], [f"x{i + 1}"], name=f"mm{i}"))
+            w = weights[i].astype(np.float32)
+            inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, list(w.shape), w.tobytes(), raw=True))
+            nodes.append(helper.make_node("Cast", [f"o{i}"], [f"f{i}"], to=TensorProto.FLOAT))
+            nodes.append(helper.make_node("MatMul", [f"f{i}", f"w{i}"], [f"m{i}"], name=f"mm{i}"))
+            nodes.append(helper.make_node("Cast", [f"m{i}"], [f"x{i + 1}"], to=elem))
             x = f"x{i + 1}"
     nodes.append(helper.make_node("Identity", [f"o{n - 1}"], ["out"]))
     outputs = [helper.make_tensor_value_info("out", elem, ["T", num_heads * head_dim])]
     if cls_attn:
         outputs.append(helper.make_tensor_value_info("cls_attn", TensorProto.FLOAT, ["T"]))
     graph = helper.make_graph(
-        nodes, "ragged_attention_chain",
-        [helper.make_tensor_value_info("qkv", elem, ["T", 3 * num_heads * head_dim]),
-         helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], ["B1"])],
-        outputs, initializer=inits,
+        nodes,
+        "ragged_attention_chain",
+        [
+            helper.make_tensor_value_info("qkv", elem, ["T", 3 * num_heads * head_dim]),
+            helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], ["B1"]),
+        ],
+        outputs,
+        initializer=inits,
     )
     return _finish(graph)
 
 
-def random_batch(gen: torch.Generator, batch: int, max_len: int, num_heads: int, head_dim: int, dtype: torch.dtype,
-                 cu_dtype: torch.dtype, *, allow_empty: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def random_batch(
+    gen: torch.Generator,
+    batch: int,
+    max_len: int,
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    cu_dtype: torch.dtype,
+    *,
+    allow_empty: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, 3*H*D] of dtype and cu_seqlens [batch+1] of random lengths in [0 or 1, max_len]."""
     lo = 0 if allow_empty else 1
     lens = torch.randint(lo, max_len + 1, (batch,), generator=gen)

@@ -1,0 +1,164 @@
+"""ONNX Runtime session helpers: op library registration, providers, io binding of torch CUDA tensors.
+
+sess = create_session("model.onnx", device="cuda", disable_cpu_fallback=True)
+outs = run_with_iobinding(sess, {"qkv": qkv_cuda, "cu_seqlens": cu_cuda}, {"out": out_cuda})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import onnxruntime as ort
+from onnx import TensorProto
+
+from raggedvit.custom_ops import library_path
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["bind_tensor", "create_session", "providers_for", "run_with_iobinding", "session_options"]
+
+Device = Literal["cpu", "cuda"]
+
+
+def session_options(
+    *,
+    disable_cpu_fallback: bool = False,
+    intra_op_threads: int | None = None,
+    optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    log_severity: int = 3,
+) -> ort.SessionOptions:
+    """SessionOptions with libraggedvit_ort.so registered.
+
+    disable_cpu_fallback sets `session.disable_cpu_ep_fallback=1`: session creation fails if any node
+    (RaggedAttention included) would fall back to the CPU EP, which proves the CUDA kernel is used.
+    """
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    so.graph_optimization_level = optimization
+    so.log_severity_level = log_severity
+    if intra_op_threads is not None:
+        so.intra_op_num_threads = intra_op_threads
+    if disable_cpu_fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    return so
+
+
+def providers_for(
+    device: Device, *, device_id: int = 0, cpu_fallback: bool = True
+) -> list[str | tuple[str, dict[str, str]]]:
+    """Execution providers for `device` ("cuda": CUDA EP on ORT's default stream, then CPU unless
+    cpu_fallback is False: ORT rejects an explicit CPU EP together with session.disable_cpu_ep_fallback=1)."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(
+                f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (install onnxruntime-gpu); "
+                f"available: {ort.get_available_providers()}"
+            )
+        cuda: tuple[str, dict[str, str]] = ("CUDAExecutionProvider", {"device_id": str(device_id)})
+        return [cuda, "CPUExecutionProvider"] if cpu_fallback else [cuda]
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def _config_entry(so: ort.SessionOptions, key: str) -> str:
+    try:
+        return so.get_session_config_entry(key)
+    except RuntimeError:  # not set
+        return ""
+
+
+def create_session(
+    model: str | Path | bytes,
+    device: Device = "cpu",
+    *,
+    disable_cpu_fallback: bool = False,
+    intra_op_threads: int | None = None,
+    device_id: int = 0,
+    options: ort.SessionOptions | None = None,
+) -> ort.InferenceSession:
+    """InferenceSession of `model` (path or serialized bytes) with the RaggedAttention library registered."""
+    so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)
+    no_fallback = _config_entry(so, "session.disable_cpu_ep_fallback") == "1"
+    providers = providers_for(device, device_id=device_id, cpu_fallback=not no_fallback or device == "cpu")
+    src = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(src, so, providers=providers)
+
+
+def _onnx_type(t: torch.Tensor) -> int:
+    import torch
+
+    types = {
+        torch.float32: TensorProto.FLOAT,
+        torch.float16: TensorProto.FLOAT16,
+        torch.bfloat16: TensorProto.BFLOAT16,
+        torch.float64: TensorProto.DOUBLE,
+        torch.int32: TensorProto.INT32,
+        torch.int64: TensorProto.INT64,
+        torch.int8: TensorProto.INT8,
+        torch.uint8: TensorProto.UINT8,
+        torch.bool: TensorProto.BOOL,
+    }
+    if t.dtype not in types:
+        raise TypeError(f"no ONNX element type for torch dtype {t.dtype}")
+    return types[t.dtype]
+
+
+def bind_tensor(binding: ort.IOBinding, name: str, tensor: torch.Tensor, *, output: bool = False) -> None:
+    """Binds a contiguous torch tensor (CPU or CUDA) to input/output `name` without a copy.
+
+    An empty tensor has no data pointer: an empty input is passed as a fresh OrtValue, an empty
+    output is left to ORT to allocate (read it from the returned OrtValues).
+    """
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name}: io binding needs a contiguous tensor, got strides {tensor.stride()}")
+    device = "cuda" if tensor.is_cuda else "cpu"
+    device_id = (tensor.device.index or 0) if tensor.is_cuda else 0
+    if tensor.numel() == 0:  # no data pointer to bind: ORT allocates the (empty) value itself
+        if output:
+            binding.bind_output(name, device, device_id)
+        else:
+            value = ort.OrtValue.ortvalue_from_shape_and_type(list(tensor.shape), _onnx_type(tensor), device, device_id)
+            binding.bind_ortvalue_input(name, value)
+        return
+    bind = binding.bind_output if output else binding.bind_input
+    bind(name, device, device_id, _onnx_type(tensor), list(tensor.shape), tensor.data_ptr())
+
+
+def run_with_iobinding(
+    session: ort.InferenceSession,
+    inputs: Mapping[str, torch.Tensor | ort.OrtValue],
+    outputs: Mapping[str, torch.Tensor] | Sequence[str] | None = None,
+    *,
+    output_device: Device = "cuda",
+    synchronize_torch: bool = True,
+) -> list[ort.OrtValue]:
+    """Runs `session` on bound data (no host copies); returns the output OrtValues.
+
+    inputs: name -> torch tensor (CPU/CUDA) or OrtValue. outputs: name -> preallocated torch tensor
+    (written in place), or names whose outputs ORT allocates on `output_device` (default: all outputs).
+    synchronize_torch waits for pending torch CUDA work first (ORT runs on its own stream).
+    """
+    import torch
+
+    binding = session.io_binding()
+    for name, value in inputs.items():
+        if isinstance(value, ort.OrtValue):
+            binding.bind_ortvalue_input(name, value)
+        else:
+            bind_tensor(binding, name, value)
+    if outputs is None:
+        outputs = [o.name for o in session.get_outputs()]
+    if isinstance(outputs, Mapping):
+        for name, tensor in outputs.items():
+            bind_tensor(binding, name, tensor, output=True)
+    else:
+        for name in outputs:
+            binding.bind_output(name, output_device)
+    if synchronize_torch and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    session.run_with_iobinding(binding)
+    return list(binding.get_outputs())

@@ -1,0 +1,138 @@
+"""Fuzz com.raggedvit::RaggedAttention on ORT's CUDA EP (run under compute-sanitizer by gpu_ort_checks.sh).
+
+    python scripts/fuzz_ort_cuda.py --calls 1000 --out benchmarks/results/fuzz
+
+Random T (0 included), H, D in {32, 64, 80, 128}, dtypes, cu dtypes, cls_attn on/off; valid cu_seqlens
+(checked against the float64 reference) and invalid ones (decreasing, > T, negative, last != T: must
+not fault; the kernel clamps them). Every session sets session.disable_cpu_ep_fallback=1.
+Writes fuzz.json (counts, failures, seed) under --out and prints a summary; exit code 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "custom_ops"))
+
+from _ort_models import attention_model  # noqa: E402
+
+from raggedvit.kernels.reference import ragged_attention_reference  # noqa: E402
+from raggedvit.runtime import create_session, run_with_iobinding  # noqa: E402
+from raggedvit.testing import rel_error  # noqa: E402
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CU_DTYPES = (torch.int32, torch.int64)
+HEAD_DIMS = (32, 64, 80, 128)
+TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}
+BAD_KINDS = ("decreasing", "above_T", "negative", "last_not_T")
+
+
+def valid_cu(rng: random.Random, T: int) -> list[int]:
+    B = rng.randint(1, 12)
+    cuts = sorted(rng.randint(0, T) for _ in range(B - 1))
+    return [0, *cuts, T]
+
+
+def invalid_cu(rng: random.Random, T: int, kind: str) -> list[int]:
+    cu = valid_cu(rng, T)
+    i = rng.randrange(len(cu))
+    if kind == "decreasing":
+        cu = cu[:1] + sorted(cu[1:], reverse=True) if len(cu) > 2 else [0, T + 1, 0]
+    elif kind == "above_T":
+        cu[i] = T + rng.randint(1, 1 << 20)
+    elif kind == "negative":
+        cu[i] = -rng.randint(1, 1 << 20)
+    else:
+        cu[-1] = max(0, T - rng.randint(1, 8)) if T > 0 else 3
+    return cu
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--max-t", type=int, default=700)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz")
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    sessions: dict[tuple, object] = {}
+    counts = {"valid": 0, "invalid": 0, "empty": 0, "checked": 0}
+    failures: list[dict] = []
+    t0 = time.time()
+    for call in range(args.calls):
+        dtype, cu_dtype = rng.choice(DTYPES), rng.choice(CU_DTYPES)
+        H, D, with_cls = rng.randint(1, 12), rng.choice(HEAD_DIMS), rng.random() < 0.5
+        T = 0 if rng.random() < 0.03 else rng.randint(1, args.max_t)
+        bad = rng.choice(BAD_KINDS) if rng.random() < 0.4 else None
+        cu = invalid_cu(rng, T, bad) if bad else valid_cu(rng, T)
+        key = (dtype, cu_dtype, H, with_cls)
+        if key not in sessions:
+            model = attention_model(dtype, cu_dtype, H, cls_attn=with_cls)
+            sessions[key] = create_session(model, "cuda", disable_cpu_fallback=True)
+        qkv = torch.randn(T, 3 * H * D, generator=gen).to(dtype)
+        cu_t = torch.tensor(cu, dtype=cu_dtype)
+        case = {
+            "call": call,
+            "dtype": str(dtype),
+            "cu_dtype": str(cu_dtype),
+            "T": T,
+            "H": H,
+            "D": D,
+            "cls": with_cls,
+            "cu": cu if len(cu) < 16 else cu[:16] + ["..."],
+            "bad": bad,
+        }
+        out = torch.full((T, H * D), float("nan"), dtype=dtype, device="cuda")
+        bound = {"out": out}
+        if with_cls:
+            bound["cls_attn"] = torch.full((T,), float("nan"), device="cuda")
+        try:
+            run_with_iobinding(sessions[key], {"qkv": qkv.cuda(), "cu_seqlens": cu_t.cuda()}, bound)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001  (every failure is recorded)
+            failures.append({**case, "error": str(exc)[:500]})
+            continue
+        counts["invalid" if bad else "valid"] += 1
+        counts["empty"] += T == 0
+        if bad is None and T > 0:
+            ref, ref_cls = ragged_attention_reference(qkv, cu_t, H, return_cls_attn=True, compute_dtype=torch.float64)
+            errs = {"out": rel_error(out, ref)}
+            if with_cls:
+                errs["cls_attn"] = rel_error(bound["cls_attn"], ref_cls)
+            counts["checked"] += 1
+            bad_errs = {k: v for k, v in errs.items() if not v <= TOL[dtype]}
+            if bad_errs:
+                failures.append({**case, "error": f"rel errors {bad_errs} above {TOL[dtype]:.1e}"})
+    summary = {
+        "seed": seed,
+        "calls": args.calls,
+        **counts,
+        "failures": len(failures),
+        "seconds": round(time.time() - t0, 1),
+        "first_failures": failures[:20],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fuzz.json").write_text(json.dumps(summary, indent=1))
+    print(
+        f"fuzz: {args.calls} CUDA-EP calls (seed {seed}): {counts['valid']} valid ({counts['checked']} checked vs "
+        f"reference), {counts['invalid']} invalid cu_seqlens, {counts['empty']} empty; {len(failures)} failures; "
+        f"{summary['seconds']} s"
+    )
+    for f in failures[:5]:
+        print("  FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""RaggedAttention on the CPU EP vs the float64 torch reference: dtypes, cu types, cls_attn, chains, edge cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _ort_models import DTYPES, attention_model, chained_model, random_batch
+
+from raggedvit.kernels.reference import ragged_attention_reference
+from raggedvit.runtime import create_session, run_with_iobinding
+from raggedvit.testing import assert_close
+
+CU_DTYPES = (torch.int32, torch.int64)
+DTYPES_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def run_op(model: bytes, qkv: torch.Tensor, cu: torch.Tensor, out_width: int, *, cls_attn: bool = True):
+    sess = create_session(model, "cpu", intra_op_threads=2)
+    out = torch.empty(qkv.shape[0], out_width, dtype=qkv.dtype)
+    outputs = {"out": out}
+    if cls_attn:
+        outputs["cls_attn"] = torch.empty(qkv.shape[0], dtype=torch.float32)
+    run_with_iobinding(sess, {"qkv": qkv, "cu_seqlens": cu}, outputs)
+    return outputs
+
+
+def reference(qkv: torch.Tensor, cu: torch.Tensor, heads: int, scale: float | None = None):
+    out, cls = ragged_attention_reference(
+        qkv, cu, heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64
+    )
+    return out, cls
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("cu_dtype", CU_DTYPES)
+@pytest.mark.parametrize("with_cls", [True, False])
+def test_one_node_matches_reference(ort_library, gen, dtype, cu_dtype, with_cls):
+    H, D = 3, 32
+    qkv, cu = random_batch(gen, 6, 40, H, D, dtype, cu_dtype)
+    got = run_op(attention_model(dtype, cu_dtype, H, cls_attn=with_cls), qkv, cu, H * D, cls_attn=with_cls)
+    out, cls = reference(qkv, cu, H)
+    assert got["out"].dtype == dtype
+    assert_close(got["out"], out.to(dtype), name="out")
+    if with_cls:
+        assert_close(got["cls_attn"], cls.float(), name="cls_attn")
+        sums = torch.stack([got["cls_attn"][a:b].sum() for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()) if b > a])
+        assert torch.allclose(sums, torch.ones_like(sums), atol=1e-5)
+
+
+@pytest.mark.parametrize("D", [1, 7, 40, 80, 128, 200])
+def test_any_head_dim_and_scale(ort_library, gen, D):
+    H, scale = 2, 0.3
+    qkv, cu = random_batch(gen, 3, 17, H, D, torch.float32, torch.int64)
+    got = run_op(attention_model(torch.float32, torch.int64, H, scale=scale), qkv, cu, H * D)
+    out, cls = reference(qkv, cu, H, scale=scale)
+    assert_close(got["out"], out.float(), name="out")
+    assert_close(got["cls_attn"], cls.float(), name="cls_attn")
+
+
+def test_long_sequences_use_threads(ort_library, gen):
+    H, D = 4, 64
+    qkv, cu = random_batch(gen, 3, 300, H, D, torch.float16, torch.int32, allow_empty=False)
+    got = run_op(attention_model(torch.float16, torch.int32, H, max_seqlen=300), qkv, cu, H * D)
+    out, cls = reference(qkv, cu, H)
+    assert_close(got["out"], out.half(), name="out")
+    assert_close(got["cls_attn"], cls.float(), name="cls_attn")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("with_cls", [True, False])
+def test_chained_ops(ort_library, gen, dtype, with_cls):
+    """attn -> MatMul -> attn -> MatMul -> attn: every op consumes the previous op's output."""
+    H, D, n_ops = 2, 16, 3
+    qkv, cu = random_batch(gen, 5, 24, H, D, dtype, torch.int64)
+    ws = [torch.randn(H * D, 3 * H * D, generator=gen) / math.sqrt(H * D) for _ in range(n_ops - 1)]
+    model = chained_model(dtype, torch.int64, H, D, [w.numpy() for w in ws], cls_attn=with_cls)
+    got = run_op(model, qkv, cu, H * D, cls_attn=with_cls)
+    x = qkv
+    for i in range(n_ops):  # reference chain in the op's dtype, each op in float64
+        out, cls = reference(x, cu, H)
+        out = out.to(dtype)
+        if i < n_ops - 1:
+            x = (out.float() @ ws[i]).to(dtype)
+    assert_close(got["out"], out, rtol=4 * DTYPES_TOL[dtype], name="chained out")
+    if with_cls:
+        assert_close(got["cls_attn"], cls.float(), rtol=4 * DTYPES_TOL[dtype], name="chained cls_attn")
+
+
+def test_empty_batch_and_empty_sequences(ort_library):
+    H, D = 2, 8
+    model = attention_model(torch.float32, torch.int64, H)
+    for cu_list in ([0], [0, 0, 0]):  # B = 0 with T = 0; B = 2 sequences of length 0
+        qkv = torch.empty(0, 3 * H * D)
+        sess = create_session(model, "cpu")
+        out, cls = run_with_iobinding(sess, {"qkv": qkv, "cu_seqlens": torch.tensor(cu_list)}, output_device="cpu")
+        assert out.shape() == [0, H * D] and cls.shape() == [0]
+    qkv = torch.randn(5, 3 * H * D)
+    cu = torch.tensor([0, 0, 3, 3, 5, 5])
+    got = run_op(model, qkv, cu, H * D)
+    out, cls = reference(qkv, cu, H)
+    assert_close(got["out"], out.float(), name="out")
+    assert_close(got["cls_attn"], cls.float(), name="cls_attn")
+
+
+def test_output_shape_inference(ort_library):
+    sess = create_session(attention_model(torch.float16, torch.int32, 4), "cpu")
+    out = sess.get_outputs()[0]
+    assert out.type == "tensor(float16)"
+    assert sess.get_outputs()[1].type == "tensor(float)"
+    assert set(DTYPES) == {torch.float32, torch.float16, torch.bfloat16}

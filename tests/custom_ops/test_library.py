@@ -1,0 +1,103 @@
+"""The built library: exports, no link-time CUDA/ORT dependency, CPU op without CUDA, build CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raggedvit.custom_ops import library_info
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "raggedvit" / "custom_ops" / "build.py"
+
+_RUN_CPU_OP = r"""
+import ctypes, json, sys
+import numpy as np, onnxruntime as ort
+sys.path.insert(0, {tests!r})
+import torch
+from _ort_models import attention_model
+lib = {lib!r}
+so = ort.SessionOptions()
+so.register_custom_ops_library(lib)
+sess = ort.InferenceSession(attention_model(torch.float32, torch.int64, 2), so, providers=["CPUExecutionProvider"])
+out, cls = sess.run(None, {{"qkv": np.random.randn(7, 24).astype(np.float32), "cu_seqlens": np.array([0, 3, 7])}})
+info = ctypes.CDLL(lib).raggedvit_ort_info
+info.restype = ctypes.c_char_p
+print(json.dumps({{"out": list(out.shape), "cls_sum": float(cls.sum()), "info": json.loads(info())}}))
+"""
+
+
+def run_cpu_op_in_subprocess(lib: str, env: dict[str, str]) -> dict:
+    code = _RUN_CPU_OP.format(tests=str(Path(__file__).parent), lib=lib)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+def test_no_link_time_cuda_or_onnxruntime(ort_library):
+    deps = subprocess.run(["ldd", ort_library], capture_output=True, text=True, check=True).stdout
+    for lib in ("libcuda", "libcudart", "libonnxruntime", "libnvrtc"):
+        assert lib not in deps, deps
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm")
+def test_exports(ort_library):
+    symbols = subprocess.run(["nm", "-D", "--defined-only", ort_library], capture_output=True, text=True).stdout
+    exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
+    assert {"RegisterCustomOps", "raggedvit_ort_info"} <= exported
+    assert not any(s.startswith("_ZN9raggedvit") for s in exported), "C++ internals should stay hidden"
+
+
+def test_library_info(ort_library):
+    info = library_info()
+    assert info["domain"] == "com.raggedvit" and info["op"] == "RaggedAttention"
+    build = info["build"]
+    assert build["archs"] == [80, 86, 89, 90]
+    assert build["dtypes"] == ["bf16", "fp16", "fp32"] and build["cu_dtypes"] == ["i32", "i64"]
+    assert build["head_dim_blocks"] == [32, 64, 128]
+    assert build["num_cubins"] == 2 * 3 * 2 * 3 * 4
+    assert {"fwd", "cls"} <= set(build["configs"]["fp16/d64"])
+
+
+def test_cpu_op_runs_with_cuda_hidden(ort_library):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    res = run_cpu_op_in_subprocess(ort_library, env)
+    assert res["out"] == [7, 8]
+    assert abs(res["cls_sum"] - 2.0) < 1e-5  # two sequences, cls_attn sums to 1 in each
+    assert res["info"]["cuda_op_registered"] is False
+
+
+def test_build_cli_single_arch(ort_library, tmp_path):
+    """--archs 90 into a temp dir (cubins come from the build cache), then load and run it."""
+    out = tmp_path / "libraggedvit_ort.so"
+    proc = subprocess.run(
+        [sys.executable, str(BUILD), "--output", str(out), "--archs", "90", "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "36 cubins" in proc.stdout
+    res = run_cpu_op_in_subprocess(str(out), dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert res["info"]["build"]["archs"] == [90] and res["out"] == [7, 8]
+
+
+@pytest.mark.parametrize(("archs", "message"), [("sm90", "comma-separated SM numbers"), ("75", "sm_80 or newer")])
+def test_build_cli_rejects_bad_archs(tmp_path, archs, message):
+    proc = subprocess.run(
+        [sys.executable, str(BUILD), "--output", str(tmp_path / "x.so"), "--archs", archs],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.so").exists()

@@ -1,0 +1,81 @@
+"""raggedvit.runtime: session options, providers, io binding (CPU here; CUDA in the gpu-marked test)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+import torch
+
+from raggedvit.kernels.reference import ragged_attention_reference
+from raggedvit.runtime import bind_tensor, create_session, providers_for, run_with_iobinding, session_options
+from raggedvit.testing import assert_close
+
+sys.path.insert(0, str(Path(__file__).parent / "custom_ops"))
+from _ort_library import ensure_library  # noqa: E402
+from _ort_models import attention_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ort_library() -> str:
+    return ensure_library()
+
+
+def test_session_options_register_library_and_fallback_flag(ort_library):
+    so = session_options(disable_cpu_fallback=True, intra_op_threads=1)
+    assert so.get_session_config_entry("session.disable_cpu_ep_fallback") == "1"
+    assert so.intra_op_num_threads == 1
+    so = session_options()
+    sess = ort.InferenceSession(attention_model(torch.float32, torch.int32, 2), so, providers=["CPUExecutionProvider"])
+    assert [o.name for o in sess.get_outputs()] == ["out", "cls_attn"]
+
+
+def test_providers():
+    assert providers_for("cpu") == ["CPUExecutionProvider"]
+    assert providers_for("cpu", cpu_fallback=False) == ["CPUExecutionProvider"]
+    with pytest.raises(ValueError, match="device must be"):
+        providers_for("tpu")  # type: ignore[arg-type]
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(RuntimeError, match="no CUDAExecutionProvider"):
+            providers_for("cuda")
+
+
+def test_create_session_from_path_and_iobinding(ort_library, tmp_path):
+    path = tmp_path / "attn.onnx"
+    path.write_bytes(attention_model(torch.float16, torch.int64, 2))
+    sess = create_session(path, "cpu")
+    qkv = torch.randn(9, 3 * 2 * 16).half()
+    cu = torch.tensor([0, 4, 9])
+    out = torch.empty(9, 32, dtype=torch.float16)
+    values = run_with_iobinding(sess, {"qkv": qkv, "cu_seqlens": cu}, {"out": out})
+    assert len(values) == 1
+    assert_close(out, ragged_attention_reference(qkv, cu, 2, compute_dtype=torch.float64).half(), name="out")
+    # outputs allocated by ORT, inputs given as OrtValues
+    qkv_value = ort.OrtValue.ortvalue_from_numpy(qkv.numpy())
+    out2, cls = run_with_iobinding(sess, {"qkv": qkv_value, "cu_seqlens": cu}, output_device="cpu")
+    assert torch.equal(torch.from_numpy(out2.numpy()), out)
+    assert cls.shape() == [9]
+
+
+def test_bind_tensor_rejects_non_contiguous(ort_library):
+    sess = create_session(attention_model(torch.float32, torch.int64, 2), "cpu")
+    with pytest.raises(ValueError, match="contiguous"):
+        bind_tensor(sess.io_binding(), "qkv", torch.randn(24, 9).t())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_iobinding_no_cpu_fallback(ort_library):
+    sess = create_session(attention_model(torch.float16, torch.int32, 2), "cuda", disable_cpu_fallback=True)
+    qkv = torch.randn(50, 96, device="cuda").half()
+    cu = torch.tensor([0, 20, 50], device="cuda", dtype=torch.int32)
+    out = torch.empty(50, 32, device="cuda", dtype=torch.float16)
+    cls = torch.empty(50, device="cuda")
+    run_with_iobinding(sess, {"qkv": qkv, "cu_seqlens": cu}, {"out": out, "cls_attn": cls})
+    ref_out, ref_cls = ragged_attention_reference(
+        qkv.cpu(), cu.cpu(), 2, return_cls_attn=True, compute_dtype=torch.float64
+    )
+    assert_close(out, ref_out.half(), name="out")
+    assert_close(cls, ref_cls.float(), rtol=1e-3, name="cls_attn")
