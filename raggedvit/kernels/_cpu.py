@@ -1,4 +1,8 @@
-"""CPU implementation of ragged attention: one padded, batched SDPA (vectorised over sequences)."""
+"""CPU implementation of ragged attention: batched SDPA over groups of similar-length sequences.
+
+Sequences are sorted by length and cut into groups whose longest member is at most 25% (or 8 tokens)
+longer than the shortest, so padding stays small; a group of equal lengths runs without a mask.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,19 @@ import torch.nn.functional as F
 __all__ = ["ragged_attention_cpu"]
 
 
+def _groups(lengths: list[int]) -> list[list[int]]:
+    """Indices of non-empty sequences, grouped by similar length (ascending)."""
+    order = sorted((n, b) for b, n in enumerate(lengths) if n > 0)
+    groups: list[list[int]] = []
+    low = -1
+    for n, b in order:
+        if not groups or n > max(low * 1.25, low + 8):
+            groups.append([])
+            low = n
+        groups[-1].append(b)
+    return groups
+
+
 def ragged_attention_cpu(
     qkv: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -15,7 +32,7 @@ def ragged_attention_cpu(
     scale: float,
     return_cls_attn: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qkv [T, 3*H*D], cu_seqlens [B+1] (host) -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
+    """qkv [T, 3*H*D] contiguous, cu_seqlens [B+1] (host) -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
 
     Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] = T).
     """
@@ -26,23 +43,25 @@ def ragged_attention_cpu(
     if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:16]}")
     compute = torch.float32 if qkv.dtype in (torch.float16, torch.bfloat16) else qkv.dtype
+    out = qkv.new_empty((T, H * D))
     cls_attn = torch.zeros(T if return_cls_attn else 0, dtype=torch.float32)
-    if T == 0:
-        return qkv.new_empty((0, H * D)), cls_attn
-    lengths = cu[1:] - cu[:-1]
-    B = lengths.numel()
-    L = int(lengths.max())
-    seq_id = torch.repeat_interleave(torch.arange(B), lengths)  # [T]
-    pos = torch.arange(T) - cu[:-1][seq_id]  # [T]
-    padded = qkv.new_zeros((B, L, 3, H, D), dtype=compute)
-    padded[seq_id, pos] = qkv.reshape(T, 3, H, D).to(compute)
-    q, k, v = padded.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, L, D]
-    key_ok = torch.arange(L)[None, :] < lengths[:, None]  # [B, L]
-    mask = key_ok[:, None, None, :]  # [B, 1, 1, L]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, H, L, D]
-    out = out.permute(0, 2, 1, 3)[seq_id, pos].reshape(T, H * D).to(qkv.dtype)
-    if return_cls_attn:
-        s = torch.einsum("bhd,bhkd->bhk", q[:, :, 0], k) * scale  # [B, H, L]
-        p = torch.softmax(s.masked_fill(~key_ok[:, None, :], float("-inf")), dim=-1)
-        cls_attn = p.mean(1)[seq_id, pos].to(torch.float32)
+    starts = cu[:-1].tolist()
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    x = qkv.reshape(T, 3, H, D)
+    for group in _groups(lengths):
+        n = torch.tensor([lengths[b] for b in group])  # [G]
+        L = int(n.max())
+        rows = torch.tensor([starts[b] for b in group])[:, None] + torch.arange(L)[None, :]  # [G, L]
+        valid = torch.arange(L)[None, :] < n[:, None]  # [G, L]
+        rows = torch.where(valid, rows, rows[:, :1])  # padding rows repeat the first row (masked as keys)
+        q, k, v = x[rows].to(compute).permute(2, 0, 3, 1, 4).unbind(0)  # each [G, H, L, D]
+        mask = None if bool(valid.all()) else valid[:, None, None, :]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [G, H, L, D]
+        o = o.permute(0, 2, 1, 3).reshape(len(group) * L, H * D)[valid.flatten()]
+        out[rows[valid]] = o.to(qkv.dtype)
+        if return_cls_attn:
+            s = torch.einsum("ghd,ghkd->ghk", q[:, :, 0], k) * scale  # [G, H, L]
+            if mask is not None:
+                s = s.masked_fill(~valid[:, None, :], float("-inf"))
+            cls_attn[rows[valid]] = torch.softmax(s, dim=-1).mean(1)[valid].to(torch.float32)
     return out, cls_attn
