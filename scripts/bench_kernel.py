@@ -1,0 +1,328 @@
+"""Benchmark raggedvit's ragged attention against torch peers on one GPU (fp16, H=12, D=64).
+
+Two timings per (shape, impl): gpu_us = CUDA-graph replay of N back-to-back calls / N (median of
+replays; impls that cannot be captured fall back to triton.testing.do_bench and say so in `note`),
+and call_us = host wall time of back-to-back eager calls incl. dispatch (200 calls + synchronize,
+/200, median of 5). bytes_floor = (qkv + out bytes) / 4.3 TB/s.
+
+    python scripts/bench_kernel.py --check            # correctness first, then the full benchmark
+    python scripts/bench_kernel.py --quick            # smoke run
+    python scripts/bench_kernel.py --tune             # also sweep kernel configs on a few shapes
+
+Writes <out>/kernel_bench_<date>_<gpu>.json and .png, and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raggedvit.kernels import ragged_attention, ragged_attention_reference  # noqa: E402
+from raggedvit.kernels._config import KernelConfig, pick_config  # noqa: E402
+from raggedvit.kernels._launch import _launch_triton  # noqa: E402
+from raggedvit.testing import assert_close  # noqa: E402
+
+H, D, DTYPE = 12, 64, torch.float16
+HBM_BYTES_PER_S = 4.3e12
+
+
+def shapes(quick: bool) -> list[tuple[int, int, str]]:
+    """(B, L, lengths kind) to benchmark."""
+    if quick:
+        return [(1, 197, "uniform"), (32, 99, "ragged"), (128, 197, "uniform")]
+    out = [(b, L, kind) for L in (197, 99, 40) for b in (1, 4, 32, 128) for kind in ("uniform", "ragged")]
+    return out + [(b, 577, kind) for b in (1, 32) for kind in ("uniform", "ragged")]
+
+
+def make_inputs(B: int, L: int, kind: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    g = torch.Generator().manual_seed(seed * 7919 + B * 1000 + L)
+    if kind == "uniform":
+        lengths = [L] * B
+    else:
+        lengths = torch.randint(max(1, L // 2), L + 1, (B,), generator=g).tolist()
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    qkv = torch.randn(int(cu[-1]), 3 * H * D, generator=g).to(DTYPE)
+    return qkv.cuda(), cu.cuda(), lengths
+
+
+# ---------------------------------------------------------------- timing
+def graph_time_us(fn: Callable[[], object], inner: int = 20, reps: int = 15) -> tuple[float, str]:
+    """Median per-call GPU time of `inner` calls captured in one CUDA graph; do_bench if capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(inner):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / inner)
+        del graph
+        return statistics.median(times), ""
+    except Exception as exc:  # noqa: BLE001 - any capture failure falls back to do_bench
+        torch.cuda.synchronize()
+        import triton.testing
+
+        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        return ms * 1e3, f"no graph capture ({type(exc).__name__}): do_bench median"
+
+
+def call_time_us(fn: Callable[[], object], calls: int = 200, reps: int = 5) -> float:
+    """Median over `reps` of host wall time per call of `calls` back-to-back eager calls + one synchronize."""
+    fn()
+    torch.cuda.synchronize()
+    res = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        res.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(res)
+
+
+# ---------------------------------------------------------------- implementations
+def peers(qkv: torch.Tensor, cu: torch.Tensor, lengths: list[int]) -> dict[str, Callable[[], object] | str]:
+    """impl name -> zero-arg callable, or the reason it is unavailable."""
+    T = qkv.shape[0]
+    B, Lmax = len(lengths), max(lengths)
+    uniform = len(set(lengths)) == 1
+    impls: dict[str, Callable[[], object] | str] = {
+        "raggedvit": lambda: ragged_attention(qkv, cu, H),
+        "raggedvit+cls": lambda: ragged_attention(qkv, cu, H, return_cls_attn=True),
+    }
+    x = qkv.view(T, 3, H, D)
+    q, k, v = x.unbind(1)  # each [T, H, D], row stride 3*H*D
+
+    # padded SDPA with key-padding mask: inputs already padded [B, H, Lmax, D] (padding cost not counted)
+    try:
+        pos = torch.cat([torch.arange(n, device=qkv.device) for n in lengths])
+        seq = torch.repeat_interleave(torch.arange(B, device=qkv.device), torch.tensor(lengths, device=qkv.device))
+        padded = qkv.new_zeros(B, Lmax, 3, H, D)
+        padded[seq, pos] = x
+        pq, pk, pv = (t.contiguous() for t in padded.permute(2, 0, 3, 1, 4).unbind(0))
+        mask = torch.arange(Lmax, device=qkv.device)[None, :] < torch.tensor(lengths, device=qkv.device)[:, None]
+        mask = mask[:, None, None, :]
+        impls["padded_sdpa"] = lambda: F.scaled_dot_product_attention(pq, pk, pv, attn_mask=mask)
+    except Exception as exc:  # noqa: BLE001
+        impls["padded_sdpa"] = f"unavailable: {exc!r}"[:200]
+
+    if uniform:  # timm's layout: views of the qkv Linear output, no mask
+        dq, dk, dv = qkv.view(B, Lmax, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+        impls["dense_sdpa"] = lambda: F.scaled_dot_product_attention(dq, dk, dv)
+
+    impls["varlen_fa"] = _varlen_peer(q, k, v, cu, Lmax)
+
+    try:
+        offsets = cu.to(torch.int64)
+        lo = min(lengths)
+
+        def nested() -> torch.Tensor:
+            nq, nk, nv = (
+                torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=lo, max_seqlen=Lmax).transpose(1, 2)
+                for t in (q, k, v)
+            )
+            return F.scaled_dot_product_attention(nq, nk, nv).transpose(1, 2).values()
+
+        nested()
+        impls["nested_sdpa"] = nested
+    except Exception as exc:  # noqa: BLE001
+        impls["nested_sdpa"] = f"unavailable: {exc!r}"[:200]
+    return impls
+
+
+def _varlen_peer(q, k, v, cu, max_len) -> Callable[[], object] | str:
+    reasons = []
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        fn = lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len)  # noqa: E731
+        fn()
+        return fn
+    except Exception as exc:  # noqa: BLE001
+        reasons.append(f"varlen_attn: {exc!r}"[:160])
+    try:
+        op = torch.ops.aten._flash_attention_forward
+        fn = lambda: op(q, k, v, cu, cu, max_len, max_len, 0.0, False, False)  # noqa: E731
+        fn()
+        return fn
+    except Exception as exc:  # noqa: BLE001
+        reasons.append(f"_flash_attention_forward: {exc!r}"[:160])
+    return "unavailable: " + "; ".join(reasons)
+
+
+# ---------------------------------------------------------------- check / tune
+def check(shape_list: list[tuple[int, int, str]]) -> None:
+    """Our op (lean path, called twice so the cached fast launch runs) vs the float64 reference."""
+    for B, L, kind in shape_list:
+        qkv, cu, lengths = make_inputs(B, L, kind)
+        ref_out, ref_cls = ragged_attention_reference(qkv, cu, H, return_cls_attn=True, compute_dtype=torch.float64)
+        for attempt in range(2):
+            out, cls_attn = ragged_attention(qkv, cu, H, return_cls_attn=True)
+            out2 = ragged_attention(qkv, cu, H)
+            torch.cuda.synchronize()
+            name = f"B={B} L={L} {kind} call {attempt}"
+            assert_close(out, ref_out.to(DTYPE), name=f"{name} out")
+            assert_close(out2, ref_out.to(DTYPE), name=f"{name} out (no cls)")
+            assert_close(cls_attn, ref_cls.float(), name=f"{name} cls_attn")
+    print(f"check: raggedvit matches the float64 reference on {len(shape_list)} shapes")
+
+
+def tune() -> list[dict]:
+    """Time _ragged_attn_fwd over a grid of configs on a few shapes; returns the sorted results."""
+    results = []
+    base = pick_config(1, D, DTYPE)
+    scale = D**-0.5
+    for B, L, kind in [(128, 197, "uniform"), (32, 99, "ragged"), (4, 197, "uniform"), (128, 40, "uniform")]:
+        qkv, cu, _ = make_inputs(B, L, kind)
+        rows = []
+        for bm in (32, 64, 128):
+            for bn in (32, 64, 128):
+                for warps in (4, 8):
+                    for stages in (1, 2, 3):
+                        cfg = KernelConfig("fp16", base.block_d, bm, bn, warps, stages, base.cls_block_n, 4)
+                        fn = lambda cfg=cfg, x=qkv, c=cu: _launch_triton(x, c, H, scale, False, config=cfg)  # noqa: E731
+                        try:
+                            us, _ = graph_time_us(fn, inner=10, reps=7)
+                        except Exception as exc:  # noqa: BLE001 - out of resources etc.
+                            print(f"tune B={B} L={L} {cfg}: {exc!r}"[:200])
+                            continue
+                        rows.append({"B": B, "L": L, "lengths": kind, "config": cfg.as_dict(), "gpu_us": us})
+        rows.sort(key=lambda r: r["gpu_us"])
+        best = rows[0]
+        print(f"tune B={B} L={L} {kind}: best {best['gpu_us']:.1f} us with {best['config']}")
+        results += rows[:8]
+    return results
+
+
+# ---------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results", help="output directory (default: benchmarks/results)")
+    ap.add_argument("--quick", action="store_true", help="3 shapes, fewer repetitions")
+    ap.add_argument("--check", action="store_true", help="verify correctness vs the reference first")
+    ap.add_argument("--tune", action="store_true", help="also sweep kernel configs (adds ~1-2 min)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernel.py needs a CUDA GPU")
+    shape_list = shapes(args.quick)
+    if args.check:
+        check(shape_list)
+    import triton
+
+    gpu = torch.cuda.get_device_name()
+    calls = 50 if args.quick else 200
+    records = []
+    t_start = time.time()
+    for B, L, kind in shape_list:
+        qkv, cu, lengths = make_inputs(B, L, kind)
+        T = qkv.shape[0]
+        floor = (qkv.numel() + T * H * D) * qkv.element_size() / HBM_BYTES_PER_S * 1e6
+        base = {"B": B, "L": L, "lengths": kind, "T": T}
+        records.append(
+            {**base, "impl": "bytes_floor", "gpu_us": floor, "call_us": None, "note": "(q,k,v,o) / 4.3 TB/s"}
+        )
+        for name, fn in peers(qkv, cu, lengths).items():
+            if isinstance(fn, str):
+                records.append({**base, "impl": name, "gpu_us": None, "call_us": None, "note": fn})
+                continue
+            try:
+                gpu_us, note = graph_time_us(fn)
+                call_us = call_time_us(fn, calls=calls, reps=3 if args.quick else 5)
+            except Exception as exc:  # noqa: BLE001
+                gpu_us, call_us, note = None, None, f"failed: {exc!r}"[:200]
+            records.append({**base, "impl": name, "gpu_us": gpu_us, "call_us": call_us, "note": note})
+    tuned = tune() if args.tune else []
+    meta = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "dtype": "float16",
+        "H": H,
+        "D": D,
+        "config": pick_config(1, D, DTYPE).as_dict(),
+        "seconds": round(time.time() - t_start, 1),
+    }
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"kernel_bench_{dt.date.today().isoformat()}_{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}"
+    (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "records": records, "tune": tuned}, indent=1))
+    print_table(records)
+    plot(records, out_dir / f"{stem}.png", gpu)
+    print(f"wrote {out_dir / stem}.json and .png ({meta['seconds']} s)")
+
+
+def print_table(records: list[dict]) -> None:
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    print("gpu_us/call_us per impl (- = unavailable)")
+    print(f"{'B':>4} {'L':>4} {'kind':<8} " + " ".join(f"{i:>16}" for i in impls))
+    rows: dict[tuple, dict[str, str]] = {}
+    for r in records:
+        g = "-" if r["gpu_us"] is None else f"{r['gpu_us']:.1f}"
+        c = "" if r["call_us"] is None else f"/{r['call_us']:.0f}"
+        rows.setdefault((r["B"], r["L"], r["lengths"]), {})[r["impl"]] = g + c
+    for (B, L, kind), cells in rows.items():
+        print(f"{B:>4} {L:>4} {kind:<8} " + " ".join(f"{cells.get(i, ''):>16}" for i in impls))
+    for r in records:
+        if r["note"] and r["impl"] != "bytes_floor":
+            print(f"note B={r['B']} L={r['L']} {r['lengths']} {r['impl']}: {r['note']}")
+
+
+def plot(records: list[dict], path: Path, gpu: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    Ls = sorted({r["L"] for r in records})
+    kinds = ["uniform", "ragged"]
+    fig, axes = plt.subplots(len(Ls), 2, figsize=(11, 3.2 * len(Ls)), squeeze=False)
+    for i, L in enumerate(Ls):
+        for j, kind in enumerate(kinds):
+            ax = axes[i][j]
+            sel = [r for r in records if r["L"] == L and r["lengths"] == kind and r["gpu_us"] is not None]
+            for impl in dict.fromkeys(r["impl"] for r in sel):
+                pts = sorted((r["B"], r["gpu_us"]) for r in sel if r["impl"] == impl)
+                style = "k--" if impl == "bytes_floor" else "o-"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"L={L} {kind}")
+            ax.set_xlabel("B")
+            ax.set_ylabel("GPU us / call")
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"ragged attention fp16 H={H} D={D} on {gpu}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
