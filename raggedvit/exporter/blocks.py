@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from onnx import TensorProto
 from torch import nn
 
 from raggedvit.exporter._builder import GraphBuilder
@@ -41,9 +40,6 @@ def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cl
         scale=float(attn.scale),
         max_seqlen=int(state.nmax),
     )
-    g.annotate(out_name, g.elem, ["T", int(attn.proj.in_features)])
-    if want_cls_attn:
-        g.annotate(cls_name, TensorProto.FLOAT, ["T"])
     a = linear(g, out_name, attn.proj, f"{p}.attn.proj")
     a = _layer_scale(g, a, blk.ls1, f"{p}.ls1")
     x = g.op("Add", [state.x, a], hint=f"{p}.res1")
@@ -52,7 +48,6 @@ def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cl
     h = layer_norm(g, x, blk.norm2, f"{p}.norm2")
     h = linear(g, h, mlp.fc1, f"{p}.mlp.fc1", bias=False)
     h = bias_gelu(g, h, mlp.fc1, f"{p}.mlp.fc1")
-    g.annotate(h, g.elem, ["T", int(mlp.fc1.out_features)])
     h = maybe_layer_norm(g, h, mlp.norm, f"{p}.mlp.norm")
     h = linear(g, h, mlp.fc2, f"{p}.mlp.fc2")
     h = _layer_scale(g, h, blk.ls2, f"{p}.ls2")

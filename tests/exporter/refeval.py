@@ -1,0 +1,37 @@
+"""onnx.reference evaluation of exported graphs without the op library (RaggedAttention and BiasGelu in Python).
+
+Used to check the graph's own arithmetic (e.g. fp16) independently of the ORT kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from raggedvit.kernels import ragged_attention_reference
+
+
+class RaggedAttention(OpRun):
+    op_domain = "com.raggedvit"
+
+    def _run(self, qkv, cu, num_heads=None, scale=None, max_seqlen=None):
+        out, cls = ragged_attention_reference(
+            torch.from_numpy(qkv), torch.from_numpy(cu.astype(np.int64)), num_heads, scale=scale, return_cls_attn=True
+        )
+        return out.numpy(), cls.numpy()
+
+
+class BiasGelu(OpRun):
+    op_domain = "com.microsoft"
+
+    def _run(self, x, bias):
+        y = torch.from_numpy(x.astype(np.float64) + bias.astype(np.float64))
+        return ((0.5 * y * (1.0 + torch.erf(y / math.sqrt(2.0)))).numpy().astype(x.dtype),)
+
+
+def reference_evaluator(model) -> ReferenceEvaluator:
+    return ReferenceEvaluator(model, new_ops=[RaggedAttention, BiasGelu])

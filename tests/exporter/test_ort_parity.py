@@ -1,0 +1,69 @@
+"""ORT CPU EP (with the op library) vs the torch packed model (PrunedViT), fp32, real sample images."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from raggedvit.exporter import build_model
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.weights import load_vit
+
+SPECS = [
+    PruneSpec(),
+    PruneSpec("topk-l2", (4,)),
+    PruneSpec("topk-l2", (3, 6, 9), keep=0.7),
+    PruneSpec("cls-mass", (4,)),
+    PruneSpec("cls-mass", (3, 6, 9), mass=0.8),
+    PruneSpec("evit", (4,)),
+    PruneSpec("evit", (3, 6, 9), keep=0.6),
+    PruneSpec("evit", (4,), fuse=True),
+    PruneSpec("evit", (3, 6, 9), keep=0.7, fuse=True),
+]
+
+
+def _ids(s: PruneSpec) -> str:
+    return f"{s.policy}-{','.join(map(str, s.prune_at)) or 'x'}{'-fuse' if s.fuse else ''}"
+
+
+def _compare(session, vit, spec, images, atol=1e-4):
+    logits, counts = session.run(["logits", "token_counts"], {"images": images.numpy()})
+    with torch.no_grad():
+        ref = PrunedViT(vit, spec)(images)
+    assert counts.dtype == np.int64 and counts.shape == (images.shape[0], len(spec.prune_at))
+    np.testing.assert_array_equal(counts, ref.token_counts.numpy())
+    assert logits.dtype == np.float32
+    assert np.abs(logits - ref.logits.numpy()).max() < atol
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_ids)
+def test_deit_tiny_matches_torch(deit_tiny, images, ort_session, spec):
+    session = ort_session(build_model(deit_tiny, spec))
+    _compare(session, deit_tiny, spec, images)
+
+
+def test_dynamic_batch_same_file(deit_tiny, images, ort_session, tmp_path):
+    spec = PruneSpec("cls-mass", (3, 6, 9))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(build_model(deit_tiny, spec).SerializeToString())
+    session = ort_session(str(path))
+    for batch in (1, 5):
+        _compare(session, deit_tiny, spec, images[:batch])
+
+
+@pytest.mark.parametrize(
+    "name,kwargs,spec",
+    [
+        ("deit_tiny_distilled_patch16_224", {"depth": 4}, PruneSpec("evit", (2,), fuse=True)),
+        (
+            "vit_small_patch16_224",
+            {"depth": 3, "reg_tokens": 2, "global_pool": "avg", "no_embed_class": True, "init_values": 0.1},
+            PruneSpec("topk-l2", (1, 2)),
+        ),
+    ],
+    ids=["distilled", "registers-avgpool-layerscale"],
+)
+def test_other_vit_variants(images, ort_session, name, kwargs, spec):
+    vit, _ = load_vit(name, seed=1, model_kwargs=kwargs)
+    _compare(ort_session(build_model(vit, spec)), vit, spec, images[:3])
