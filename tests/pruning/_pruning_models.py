@@ -13,6 +13,7 @@ from raggedvit.weights import load_vit
 # heads, patch size, resolution and prefix tokens are the real architecture's.
 MODELS = {
     "deit_tiny": ("deit_tiny_patch16_224", {}),
+    "deit_tiny_d4": ("deit_tiny_patch16_224", {"model_kwargs": {"depth": 4}}),
     "vit_small": ("vit_small_patch16_224", {"model_kwargs": {"depth": 6}}),
     "deit_tiny_384": ("deit_tiny_patch16_224", {"img_size": 384, "model_kwargs": {"depth": 4}}),
     "deit_tiny_distilled": ("deit_tiny_distilled_patch16_224", {"model_kwargs": {"depth": 6}}),
@@ -39,7 +40,7 @@ def _images():
 
 
 @functools.cache
-def get_images(key: str, names: tuple[str, ...] = ("chelsea", "coffee", "rocket")) -> torch.Tensor:
+def get_images(key: str, names: tuple[str, ...] = ("chelsea", "rocket")) -> torch.Tensor:
     """[B, 3, S, S] float32 sample images preprocessed for model `key`."""
     pool = dict(_images())
     return preprocess([pool[n] for n in names], get_model(key))

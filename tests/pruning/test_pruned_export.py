@@ -20,10 +20,10 @@ from raggedvit.testing import assert_close
     ids=["cls-mass", "evit-fuse"],
 )
 def test_export_with_data_dependent_token_count(spec: PruneSpec) -> None:
-    vit = get_model("deit_tiny_384")  # depth 4, 577 tokens
+    vit = get_model("deit_tiny_d4")
     model = PrunedViT(vit, spec).eval()
-    first = get_images("deit_tiny_384", ("chelsea", "coffee"))
-    second = get_images("deit_tiny_384", ("rocket", "astronaut"))
+    first = get_images("deit_tiny_d4", ("chelsea", "coffee"))
+    second = get_images("deit_tiny_d4", ("rocket", "astronaut"))
     program = torch.export.export(model, (first,))
     assert "ragged_attention" in str(program.graph_module.code)
     run = program.module()

@@ -39,7 +39,7 @@ def test_packed_equals_padded(model_key: str, spec_key: str) -> None:
 
 
 @pytest.mark.usefixtures("no_grad")
-@pytest.mark.parametrize("spec_key", ["topk-l2", "cls-mass", "evit-fuse"])
+@pytest.mark.parametrize("spec_key", ["cls-mass", "evit-fuse"])
 def test_sdpa_padded_baseline_matches(spec_key: str) -> None:
     vit, images, spec = get_model("deit_tiny_distilled"), get_images("deit_tiny_distilled"), SPECS[spec_key]
     eager = padded_reference_forward(vit, spec, images)
