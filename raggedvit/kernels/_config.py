@@ -1,24 +1,29 @@
 """Launch configurations of the ragged attention kernels, shared by the torch launcher and the AOT build.
 
-One configuration per (dtype, BLOCK_D); T does not change the choice (packed tiles keep the grid
-proportional to T, so one config serves both small and large batches). The AOT build compiles
-exactly `aot_configs()`; the torch launcher uses `pick_config`.
+For every (dtype, BLOCK_D) there are two configs, told apart by `min_tokens`: the launcher uses the
+config with the largest min_tokens <= T. Small T (< SMALL_T_LIMIT packed rows) gets 32-row query tiles
+so more programs run at small batch; large T gets 64-row tiles (tensor-core friendly, and short
+enough that tiles straddling two sequences waste little). The AOT build compiles exactly
+`aot_configs()` and must apply the same rule (`pick_config` is the reference implementation).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["KernelConfig", "aot_configs", "block_d", "pick_config"]
+__all__ = ["SMALL_T_LIMIT", "KernelConfig", "aot_configs", "block_d", "pick_config"]
+
+SMALL_T_LIMIT = 2048  # T below this uses the min_tokens=0 config
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Constexprs and launch options of both kernels for one (dtype, BLOCK_D)."""
+    """Constexprs and launch options of both kernels for one (dtype, BLOCK_D, T range)."""
 
     dtype: str  # "fp16" | "bf16" | "fp32"
     block_d: int  # BLOCK_D of both kernels
@@ -28,6 +33,7 @@ class KernelConfig:
     num_stages: int  # of _ragged_attn_fwd
     cls_block_n: int  # BLOCK_N of _ragged_cls_attn
     cls_num_warps: int  # of _ragged_cls_attn (num_stages 1)
+    min_tokens: int = 0  # used for T >= min_tokens (the largest such config wins)
 
     def as_dict(self) -> dict[str, int | str]:
         return asdict(self)
@@ -40,7 +46,7 @@ def block_d(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
-def _make(dtype: str, bd: int) -> KernelConfig:
+def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
     half = dtype != "fp32"
     if bd <= 64:
         bm, bn, warps, stages = (64, 64, 4, 3) if half else (64, 32, 4, 2)
@@ -48,17 +54,21 @@ def _make(dtype: str, bd: int) -> KernelConfig:
         bm, bn, warps, stages = (64, 64, 4, 2) if half else (32, 32, 4, 2)
     else:  # 256
         bm, bn, warps, stages = (64, 32, 8, 2) if half else (32, 16, 4, 1)
+    if small:
+        bm = min(bm, 32)
     cls_bn = max(16, min(128, 8192 // bd))
-    return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4)
+    return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT)
 
 
-_CONFIGS: dict[tuple[str, int], KernelConfig] = {
-    (dt, bd): _make(dt, bd) for dt in ("fp16", "bf16", "fp32") for bd in (16, 32, 64, 128, 256)
+_CONFIGS: dict[tuple[str, int], tuple[KernelConfig, KernelConfig]] = {
+    (dt, bd): (_make(dt, bd, True), _make(dt, bd, False))
+    for dt in ("fp16", "bf16", "fp32")
+    for bd in (16, 32, 64, 128, 256)
 }
 
 
-def pick_config(T: int, D: int, dtype: torch.dtype | str) -> KernelConfig:
-    """Config for head dim D (1..256) and dtype; T is accepted for future shape-dependent choices."""
+@functools.lru_cache(maxsize=256)
+def _lookup(D: int, dtype: torch.dtype | str) -> tuple[KernelConfig, KernelConfig]:
     name = dtype if isinstance(dtype, str) else _DTYPE_NAMES.get(dtype)
     bd = block_d(D)
     if name is None or (name, bd) not in _CONFIGS:
@@ -66,6 +76,12 @@ def pick_config(T: int, D: int, dtype: torch.dtype | str) -> KernelConfig:
     return _CONFIGS[(name, bd)]
 
 
+def pick_config(T: int, D: int, dtype: torch.dtype | str) -> KernelConfig:
+    """Config for T packed rows, head dim D (1..256) and dtype (torch dtype or "fp16"/"bf16"/"fp32")."""
+    small, large = _lookup(D, dtype)
+    return large if T >= large.min_tokens else small
+
+
 def aot_configs(block_ds: tuple[int, ...] = (32, 64, 128)) -> list[KernelConfig]:
-    """Configs the AOT build compiles: every dtype x BLOCK_D in `block_ds` (DESIGN: D % 16 == 0, 32..128)."""
-    return [_CONFIGS[(dt, bd)] for dt in ("fp16", "bf16", "fp32") for bd in block_ds]
+    """Configs the AOT build compiles: every dtype x BLOCK_D in `block_ds` x both T ranges."""
+    return [c for dt in ("fp16", "bf16", "fp32") for bd in block_ds for c in _CONFIGS[(dt, bd)]]

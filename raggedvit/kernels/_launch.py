@@ -7,6 +7,7 @@ with TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import struct
@@ -33,6 +34,7 @@ except ImportError:  # pragma: no cover - older Triton: plain JIT launches only
     _FAST_ENABLED = False
 
 
+@functools.lru_cache(maxsize=64)
 def scale_bits(scale: float) -> int:
     """IEEE-754 bits of float32(scale) as a signed int32 (the kernels' `scale_bits`)."""
     return struct.unpack("<i", struct.pack("<f", scale))[0]

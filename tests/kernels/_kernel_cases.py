@@ -51,6 +51,15 @@ def poisoned_outputs(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, t
     return out, cls_attn
 
 
+def reference(
+    qkv: torch.Tensor, cu: torch.Tensor, num_heads: int, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 reference (out [T, H*D], cls_attn [T]) computed on qkv's device."""
+    return ragged_attention_reference(
+        qkv, cu, num_heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64
+    )
+
+
 def check_against_reference(
     out: torch.Tensor,
     cls_attn: torch.Tensor | None,
@@ -60,11 +69,10 @@ def check_against_reference(
     *,
     scale: float | None = None,
     name: str = "",
+    ref: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """out (and cls_attn) vs the float64 reference; cls_attn must sum to 1 over every non-empty sequence."""
-    ref_out, ref_cls = ragged_attention_reference(
-        qkv.cpu(), cu.cpu(), num_heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64
-    )
+    """out (and cls_attn) vs the float64 reference (`ref` if precomputed); cls_attn sums to 1 per sequence."""
+    ref_out, ref_cls = reference(qkv, cu, num_heads, scale) if ref is None else ref
     assert out.dtype == qkv.dtype
     assert_close(out.cpu(), ref_out.to(qkv.dtype), name=f"{name} out")
     if cls_attn is None:
