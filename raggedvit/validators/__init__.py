@@ -21,9 +21,9 @@ _EXPORTS = {
     "open_session": "session",
     "cut_gaps": "ties",
     "find_near_ties": "ties",
-    "run_onnx": "validate",
-    "run_reference": "validate",
-    "validate": "validate",
+    "run_onnx": "compare",
+    "run_reference": "compare",
+    "validate": "compare",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,73 @@
+"""Report content (JSON / Markdown), failure typing, and near-tie gaps."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+from raggedvit.pruning import PruneSpec
+from raggedvit.validators import Failure, ImageRow, NearTie, Thresholds, ValidationReport, cut_gaps
+from raggedvit.validators.compare import _failures
+
+
+def _row(i, diff=1e-6, top=(3, 3), counts=([99], [99]), tie=False):
+    return ImageRow(i, f"img{i}", diff, diff / 2, top[0], top[1], list(counts[0]), list(counts[1]), tie)
+
+
+def _report(rows, ties=()):
+    rep = ValidationReport(
+        "m.onnx",
+        {"model": "deit", "prune": {"policy": "topk-l2", "prune_at": [4], "keep": 0.5}},
+        "cpu",
+        ["CPUExecutionProvider"],
+        Thresholds(),
+        rows=rows,
+        near_ties=list(ties),
+    )
+    rep.failures.extend(_failures(rows, torch.zeros(len(rows), 4).numpy(), rep.thresholds))
+    return rep
+
+
+def test_passing_report_json_and_markdown(tmp_path):
+    rep = _report([_row(0), _row(1)])
+    assert rep.passed
+    js, md = rep.write(tmp_path / "rep.json")
+    assert (js.name, md.name) == ("rep.json", "rep.md")
+    data = json.loads(js.read_text())
+    assert data["passed"] is True and data["summary"]["images"] == 2 and data["summary"]["top1_agreement"] == 1.0
+    assert data["rows"][0]["counts_onnx"] == [99] and data["rows"][0]["top1_agree"] is True
+    text = md.read_text()
+    assert text.startswith("## raggedvit validation: PASS") and "| img1 |" in text
+    assert "topk-l2 at blocks 4, keep 0.5" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep.json", "rep.md"]
+
+
+def test_typed_failures():
+    rep = _report([_row(0, diff=0.01), _row(1, top=(3, 4)), _row(2, counts=([99], [98]))])
+    kinds = sorted((f.kind, f.image) for f in rep.failures)
+    assert kinds == [("max_abs_logit", 0), ("token_counts", 2), ("top1", None)]
+    assert not rep.passed and "## raggedvit validation: FAIL" in rep.to_markdown()
+    assert all(isinstance(f, Failure) for f in rep.failures)
+
+
+def test_near_tie_images_are_listed_not_failed():
+    rep = _report(
+        [_row(0, diff=0.5, top=(1, 2), counts=([98], [99]), tie=True), _row(1)], ties=[NearTie(0, 0, 4, "score", 1e-7)]
+    )
+    assert rep.passed
+    assert "image 0, stage 0 (block 4): score gap 1.00e-07" in rep.to_markdown()
+
+
+def test_cut_gaps():
+    inf = float("-inf")
+    S = torch.tensor([[inf, 5.0, 3.0, 4.0, 1.0], [inf, 0.5, 0.3, 0.2, inf]])
+    n = torch.tensor([5, 4])
+    k = torch.tensor([2, 3])  # image 1 keeps all its patches: no cut
+    score_gap, mass_gap = cut_gaps(S, n, k, 1, PruneSpec("topk-l2", (4,)))
+    assert math.isclose(float(score_gap[0]), (4.0 - 3.0) / 4.0)
+    assert math.isinf(float(score_gap[1])) and math.isinf(float(mass_gap[0]))
+    S = torch.tensor([[inf, 0.5, 0.4, 0.1]])  # exclusive mass: 0, 0.5, 0.9 -> with mass 0.9 the cut is at 0.9
+    _, mass_gap = cut_gaps(S, torch.tensor([4]), torch.tensor([2]), 1, PruneSpec("cls-mass", (4,), mass=0.9))
+    assert float(mass_gap[0]) < 1e-6

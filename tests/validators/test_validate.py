@@ -1,0 +1,67 @@
+"""validate() end to end on an exported DeiT-Tiny: ORT CPU EP vs the reference rebuilt from the recipe."""
+
+from __future__ import annotations
+
+import pytest
+
+from raggedvit.exporter import export_onnx
+from raggedvit.images import preprocess, sample_images
+from raggedvit.pruning import PruneSpec
+from raggedvit.validators import (
+    Thresholds,
+    ValidationInputError,
+    load_recipe,
+    load_reference,
+    validate,
+)
+from raggedvit.weights import load_vit
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    vit, info = load_vit("deit_tiny_patch16_224", seed=0)
+    path = tmp_path_factory.mktemp("v") / "cls_mass.onnx"
+    export_onnx(
+        vit,
+        PruneSpec("cls-mass", (3, 6, 9)),
+        path,
+        recipe={"model": "deit_tiny_patch16_224", "weights": info.to_dict()},
+    )
+    return path
+
+
+def test_validate_passes_and_rebuilds_reference(exported):
+    recipe = load_recipe(exported)
+    vit, spec = load_reference(recipe)
+    pairs = sample_images()[:4]
+    report = validate(exported, preprocess(pairs, vit), [n for n, _ in pairs], vit=vit, spec=spec, recipe=recipe)
+    assert report.passed, report.to_markdown()
+    assert report.max_abs_diff < 1e-4 and report.counts_agreement == 1.0 and report.top1_agreement == 1.0
+    assert [r.name for r in report.rows] == [n for n, _ in pairs]
+    strict = validate(
+        exported,
+        preprocess(pairs, vit),
+        [n for n, _ in pairs],
+        vit=vit,
+        spec=spec,
+        recipe=recipe,
+        thresholds=Thresholds(max_abs_logit=1e-12, tie_eps=0.0),
+    )
+    assert not strict.passed and {f.kind for f in strict.failures} == {"max_abs_logit"}
+
+
+def test_recipe_errors(tmp_path):
+    with pytest.raises(ValidationInputError, match="does not exist"):
+        load_recipe(tmp_path / "nope.onnx")
+    (tmp_path / "bad.onnx").write_bytes(b"not a model")
+    with pytest.raises(ValidationInputError, match="not a readable ONNX model"):
+        load_recipe(tmp_path / "bad.onnx")
+    with pytest.raises(ValidationInputError, match="not found"):
+        load_reference(
+            {
+                "model": "deit_tiny_patch16_224",
+                "img_size": 224,
+                "prune": {"policy": "none"},
+                "weights": {"source": "checkpoint", "checkpoint": "gone.pth"},
+            }
+        )
