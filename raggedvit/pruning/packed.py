@@ -169,11 +169,11 @@ class PrunedViT(nn.Module):
 def _packed_pool(x: torch.Tensor, seq_id: torch.Tensor, include: torch.Tensor, batch: int, C: int, pool: str):
     """Per-image mean / max over included rows: x [T, C] -> [B, C]."""
     out = []
-    if pool in ("avg", "avgmax"):
-        w = include.to(x.dtype).unsqueeze(1)
-        total = torch.zeros(batch, C, dtype=x.dtype, device=x.device).index_add(0, seq_id, x * w)
-        count = torch.zeros(batch, dtype=x.dtype, device=x.device).index_add(0, seq_id, include.to(x.dtype))
-        out.append(total / count.unsqueeze(1))
+    if pool in ("avg", "avgmax"):  # sums in float32 (half inputs), result in x.dtype
+        w = include.to(torch.float32)
+        total = torch.zeros(batch, C, dtype=torch.float32, device=x.device).index_add(0, seq_id, x.float() * w[:, None])
+        count = torch.zeros(batch, dtype=torch.float32, device=x.device).index_add(0, seq_id, w)
+        out.append((total / count.unsqueeze(1)).to(x.dtype))
     if pool in ("max", "avgmax"):
         src = torch.where(include.unsqueeze(1), x, float("-inf"))
         init = torch.full((batch, C), float("-inf"), dtype=x.dtype, device=x.device)

@@ -8,6 +8,7 @@ from _pruning_models import get_images, get_model
 
 from raggedvit.pruning import PrunedViT, PruneSpec, padded_reference_forward
 from raggedvit.testing import assert_close
+from raggedvit.weights import load_vit
 
 SPECS = {
     "none": PruneSpec("none"),
@@ -86,3 +87,20 @@ def test_evit_fuse_adds_one_token_per_image() -> None:
     idx = fused.token_index[0]
     assert idx[cu[1:] - 1].tolist() == [-1] * images.shape[0]  # fused token is each image's last row
     assert int((idx == -1).sum()) == images.shape[0]
+
+
+@pytest.mark.usefixtures("no_grad")
+@pytest.mark.parametrize(
+    "model_kwargs",
+    [{"global_pool": "avg"}, {"global_pool": "max"}, {"global_pool": "avgmax"}, {"qk_norm": True, "init_values": 0.5}],
+    ids=["avg", "max", "avgmax", "qk_norm-layerscale"],
+)
+def test_block_and_pool_variants(model_kwargs: dict) -> None:
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=2, model_kwargs={"depth": 3, **model_kwargs})
+    images = get_images("deit_tiny")
+    none = PrunedViT(vit, PruneSpec())(images)
+    assert_close(none.logits, vit(images), rtol=1e-5, atol=1e-5, name="logits vs timm")
+    spec = PruneSpec("topk-l2", prune_at=(1, 2), keep=0.6)
+    packed, padded = PrunedViT(vit, spec)(images), padded_reference_forward(vit, spec, images)
+    assert_close(packed.logits, padded.logits, rtol=1e-5, atol=1e-5, name="logits")
+    assert torch.equal(packed.token_counts, padded.token_counts)
