@@ -176,6 +176,8 @@ def validate(
     """
     if sum([image_dir is not None, sample_images, random_n is not None]) > 1:
         raise CliError("give at most one of --images, --sample-images, --random")
+    if image_dir is not None and not Path(image_dir).is_dir():
+        raise CliError(f"image directory {str(image_dir)!r} does not exist")
     if random_n is not None and random_n <= 0:
         raise CliError(f"--random must be positive, got {random_n}")
     if atol <= 0 or batch_size <= 0:

@@ -1,0 +1,126 @@
+"""raggedvit CLI through subprocesses: success paths, exit codes, one-line errors, no partial output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "deit_tiny_patch16_224"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    e = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    e.pop("RAGGEDVIT_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "raggedvit.cli", *args], capture_output=True, text=True, env=e, cwd=ROOT, timeout=300
+    )
+
+
+def assert_error(res: subprocess.CompletedProcess, code: int, fragment: str) -> None:
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == code, res.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], res.stderr
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "m.onnx"
+    res = cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert f"wrote {out}" in res.stdout
+    return out
+
+
+def test_validate_pass_and_report(exported, tmp_path):
+    res = cli("validate", str(exported), "--sample-images", "--report", str(tmp_path / "rep"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("## raggedvit validation: PASS")
+    data = json.loads((tmp_path / "rep.json").read_text())
+    assert data["passed"] and data["summary"]["token_counts_agreement"] == 1.0
+    assert (tmp_path / "rep.md").read_text() == res.stdout
+
+
+def test_validate_numerical_failure_exits_1(exported):
+    res = cli("validate", str(exported), "--random", "2", "--atol", "1e-12", "--tie-eps", "0")
+    assert res.returncode == 1, res.stderr
+    assert "## raggedvit validation: FAIL" in res.stdout and "max_abs_logit" in res.stdout
+
+
+def test_info():
+    res = cli("info")
+    assert res.returncode == 0, res.stderr
+    for word in ("raggedvit", "torch", "triton", "timm", "onnxruntime", "ORT providers", "GPU", "op library"):
+        assert word in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["nosuchmodel"], "unknown timm model 'nosuchmodel'"),
+        (["resnet18"], "not a VisionTransformer"),
+        ([MODEL, "--keep", "1.5"], "keep must be in (0, 1]"),
+        ([MODEL, "--policy", "cls-mass", "--mass", "0"], "mass must be in (0, 1]"),
+        ([MODEL, "--prune-at", "12"], "out of range 1..11"),
+        ([MODEL, "--prune-at", "4,x"], "comma-separated block indices"),
+        ([MODEL, "--policy", "topk-l2", "--fuse"], "fuse is only defined for policy 'evit'"),
+        ([MODEL, "--policy", "bogus"], "Invalid value for '--policy'"),
+        ([MODEL, "--seed", "1", "--pretrained"], "at most one of --checkpoint, --pretrained, --seed"),
+        ([MODEL, "--checkpoint", "/nonexistent/w.pth"], "does not exist"),
+        ([MODEL, "--img-size", "200"], "not a multiple of the patch size"),
+    ],
+)
+def test_export_errors(tmp_path, args, fragment):
+    out = tmp_path / "o.onnx"
+    assert_error(cli("export", *args, "-o", str(out)), 2, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_corrupt_checkpoint(tmp_path):
+    ckpt = tmp_path / "w.pth"
+    ckpt.write_bytes(b"\x00garbage, not a torch file")
+    assert_error(cli("export", MODEL, "--checkpoint", str(ckpt), "-o", str(tmp_path / "o.onnx")), 2, "w.pth")
+    assert [p.name for p in tmp_path.iterdir()] == ["w.pth"]
+
+
+def test_export_unwritable_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_error(cli("export", MODEL, "-o", str(tmp_path / "missing" / "o.onnx")), 2, "does not exist")
+    assert_error(cli("export", MODEL, "-o", str(blocker / "o.onnx")), 2, "cannot write output")
+    assert_error(cli("export", MODEL, "-o", str(tmp_path)), 2, "")
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_validate_errors(exported, tmp_path):
+    assert_error(cli("validate", str(tmp_path / "none.onnx")), 2, "does not exist")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"garbage")
+    assert_error(cli("validate", str(bad)), 2, "not a readable ONNX model")
+    assert_error(cli("validate", str(exported), "--random", "2", "--sample-images"), 2, "at most one of")
+    assert_error(cli("validate", str(exported), "--images", str(tmp_path / "nodir")), 2, "does not exist")
+    assert_error(cli("validate", str(exported), "--report", str(tmp_path / "no" / "r")), 2, "cannot write report")
+    missing = {"RAGGEDVIT_ORT_LIBRARY": str(tmp_path / "libnone.so")}
+    assert_error(cli("validate", str(exported), env=missing), 2, "op library missing")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
+
+
+def test_validate_model_without_recipe(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    m = helper.make_model(g)
+    m.ir_version = 10
+    onnx.save(m, tmp_path / "plain.onnx")
+    assert_error(cli("validate", str(tmp_path / "plain.onnx")), 2, "not exported by raggedvit")
