@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AotJob", "AotResult", "compile_job", "kernel_configs", "make_jobs"]
+__all__ = ["AotJob", "AotResult", "compile_job", "kernel_configs", "make_plan"]
 
 KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
 KERNEL_SOURCE = KERNELS_DIR / "_kernel.py"
@@ -95,32 +95,42 @@ def _load_module(path: Path, name: str) -> Any:
     return module
 
 
-def kernel_configs() -> dict[tuple[str, int], dict[str, int]]:
-    """(dtype, BLOCK_D) -> launch config, from raggedvit/kernels/_config.py:aot_configs() when available."""
+def kernel_configs() -> list[dict[str, Any]]:
+    """Launch configs from raggedvit/kernels/_config.py:aot_configs() (the fallback dict when unavailable).
+
+    Each: dtype, block_d, min_tokens (used for T >= min_tokens; the largest such wins), block_m, block_n,
+    num_warps, num_stages, cls_block_n, cls_num_warps.
+    """
+    keys = ("block_d", "block_m", "block_n", "num_warps", "num_stages", "cls_block_n", "cls_num_warps")
     try:
         module = _load_module(CONFIG_SOURCE, "_raggedvit_aot_config")
-        configs = {(c.dtype, c.block_d): c for c in module.aot_configs(BLOCK_DS)}
-        keys = ("block_m", "block_n", "num_warps", "num_stages", "cls_block_n", "cls_num_warps")
-        return {k: {key: int(getattr(c, key)) for key in keys} for k, c in configs.items()}
+        return [
+            {"dtype": c.dtype, "min_tokens": int(getattr(c, "min_tokens", 0)), **{k: int(getattr(c, k)) for k in keys}}
+            for c in module.aot_configs(BLOCK_DS)
+        ]
     except (ImportError, AttributeError, FileNotFoundError) as exc:
         print(f"build: using the fallback kernel config ({exc})", file=sys.stderr)
-        return {(dt, bd): dict(FALLBACK_CONFIG) for dt in DTYPES for bd in BLOCK_DS}
+        return [
+            {"dtype": dt, "block_d": bd, "min_tokens": 0, **FALLBACK_CONFIG} for dt in DTYPES for bd in BLOCK_DS
+        ]
 
 
-def make_jobs(archs: tuple[int, ...]) -> list[AotJob]:
-    """Every kernel x dtype x cu dtype x BLOCK_D x arch."""
-    jobs = []
-    configs = kernel_configs()
+def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, int]]]:
+    """Unique compile jobs, and the kernel table rows (job, min_tokens): every kernel x config x cu dtype x arch.
+
+    Configs that differ only in min_tokens share a job (the cls kernel usually does).
+    """
+    rows: list[tuple[AotJob, int]] = []
     for arch in archs:
-        for dtype in DTYPES:
+        for c in kernel_configs():
             for cu in CU_DTYPES:
-                for bd in BLOCK_DS:
-                    c = configs[(dtype, bd)]
-                    jobs.append(
-                        AotJob("fwd", dtype, cu, bd, arch, c["block_m"], c["block_n"], c["num_warps"], c["num_stages"])
-                    )
-                    jobs.append(AotJob("cls", dtype, cu, bd, arch, 0, c["cls_block_n"], c["cls_num_warps"], 1))
-    return jobs
+                fwd = AotJob("fwd", c["dtype"], cu, c["block_d"], arch, c["block_m"], c["block_n"], c["num_warps"],
+                             c["num_stages"])
+                cls = AotJob("cls", c["dtype"], cu, c["block_d"], arch, 0, c["cls_block_n"], c["cls_num_warps"], 1)
+                rows += [(fwd, c["min_tokens"]), (cls, c["min_tokens"])]
+    rows = list(dict.fromkeys(rows))  # identical (job, min_tokens) rows once
+    jobs = list(dict.fromkeys(job for job, _ in rows))
+    return jobs, rows
 
 
 def cache_key(job: AotJob) -> str:

@@ -70,17 +70,24 @@ def _compile_one(job: _aot.AotJob, cache_dir: Path) -> tuple[_aot.AotResult, boo
     return _aot.compile_job(job, cache_dir)
 
 
-def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> list[_aot.AotResult]:
-    work = _aot.make_jobs(archs)
+def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> list[tuple[_aot.AotResult, int]]:
+    """Compiles (or loads from the cache) every kernel; returns the table rows (result, min_tokens)."""
+    work, rows = _aot.make_plan(archs)
     if not work:
         return []
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    # most expensive first (forward kernels, wide heads), so two workers finish together
+    order = sorted(work, key=lambda j: (j.kernel != "fwd", -j.block_d, j.dtype != "fp32"))
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
-        futures = [pool.submit(_compile_one, job, cache_dir) for job in work]
-        out = [f.result() for f in futures]
-    hits = sum(1 for _, cached in out if cached)
-    print(f"build: {len(out)} cubins ({hits} from cache) for sm_{', sm_'.join(map(str, archs))}", flush=True)
-    return [r for r, _ in out]
+        futures = {job: pool.submit(_compile_one, job, cache_dir) for job in order}
+        done = {job: f.result() for job, f in futures.items()}
+    hits = sum(1 for _, cached in done.values() if cached)
+    print(
+        f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, "
+        f"for sm_{', sm_'.join(map(str, archs))}",
+        flush=True,
+    )
+    return [(done[job][0], min_tokens) for job, min_tokens in rows]
 
 
 def _compile_object(src: Path, obj_dir: Path, flags: list[str]) -> tuple[Path, subprocess.Popen | None]:
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build: {exc}", file=sys.stderr)
         return 2
     print(f"build: ORT headers {ort_include} (API {_ort_headers.header_api_version(ort_include)})", flush=True)
-    results = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
+    rows = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
     t1 = time.perf_counter()
 
     import triton
@@ -140,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir = build_dir / "ort-gen" / hashlib.sha256(str(archs).encode()).hexdigest()[:8]
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
-    info = _codegen.build_info(results, _version(), triton.__version__)
+    info = _codegen.build_info(rows, _version(), triton.__version__)
     new_text = gen_dir / "cubins.cc.new"
-    _codegen.write_cubin_source(new_text, results, info)
+    _codegen.write_cubin_source(new_text, rows, info)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()
     else:

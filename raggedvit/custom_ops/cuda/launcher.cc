@@ -108,15 +108,21 @@ const char* DTypeName(DType t) {
   return t == DType::kFloat32 ? "fp32" : (t == DType::kFloat16 ? "fp16" : "bf16");
 }
 
-// Picks the image for the device arch: same major, highest minor <= the device's (SASS is not forward
-// compatible across majors). Returns -1 when none fits.
+// Picks the image for the device arch and T: same major and highest minor <= the device's (SASS is not
+// forward compatible across majors), then the config with the largest min_tokens <= T (the rule of
+// raggedvit/kernels/_config.py:pick_config). Returns -1 when none fits.
 long PickImage(KernelKind kind, const AttentionLaunch& a, int block_d, int arch) {
   long best = -1;
   for (size_t i = 0; i < kNumKernelImages; ++i) {
     const KernelImage& im = kKernelImages[i];
     if (im.kind != kind || im.dtype != a.dtype || im.index_type != a.index_type || im.block_d != block_d) continue;
-    if (im.arch / 10 != arch / 10 || im.arch > arch) continue;
-    if (best < 0 || im.arch > kKernelImages[best].arch) best = static_cast<long>(i);
+    if (im.arch / 10 != arch / 10 || im.arch > arch || im.min_tokens > a.T) continue;
+    if (best < 0) {
+      best = static_cast<long>(i);
+      continue;
+    }
+    const KernelImage& b = kKernelImages[best];
+    if (im.arch > b.arch || (im.arch == b.arch && im.min_tokens > b.min_tokens)) best = static_cast<long>(i);
   }
   return best;
 }

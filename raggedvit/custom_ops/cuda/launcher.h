@@ -19,6 +19,7 @@ struct KernelImage {
   IndexType index_type;
   int block_d;
   int arch;                    // 80, 86, 89, 90
+  int64_t min_tokens;          // config used for T >= min_tokens (the largest such wins), as pick_config
   const char* function_name;   // symbol inside the cubin
   const unsigned char* cubin;
   size_t cubin_size;
