@@ -128,8 +128,9 @@ def _ragged_attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
+    # the loop runs from 0: a lower bound computed by a reduction stops Triton's software pipelining
+    for off_n in range(0, hi - lo, BLOCK_N):
+        cols = lo + off_n + tl.arange(0, BLOCK_N)
         kv_mask = (cols < hi)[:, None] & d_ok[None, :]
         k_ptrs = QKV + cols.to(tl.int64)[:, None] * row_stride + (H * D + head_off) + offs_d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
