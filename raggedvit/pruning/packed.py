@@ -9,7 +9,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from raggedvit.pruning._model import check_supported, classify, embed_tokens, is_distilled
-from raggedvit.pruning.packed_block import packed_block_forward
+from raggedvit.pruning.packed_block import AttentionFn, packed_block_forward
 from raggedvit.pruning.select import pad_scores, select_tokens
 from raggedvit.pruning.spec import PruneSpec
 
@@ -99,15 +99,19 @@ class PrunedViT(nn.Module):
 
     forward(images [B, 3, S, S]) -> PrunedOutput. No host reads: data-dependent sizes come from nonzero, so the
     module is torch.export-able with a data-dependent token count.
+
+    `attention` replaces raggedvit's ragged attention op in every block by a callable with the signature and
+    semantics of `raggedvit.kernels.ragged_attention` (a benchmark peer, for instance); None keeps the op.
     """
 
-    def __init__(self, vit: VisionTransformer, spec: PruneSpec) -> None:
+    def __init__(self, vit: VisionTransformer, spec: PruneSpec, attention: AttentionFn | None = None) -> None:
         super().__init__()
         check_supported(vit)
         spec.check_model(depth=len(vit.blocks), has_class_token=vit.cls_token is not None)
         self.vit = vit.eval()
         self.spec = spec
         self.num_prefix = int(vit.num_prefix_tokens)
+        self.attention = attention
 
     def forward(self, images: torch.Tensor) -> PrunedOutput:
         return self.forward_packed(images)
@@ -141,7 +145,9 @@ class PrunedViT(nn.Module):
                 kept_index.append(state.token_index)
                 kept_cu.append(state.cu)
             need_cls = spec.needs_cls_attn and (bi + 1) in stages
-            out = packed_block_forward(blk, state.x, state.cu, max_seqlen=width, return_cls_attn=need_cls)
+            out = packed_block_forward(
+                blk, state.x, state.cu, max_seqlen=width, return_cls_attn=need_cls, attention=self.attention
+            )
             if need_cls:
                 x, cls_attn = out
             else:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from timm.models.vision_transformer import Block
 from torch import nn
 
 from raggedvit.kernels import ragged_attention
 
-__all__ = ["packed_block_forward"]
+__all__ = ["AttentionFn", "packed_block_forward"]
+
+# Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
+# (qkv [T, 3*H*D], cu_seqlens [B+1], num_heads, *, scale, max_seqlen, return_cls_attn)
+#   -> out [T, H*D] or (out, cls_attn [T] float32)
+AttentionFn = Callable[..., "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
 
 
 def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, heads: int, dim: int) -> torch.Tensor:
@@ -25,6 +32,7 @@ def packed_block_forward(
     *,
     max_seqlen: int,
     return_cls_attn: bool = False,
+    attention: AttentionFn | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """timm Block.forward on packed sequences.
 
@@ -35,6 +43,8 @@ def packed_block_forward(
         max_seqlen: static upper bound of the sequence lengths.
         return_cls_attn: also return cls_attn [T] float32 (attention each sequence's first row pays to each row,
             mean over heads).
+        attention: another implementation of `ragged_attention` (same signature and semantics), e.g. a
+            benchmark peer; None uses raggedvit's op.
 
     Returns:
         x' [T, C] (and cls_attn [T] float32).
@@ -46,7 +56,8 @@ def packed_block_forward(
     qkv = attn.qkv(h)
     if not (isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)):
         qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
-    res = ragged_attention(
+    attention_fn = ragged_attention if attention is None else attention
+    res = attention_fn(
         qkv.contiguous(),
         cu_seqlens,
         attn.num_heads,
