@@ -108,12 +108,15 @@ def call_time_us(fn: Callable[[], object], calls: int = 200, reps: int = 5) -> f
 
 
 # ---------------------------------------------------------------- implementations
-def peers(qkv: torch.Tensor, cu: torch.Tensor, lengths: list[int]) -> dict[str, Callable[[], object] | str]:
-    """impl name -> zero-arg callable, or the reason it is unavailable."""
+Peer = Callable[[], object] | tuple[Callable[[], object], str] | str
+
+
+def peers(qkv: torch.Tensor, cu: torch.Tensor, lengths: list[int]) -> dict[str, Peer]:
+    """impl name -> zero-arg callable, (callable, note), or the reason it is unavailable."""
     T = qkv.shape[0]
     B, Lmax = len(lengths), max(lengths)
     uniform = len(set(lengths)) == 1
-    impls: dict[str, Callable[[], object] | str] = {
+    impls: dict[str, Peer] = {
         "raggedvit": lambda: ragged_attention(qkv, cu, H),
         "raggedvit+cls": lambda: ragged_attention(qkv, cu, H, return_cls_attn=True),
     }
@@ -139,25 +142,40 @@ def peers(qkv: torch.Tensor, cu: torch.Tensor, lengths: list[int]) -> dict[str, 
 
     impls["varlen_fa"] = _varlen_peer(q, k, v, cu, Lmax)
 
-    try:
-        offsets = cu.to(torch.int64)
-        lo = min(lengths)
-
-        def nested() -> torch.Tensor:
-            nq, nk, nv = (
-                torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=lo, max_seqlen=Lmax).transpose(1, 2)
-                for t in (q, k, v)
-            )
-            return F.scaled_dot_product_attention(nq, nk, nv).transpose(1, 2).values()
-
-        nested()
-        impls["nested_sdpa"] = nested
-    except Exception as exc:  # noqa: BLE001
-        impls["nested_sdpa"] = f"unavailable: {exc!r}"[:200]
+    impls["nested_sdpa"] = _nested_peer(q, k, v, cu, lengths)
     return impls
 
 
-def _varlen_peer(q, k, v, cu, max_len) -> Callable[[], object] | str:
+def _nested_peer(q, k, v, cu, lengths) -> Callable[[], object] | tuple[Callable[[], object], str] | str:
+    """SDPA on jagged NestedTensors [B, j, H, D] -> [B, H, j, D] built from the packed rows in every call."""
+    offsets = cu.to(torch.int64)
+    lo, hi = min(lengths), max(lengths)
+
+    def make(tq, tk, tv) -> Callable[[], object]:
+        def nested() -> torch.Tensor:
+            nq, nk, nv = (
+                torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=lo, max_seqlen=hi).transpose(1, 2)
+                for t in (tq, tk, tv)
+            )
+            return F.scaled_dot_product_attention(nq, nk, nv).transpose(1, 2).values()
+
+        return nested
+
+    try:
+        fn = make(q, k, v)
+        fn()
+        return fn
+    except Exception as exc:  # noqa: BLE001 - retry with contiguous q/k/v made outside the timed call
+        first = f"{exc!r}"[:120]
+    try:
+        fn = make(q.contiguous(), k.contiguous(), v.contiguous())
+        fn()
+        return fn, f"q/k/v made contiguous outside the timed call (strided views failed: {first})"
+    except Exception as exc:  # noqa: BLE001
+        return f"unavailable: {exc!r}"[:200]
+
+
+def _varlen_peer(q, k, v, cu, max_len) -> Peer:
     reasons = []
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -252,8 +270,10 @@ def main() -> None:
             if isinstance(fn, str):
                 records.append({**base, "impl": name, "gpu_us": None, "call_us": None, "note": fn})
                 continue
+            fn, peer_note = fn if isinstance(fn, tuple) else (fn, "")
             try:
                 gpu_us, note = graph_time_us(fn)
+                note = "; ".join(n for n in (peer_note, note) if n)
                 call_us = call_time_us(fn, calls=calls, reps=3 if args.quick else 5)
             except Exception as exc:  # noqa: BLE001
                 gpu_us, call_us, note = None, None, f"failed: {exc!r}"[:200]

@@ -47,16 +47,18 @@ def block_d(D: int) -> int:
 
 
 def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
-    half = dtype != "fp32"
-    if bd <= 64:
-        bm, bn, warps, stages = (64, 64, 4, 3) if half else (64, 32, 4, 2)
+    # fp16/bf16: wgmma/mma tiles with cp.async multi-buffering; fp32 (ieee FMA dots): small tiles, no spills
+    if dtype == "fp32":
+        bm, bn, warps, stages = (32, 16, 4, 1) if bd == 256 else (32, 16 if bd == 128 else 32, 4, 2)
+    elif bd <= 64:
+        bm, bn, warps, stages = 64, 64, 4, 3
     elif bd == 128:
-        bm, bn, warps, stages = (64, 64, 4, 2) if half else (32, 32, 4, 2)
+        bm, bn, warps, stages = 64, 64, 4, 2
     else:  # 256
-        bm, bn, warps, stages = (64, 32, 8, 2) if half else (32, 16, 4, 1)
+        bm, bn, warps, stages = 64, 32, 8, 2
     if small:
         bm = min(bm, 32)
-    cls_bn = max(16, min(128, 8192 // bd))
+    cls_bn = max(16, min(128, 4096 // bd))
     return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT)
 
 

@@ -108,35 +108,44 @@ def _launch_triton(
     D = width // (3 * H)
     B = cu_seqlens.shape[0] - 1
     device = qkv.device
+    # pointers we did not allocate must be checked for the 16-byte alignment the fast path was compiled for
+    ptrs = qkv.data_ptr() | cu_seqlens.data_ptr()
     if out is None:
         out = torch.empty((T, H * D), dtype=qkv.dtype, device=device)
-    if not return_cls_attn:
-        cls_attn = _cached(device, 0)
-    elif cls_attn is None:
-        cls_attn = torch.empty((T,), dtype=torch.float32, device=device)
+    else:
+        ptrs |= out.data_ptr()
+    store = int(return_cls_attn)
+    if not store:
+        cls_attn, lse = _cached(device, 0), _cached(device, 1)
+    else:
+        # one allocation for cls_attn [T] and Lse [H, T] (Lse starts 16-byte aligned)
+        t_pad = -(-T // 4) * 4
+        buf = torch.empty((t_pad + H * T,), dtype=torch.float32, device=device)
+        lse = buf[t_pad:]
+        if cls_attn is None:
+            cls_attn = buf[:T]
+        else:
+            ptrs |= cls_attn.data_ptr()
     if T == 0:
         return out, cls_attn
     cfg = pick_config(T, D, qkv.dtype) if config is None else config
     bits = scale_bits(scale)
-    store = int(return_cls_attn)
-    lse = torch.empty((H, T), dtype=torch.float32, device=device) if store else _cached(device, 1)
     grid_m = -(-T // cfg.block_m)
     fwd_args = (qkv, cu_seqlens, out, lse, T, B, H, D, bits, store, cfg.block_m, cfg.block_n, cfg.block_d)
     cls_args = (qkv, cu_seqlens, lse, cls_attn, T, B, H, D, bits, cfg.cls_block_n, cfg.block_d)
     grid_c = -(-T // cfg.cls_block_n)
 
     key = None
-    if kernels is None and _FAST_ENABLED and qkv.is_cuda:
-        ptrs = qkv.data_ptr() | cu_seqlens.data_ptr() | out.data_ptr() | lse.data_ptr() | cls_attn.data_ptr()
-        if ptrs & 15 == 0:  # kernels compiled on 16-byte aligned pointers
-            key = (device.index, qkv.dtype, cu_seqlens.dtype, H, D, store, cfg)
-            fast = _FAST.get(key)
-            if fast is not None:
-                stream = torch._C._cuda_getCurrentRawStream(device.index)
-                fast[0].launch((grid_m, H, 1), stream, fwd_args)
-                if store:
-                    fast[1].launch((grid_c, 1, 1), stream, cls_args)
-                return out, cls_attn
+    if kernels is None and config is None and _FAST_ENABLED and qkv.is_cuda and ptrs & 15 == 0:
+        # built-in configs are immortal singletons, so their id() is a stable key
+        key = (device.index, qkv.dtype, cu_seqlens.dtype, H, D, store, id(cfg))
+        fast = _FAST.get(key)
+        if fast is not None:
+            stream = torch._C._cuda_getCurrentRawStream(device.index)
+            fast[0].launch((grid_m, H, 1), stream, fwd_args)
+            if store:
+                fast[1].launch((grid_c, 1, 1), stream, cls_args)
+            return out, cls_attn
     k = _default_kernels() if kernels is None else kernels
     ck_fwd = k._ragged_attn_fwd[(grid_m, H)](
         *fwd_args[:10], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
@@ -170,5 +179,7 @@ class _Compiled:
 
     def launch(self, grid: tuple[int, int, int], stream: int, args: tuple) -> None:
         rt = _knobs.runtime
-        md = self.kernel.launch_metadata(grid, stream, *args)
-        self.run(*grid, stream, self.function, self.packed, md, rt.launch_enter_hook, rt.launch_exit_hook, *args)
+        enter = rt.launch_enter_hook
+        # launch metadata only feeds the hooks; an empty HookChain (Triton >= 3.7) or None needs none
+        md = self.kernel.launch_metadata(grid, stream, *args) if getattr(enter, "calls", enter) else None
+        self.run(*grid, stream, self.function, self.packed, md, enter, rt.launch_exit_hook, *args)
