@@ -102,14 +102,21 @@ OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* raw) noexcept {
   return GuardStatus([&]() -> OrtStatusPtr {
     Ort::ShapeInferContext ctx(&Ort::GetApi(), raw);
     if (ctx.GetInputCount() < 1) return nullptr;
+    // out has qkv's element type: qkv is declared UNDEFINED, and SetOutputShape's type defaults to float.
+    OrtTensorTypeAndShapeInfo* raw_info = nullptr;
+    Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(raw, 0, &raw_info));
+    ONNXTensorElementDataType qkv_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // raw_info is owned by ORT
+    Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(raw_info, &qkv_type));
     const auto& qkv = ctx.GetInputShape(0);
     if (qkv.size() != 2) return nullptr;
     Ort::ShapeInferContext::Shape out{qkv[0]};
     if (qkv[1].IsInt() && qkv[1].AsInt() > 0 && qkv[1].AsInt() % 3 == 0) {
       out.emplace_back(qkv[1].AsInt() / 3);
-      Ort::Status st = ctx.SetOutputShape(0, out);
-      if (!st.IsOK()) return st.release();
+    } else {
+      out.emplace_back(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1}));
     }
+    Ort::Status st = ctx.SetOutputShape(0, out, qkv_type);
+    if (!st.IsOK()) return st.release();
     // cls_attn [T]: left to the graph (output 1 is optional and may be absent from the node).
     return nullptr;
   });

@@ -223,7 +223,7 @@ int BlockDFor(int64_t D) {
 
 std::string CheckSupported(const AttentionLaunch& a) {
   const int block_d = BlockDFor(a.D);
-  if (a.D % 16 != 0 || block_d == 0 || a.D < block_d / 2) {
+  if (a.D % 16 != 0 || a.D < 32 || block_d == 0) {  // BLOCK_D = next power of two >= D, in the table
     return "head dim D = " + std::to_string(a.D) +
            " is not supported by the CUDA kernels (AOT build ships D % 16 == 0, 32 <= D <= 128)";
   }

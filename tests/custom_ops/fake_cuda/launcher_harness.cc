@@ -1,0 +1,61 @@
+// Drives cuda/launcher.cc against fake_libcuda.c with a small hand-written kernel table.
+// stdin: one scenario per line: dtype(0 fp32,1 fp16,2 bf16) index(0 i32,1 i64) T B H D cls stream_dev
+//        device_ordinal misalign scale        (stream_dev -1 = null stream)
+// stdout: "OK" or "ERR <message>" per line.
+#include <cstdint>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "launcher.h"
+
+namespace raggedvit::cuda {
+namespace {
+#define IMG(kind, dt, it, bd, arch, min_t, name, shared, bm, bn, np)                                               \
+  {KernelKind::kind, DType::dt, IndexType::it, bd, arch, min_t, name,                                               \
+   reinterpret_cast<const unsigned char*>(#kind "/" #dt "/" #it "/d" #bd "/sm" #arch "/min" #min_t), 8, shared, 4, \
+   bm, bn, np}
+}  // namespace
+
+const KernelImage kKernelImages[] = {
+    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 12),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 12),
+    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 12),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 12),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 12),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
+    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 12),
+    IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 11),
+    IMG(kForward, kBFloat16, kInt32, 32, 90, 0, "_ragged_attn_fwd", 8192, 64, 64, 10),  // wrong param count
+    IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
+};
+const size_t kNumKernelImages = sizeof(kKernelImages) / sizeof(kKernelImages[0]);
+const char* const kBuildInfoJson = "{}";
+}  // namespace raggedvit::cuda
+
+int main() {
+  using namespace raggedvit::cuda;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    std::istringstream in(line);
+    int dtype, index, cls, stream_dev, misalign;
+    AttentionLaunch a;
+    in >> dtype >> index >> a.T >> a.B >> a.H >> a.D >> cls >> stream_dev >> a.device_ordinal >> misalign >> a.scale;
+    a.dtype = static_cast<DType>(dtype);
+    a.index_type = static_cast<IndexType>(index);
+    a.qkv = reinterpret_cast<const void*>(uintptr_t{0xa00000} + misalign);
+    a.cu = reinterpret_cast<const void*>(uintptr_t{0xb00000});
+    a.out = reinterpret_cast<void*>(uintptr_t{0xc00000});
+    if (cls) {
+      a.lse = reinterpret_cast<void*>(uintptr_t{0xd00000});
+      a.cls_attn = reinterpret_cast<void*>(uintptr_t{0xe00000});
+    }
+    a.stream = stream_dev < 0 ? nullptr : reinterpret_cast<void*>(uintptr_t{0x5000} + stream_dev);
+    std::string err = LaunchRaggedAttention(a);
+    std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
+  }
+  return 0;
+}

@@ -1,0 +1,193 @@
+"""cuda/launcher.cc against a fake libcuda.so.1 (no GPU): image choice, launch parameters, context handling,
+module cache, error statuses. The fake logs every driver call; the harness has a hand-written kernel table."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+import triton
+
+HERE = Path(__file__).resolve().parent
+CUDA_SRC = HERE.parents[1] / "raggedvit" / "custom_ops" / "cuda"
+CUDA_H = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None, reason="needs gcc")
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fake_cuda")
+    (d / "lib").mkdir()
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-o",
+            str(d / "lib" / "libcuda.so.1"),
+            str(HERE / "fake_cuda" / "fake_libcuda.c"),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            f"-I{CUDA_H}",
+            f"-I{CUDA_SRC}",
+            str(HERE / "fake_cuda" / "launcher_harness.cc"),
+            str(CUDA_SRC / "launcher.cc"),
+            "-ldl",
+            "-o",
+            str(d / "harness"),
+        ],
+        check=True,
+    )
+    return d
+
+
+def run(harness: Path, tmp_path: Path, scenarios: list[str], *, fake: bool = True, **env: str):
+    """Runs the scenarios in one process; returns (result lines, fake driver log lines)."""
+    log = tmp_path / "driver.log"
+    log.unlink(missing_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    full_env.update(env, FAKE_CUDA_LOG=str(log))
+    if fake:
+        full_env["LD_LIBRARY_PATH"] = str(harness / "lib")
+    proc = subprocess.run(
+        [str(harness / "harness")],
+        input="\n".join(scenarios) + "\n",
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.splitlines(), (log.read_text().splitlines() if log.exists() else [])
+
+
+def scenario(*, dtype=1, index=0, T=100, B=3, H=12, D=64, cls=1, stream=0, device=0, misalign=0, scale=0.125):
+    return f"{dtype} {index} {T} {B} {H} {D} {cls} {stream} {device} {misalign} {scale}"
+
+
+def launches(log: list[str]) -> list[dict[str, str]]:
+    out = []
+    for line in log:
+        if line.startswith("launch "):
+            parts = line.split()
+            out.append({"name": parts[1], "image": parts[2], **dict(p.split("=", 1) for p in parts[3:])})
+    return out
+
+
+def test_launch_parameters_match_the_kernel_signatures(harness, tmp_path):
+    res, log = run(harness, tmp_path, [scenario(T=100, B=3, H=12, D=64, scale=0.125)])
+    assert res == ["OK"]
+    fwd, cls = launches(log)
+    bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
+    assert fwd["name"] == "_ragged_attn_fwd" and fwd["image"].endswith("/sm90/min0")
+    assert fwd["grid"] == "4,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"  # cdiv(100, 32), H
+    # QKV, CU, Out, Lse, T, B, H, D, scale_bits, store_lse, global_scratch, profile_scratch
+    assert fwd["args"] == f"a00000,b00000,c00000,d00000,100,3,12,64,{bits},1,0,0"
+    assert cls["name"] == "_ragged_cls_attn" and cls["grid"] == "1,1,1"  # cdiv(100, 128)
+    # QKV, CU, Lse, ClsAttn, T, B, H, D, scale_bits, global_scratch, profile_scratch
+    assert cls["args"] == f"a00000,b00000,d00000,e00000,100,3,12,64,{bits},0,0"
+    assert fwd["stream"] == cls["stream"] == "5000" and fwd["ctx"] == "0"
+
+
+def test_config_follows_T_and_large_shared_memory_is_opted_in_once(harness, tmp_path):
+    res, log = run(harness, tmp_path, [scenario(T=2047, cls=0), scenario(T=2048, cls=0), scenario(T=9000, cls=0)])
+    assert res == ["OK"] * 3
+    images = [x["image"] for x in launches(log)]
+    assert images == [
+        i.replace("X", m) for i, m in zip(["kForward/kFloat16/kInt32/d64/sm90/minX"] * 3, ["0", "2048", "2048"])
+    ]
+    assert launches(log)[1]["grid"] == "32,12,1"  # cdiv(2048, 64)
+    assert [x for x in log if x.startswith("setattr")] == [
+        "setattr kForward/kFloat16/kInt32/d64/sm90/min2048 attr=8 value=60000"
+    ]
+    assert len([x for x in log if x.startswith("load")]) == 2  # one module per image and context
+
+
+@pytest.mark.parametrize(("arch", "expect"), [(80, "sm80"), (86, "sm86"), (87, "sm86"), (89, "sm86"), (90, "sm90")])
+def test_cubin_choice_by_compute_capability(harness, tmp_path, arch, expect):
+    res, log = run(harness, tmp_path, [scenario()], FAKE_CUDA_ARCH=str(arch))
+    assert res == ["OK"]
+    assert all(f"/{expect}/" in x["image"] for x in launches(log))
+
+
+@pytest.mark.parametrize("arch", [70, 100, 120])
+def test_no_cubin_for_other_majors(harness, tmp_path, arch):
+    res, log = run(harness, tmp_path, [scenario()], FAKE_CUDA_ARCH=str(arch))
+    assert res[0].startswith(f"ERR no cubin for sm_{arch} fp16/int32 BLOCK_D=64") and "sm_80, sm_86, sm_90" in res[0]
+    assert not launches(log)
+
+
+def test_null_stream_uses_the_primary_context_and_restores_it(harness, tmp_path):
+    res, log = run(
+        harness, tmp_path, [scenario(stream=-1, device=1), scenario(stream=-1, device=1)], FAKE_CUDA_DEVICES="2"
+    )
+    assert res == ["OK", "OK"]
+    assert log.count("retain 1") == 1
+    assert log.count("push 1") == log.count("pop 1") == 2
+    assert all(x["ctx"] == "1" and x["stream"] == "0" for x in launches(log))
+
+
+def test_stream_of_another_device(harness, tmp_path):
+    res, log = run(harness, tmp_path, [scenario(stream=1, device=1)], FAKE_CUDA_DEVICES="2")
+    assert res == ["OK"] and all(x["ctx"] == "1" for x in launches(log))
+
+
+def test_empty_grid_launches_nothing(harness, tmp_path):
+    res, log = run(harness, tmp_path, [scenario(T=0, B=0), scenario(T=0, B=4, D=40)])
+    assert res == ["OK", "OK"] and log == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "env", "message"),
+    [
+        ({"D": 40}, {}, "ERR head dim D = 40 is not supported by the CUDA kernels"),
+        ({"D": 16}, {}, "ERR head dim D = 16 is not supported"),
+        ({"D": 256}, {}, "ERR head dim D = 256 is not supported"),
+        ({"misalign": 8}, {}, "ERR device buffer 'qkv' is not 16-byte aligned"),
+        ({"T": 3_000_000, "H": 12, "D": 64}, {}, "exceed the int32 indexing"),
+        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 10 parameters, launcher passes 12"),
+        (
+            {},
+            {"FAKE_CUDA_LAUNCH_ERR": "700"},
+            "ERR cuLaunchKernel(_ragged_attn_fwd) failed: CUDA_ERROR_ILLEGAL_ADDRESS",
+        ),
+        ({}, {"FAKE_CUDA_LOAD_ERR": "209"}, "ERR cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU (209)"),
+        ({"dtype": 0, "index": 1, "D": 128, "T": 10}, {"FAKE_CUDA_SMEM_OPTIN": "49152"}, None),
+        ({"T": 5000}, {"FAKE_CUDA_SMEM_OPTIN": "49152"}, "needs 60000 bytes of shared memory; the device allows 49152"),
+        ({"stream": -1, "device": 3}, {}, "ERR cuDeviceGet failed: CUDA_ERROR_UNKNOWN (101)"),
+    ],
+)
+def test_errors_are_returned_as_text(harness, tmp_path, kw, env, message):
+    res, log = run(harness, tmp_path, [scenario(**kw)], **env)
+    if message is None:  # fp32 D=128 needs 53248 > 49152 bytes
+        assert res[0] == "ERR _ragged_attn_fwd needs 53248 bytes of shared memory; the device allows 49152"
+    else:
+        assert message in res[0], res[0]
+
+
+def _real_libcuda() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_real_libcuda(), reason="a real libcuda.so.1 is installed")
+def test_without_libcuda(harness, tmp_path):
+    res, _ = run(harness, tmp_path, [scenario()], fake=False)
+    assert res[0].startswith("ERR cannot load libcuda.so.1")
