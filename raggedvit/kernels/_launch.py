@@ -12,6 +12,7 @@ import importlib.util
 import os
 import struct
 import sys
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -142,10 +143,14 @@ def _launch_triton(
         fast = _FAST.get(key)
         if fast is not None:
             stream = torch._C._cuda_getCurrentRawStream(device.index)
-            fast[0].launch((grid_m, H, 1), stream, fwd_args)
-            if store:
-                fast[1].launch((grid_c, 1, 1), stream, cls_args)
-            return out, cls_attn
+            try:
+                fast[0].launch((grid_m, H, 1), stream, fwd_args)
+                if store:
+                    fast[1].launch((grid_c, 1, 1), stream, cls_args)
+                return out, cls_attn
+            except (TypeError, ValueError, AttributeError) as exc:  # launcher convention differs: stop using it
+                _disable_fast_launch(exc)
+                key = None
     k = _default_kernels() if kernels is None else kernels
     ck_fwd = k._ragged_attn_fwd[(grid_m, H)](
         *fwd_args[:10], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
@@ -159,6 +164,13 @@ def _launch_triton(
     if key is not None and _Compiled.usable(ck_fwd) and (not store or _Compiled.usable(ck_cls)):
         _FAST[key] = (_Compiled(ck_fwd), _Compiled(ck_cls) if store else None)
     return out, cls_attn
+
+
+def _disable_fast_launch(exc: Exception) -> None:
+    global _FAST_ENABLED
+    _FAST_ENABLED = False
+    _FAST.clear()
+    warnings.warn(f"raggedvit: cached Triton launch failed ({exc!r}); using JITFunction launches", stacklevel=3)
 
 
 class _Compiled:
