@@ -1,4 +1,4 @@
-"""raggedvit command line: export | validate | info (thin click commands over the library).
+"""raggedvit command line: export | validate | bench | info (thin click commands over the library).
 
 Exit codes: 0 success / validation passed, 1 validation failed numerically, 2 usage or input error
 (one line "error: ..." on stderr, no partial output file), 3 unexpected internal error
@@ -290,7 +290,41 @@ def info() -> None:
         click.echo(f"  {key:<16} {', '.join(map(str, value)) or '-' if isinstance(value, list) else value}")
 
 
-# `raggedvit bench` is registered here by the benchmarks owner (main.add_command(...)).
+@main.command()
+@click.argument("onnx_file", metavar="MODEL.onnx", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="ONNX Runtime execution provider.")
+@click.option("--batch", "batches", default="1,4,32", help="Comma-separated batch sizes.")
+@click.option("--seconds", type=float, default=0.5, help="Timed seconds per batch size (median reported).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Output.")
+def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path: Path | None) -> None:
+    """Images per second of an exported model in ONNX Runtime (sample photos, io binding on CUDA)."""
+    import json
+
+    if not onnx_file.is_file():
+        raise CliError(f"no such file: {onnx_file}")
+    try:
+        sizes = tuple(int(b) for b in batches.split(","))
+        if not sizes or min(sizes) < 1:
+            raise ValueError
+    except ValueError:
+        raise CliError(f"--batch must be comma-separated positive integers, got {batches!r}") from None
+    if json_path is not None:
+        _check_writable(json_path, "--json")
+    from raggedvit.bench import bench_onnx
+
+    try:
+        results = bench_onnx(onnx_file, device=device, batches=sizes, seconds=seconds)
+    except KeyError as e:
+        raise CliError(f"{onnx_file}: {e.args[0]}") from None
+    click.echo(f"{'batch':>5} {'latency ms':>11} {'img/s':>9}  mean kept tokens per stage")
+    for r in results:
+        click.echo(f"{r.batch:>5} {r.latency_ms:>11.3f} {r.img_per_s:>9.1f}  {[round(t, 1) for t in r.mean_tokens]}")
+    if json_path is not None:
+        payload = {"model": str(onnx_file), "device": device, "results": [r.as_dict() for r in results]}
+        tmp = json_path.with_name(json_path.name + ".tmp")
+        tmp.write_text(json.dumps(payload, indent=2))
+        os.replace(tmp, json_path)
+
 
 if __name__ == "__main__":
     main()

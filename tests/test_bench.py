@@ -1,0 +1,51 @@
+"""raggedvit.bench / `raggedvit bench` on the CPU EP with a small pruned export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from raggedvit.bench import bench_onnx
+from raggedvit.exporter import export_onnx
+from raggedvit.pruning import PruneSpec
+from raggedvit.weights import load_vit
+
+
+@pytest.fixture(scope="module")
+def small_export(tmp_path_factory):
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": 4})
+    spec = PruneSpec.from_strings("topk-l2", prune_at="2", keep=0.5)
+    path = tmp_path_factory.mktemp("bench") / "tiny.onnx"
+    return export_onnx(vit, spec, path, recipe={"model": "deit_tiny_patch16_224"})
+
+
+def test_bench_onnx_reports_every_batch(small_export):
+    results = bench_onnx(small_export, device="cpu", batches=(1, 3), seconds=0.05, warmup=1)
+    assert [r.batch for r in results] == [1, 3]
+    for r in results:
+        assert r.latency_ms > 0 and r.img_per_s == pytest.approx(r.batch / (r.latency_ms / 1e3))
+        assert r.runs >= 5
+        # one stage keeping ceil(0.5 * 196) = 98 patch tokens + the class token
+        assert r.mean_tokens == [99.0]
+
+
+def test_cli_bench_writes_json(small_export, tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--batch", "2", "--seconds", "0.05",
+           "--json", str(out)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" and data["results"][0]["batch"] == 2
+    assert "img/s" in res.stdout
+
+
+def test_cli_bench_rejects_bad_batch(small_export, tmp_path):
+    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--batch", "0,x"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("error: --batch must be")
+    assert len(res.stderr.strip().splitlines()) == 1
