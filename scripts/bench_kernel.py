@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raggedvit.kernels import ragged_attention, ragged_attention_reference  # noqa: E402
-from raggedvit.kernels._config import KernelConfig, pick_config  # noqa: E402
+from raggedvit.kernels._config import SMALL_T_LIMIT, KernelConfig, pick_config  # noqa: E402
 from raggedvit.kernels._launch import _launch_triton  # noqa: E402
 from raggedvit.testing import assert_close  # noqa: E402
 
@@ -217,7 +217,7 @@ def tune() -> list[dict]:
     results = []
     base = pick_config(1, D, DTYPE)
     scale = D**-0.5
-    for B, L, kind in [(128, 197, "uniform"), (32, 99, "ragged"), (4, 197, "uniform"), (128, 40, "uniform")]:
+    for B, L, kind in [(128, 197, "uniform"), (32, 99, "ragged"), (128, 40, "uniform"), (1, 197, "uniform")]:
         qkv, cu, _ = make_inputs(B, L, kind)
         rows = []
         for bm in (32, 64, 128):
@@ -231,10 +231,13 @@ def tune() -> list[dict]:
                         except Exception as exc:  # noqa: BLE001 - out of resources etc.
                             print(f"tune B={B} L={L} {cfg}: {exc!r}"[:200])
                             continue
-                        rows.append({"B": B, "L": L, "lengths": kind, "config": cfg.as_dict(), "gpu_us": us})
+                        rows.append(
+                            {"B": B, "L": L, "lengths": kind, "T": qkv.shape[0], "config": cfg.as_dict(), "gpu_us": us}
+                        )
         rows.sort(key=lambda r: r["gpu_us"])
         best = rows[0]
-        print(f"tune B={B} L={L} {kind}: best {best['gpu_us']:.1f} us with {best['config']}")
+        regime = "small-T" if qkv.shape[0] < SMALL_T_LIMIT else "large-T"
+        print(f"tune B={B} L={L} {kind} ({regime} config): best {best['gpu_us']:.1f} us with {best['config']}")
         results += rows[:8]
     return results
 
@@ -271,6 +274,9 @@ def main() -> None:
                 records.append({**base, "impl": name, "gpu_us": None, "call_us": None, "note": fn})
                 continue
             fn, peer_note = fn if isinstance(fn, tuple) else (fn, "")
+            if name.startswith("raggedvit"):
+                cfg = pick_config(T, D, DTYPE)
+                peer_note = f"BLOCK_M={cfg.block_m} BLOCK_N={cfg.block_n} warps={cfg.num_warps} stages={cfg.num_stages}"
             try:
                 gpu_us, note = graph_time_us(fn)
                 note = "; ".join(n for n in (peer_note, note) if n)
@@ -287,7 +293,7 @@ def main() -> None:
         "dtype": "float16",
         "H": H,
         "D": D,
-        "config": pick_config(1, D, DTYPE).as_dict(),
+        "configs": [pick_config(t, D, DTYPE).as_dict() for t in (1, SMALL_T_LIMIT)],
         "seconds": round(time.time() - t_start, 1),
     }
     out_dir = Path(args.out)
