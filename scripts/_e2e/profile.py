@@ -1,0 +1,147 @@
+"""Where the time goes in one ORT model: ORT's own profile (per op type and per graph section) and, on CUDA,
+a torch.profiler (CUPTI) trace of the GPU kernels the session launches."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["kernel_summary", "section_of", "summarize_ort_profile"]
+
+_BLOCK = re.compile(r"^blocks[./](\d+)[./]?(.*)$")
+_BLOCK_PARTS = (("attn.qkv", "qkv"), ("attn.proj", "proj"), ("attn", "attention"), ("mlp", "mlp"), ("norm", "norm"))
+_TOP = (
+    ("stage", "prune_stage"),
+    ("head", "head"),
+    ("norm", "head"),
+    ("token_counts", "head"),
+    ("concat", "head"),
+    ("cast", "head"),
+)
+
+
+def section_of(node_name: str) -> str:
+    """Graph section of a raggedvit export node name ('n_<hint>'): 'n_blocks.3.attn' -> 'attention' (the ragged
+    op), 'n_blocks.3.attn.qkv' -> 'qkv', 'n_blocks.3.mlp.fc1.gelu' -> 'mlp', 'n_stage0.topk' -> 'prune_stage',
+    'n_patch_embed.proj' -> 'embed', 'n_head.mm' -> 'head'; names ORT made up in its fusions -> 'other'."""
+    name = node_name[2:] if node_name.startswith("n_") else node_name.lstrip("/")
+    m = _BLOCK.match(name)
+    if m:
+        rest = m.group(2)
+        for prefix, section in _BLOCK_PARTS:
+            if rest.startswith(prefix):
+                return section
+        return "residual" if rest.startswith("res") else "block_other"
+    for prefix, section in _TOP:
+        if name.startswith(prefix):
+            return section
+    if node_name.startswith("n_"):
+        return "embed"  # images cast, patch_embed, cls token, pos embed, packing (the graph's first nodes)
+    return "other"
+
+
+def summarize_ort_profile(path: str | Path, *, skip_runs: int, top: int = 25) -> dict[str, Any]:
+    """Per-run node time of an ORT profile (the runs after the first `skip_runs` model_run events).
+
+    Node times are host-side durations of each kernel's Compute: exact on the CPU EP; on the CUDA EP kernels
+    launch asynchronously, so a node's time is its launch cost unless it synchronizes (see kernel_summary).
+    """
+    events = json.loads(Path(path).read_text())
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[skip_runs:]
+    if not runs:
+        return {"runs": 0, "error": "no timed model_run events in the profile"}
+    windows = [(r["ts"], r["ts"] + r["dur"]) for r in runs]
+    by_op: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    by_section: dict[str, float] = defaultdict(float)
+    node_total = 0.0
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        if not any(lo <= e["ts"] <= hi for lo, hi in windows):
+            continue
+        args = e.get("args", {})
+        key = (args.get("op_name", "?"), args.get("provider", "?").replace("ExecutionProvider", ""))
+        by_op[key][0] += e["dur"]
+        by_op[key][1] += 1
+        by_section[section_of(e["name"][: -len("_kernel_time")])] += e["dur"]
+        node_total += e["dur"]
+    n = len(runs)
+    ops = [
+        {
+            "op_type": op,
+            "provider": prov,
+            "us_per_run": round(total / n, 1),
+            "calls_per_run": round(calls / n, 1),
+            "share": round(total / node_total, 4) if node_total else None,
+        }
+        for (op, prov), (total, calls) in sorted(by_op.items(), key=lambda kv: -kv[1][0])
+    ]
+    return {
+        "runs": n,
+        "model_run_ms": round(statistics.median(r["dur"] for r in runs) / 1e3, 4),
+        "node_ms_per_run": round(node_total / n / 1e3, 4),
+        "ops": ops[:top],
+        "sections_us_per_run": {k: round(v / n, 1) for k, v in sorted(by_section.items(), key=lambda kv: -kv[1])},
+        "note": "host-side node durations (CUDA EP kernels are asynchronous: launch cost unless they sync)",
+    }
+
+
+def kernel_summary(run: Callable[[], None], *, runs: int = 10, top: int = 20) -> dict[str, Any]:
+    """GPU kernel time per kernel name over `runs` calls of `run` (torch.profiler with CUPTI sees ORT's kernels
+    too); kernels grouped into coarse categories."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            run()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "self_device_time_total", None)
+        if us is None:
+            us = getattr(ev, "self_cuda_time_total", 0.0)
+        if us and us > 0:
+            rows.append((ev.key, float(us), int(ev.count)))
+    rows.sort(key=lambda r: -r[1])
+    total = sum(r[1] for r in rows)
+    cats: dict[str, float] = defaultdict(float)
+    for name, us, _ in rows:
+        cats[_kernel_category(name)] += us
+    return {
+        "runs": runs,
+        "gpu_ms_per_run": round(total / runs / 1e3, 4),
+        "categories_us_per_run": {k: round(v / runs, 1) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+        "kernels": [
+            {"kernel": name[:120], "us_per_run": round(us / runs, 1), "calls_per_run": round(c / runs, 1)}
+            for name, us, c in rows[:top]
+        ],
+    }
+
+
+_CATEGORIES = (
+    ("ragged_attention", ("ragged",)),
+    ("attention_other", ("fmha", "flash", "attention", "softmax")),
+    ("gemm", ("gemm", "cutlass", "sm90", "sm80", "xmma", "cublas", "matmul", "ampere", "hopper")),
+    ("layernorm", ("layernorm", "layer_norm", "skiplayernorm")),
+    ("gelu", ("gelu",)),
+    ("conv", ("conv", "im2col", "implicit")),
+    ("topk_sort", ("topk", "sort", "radix", "scan", "cub")),
+    ("copy_cast", ("copy", "cast", "transpose", "memcpy", "memset", "concat", "slice", "gather", "scatter")),
+    ("elementwise", ("elementwise", "binary", "unary", "reduce", "add", "mul", "where")),
+)
+
+
+def _kernel_category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in _CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"

@@ -1,0 +1,337 @@
+"""One model at one resolution: every variant x batch, each wrapped so a failure becomes a record, not a crash."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from _e2e import onnx_baselines, ort_run
+from _e2e.cases import BASELINES, CUDA_ONLY, BenchConfig, ModelCase, parse_policy
+from _e2e.profile import kernel_summary, summarize_ort_profile
+from _e2e.timing import device_sync, measure
+from _e2e.variants import Step, export_ragged, ort_step, torch_model_fn, torch_step
+from _e2e.varlen import VarlenAttention, pick_varlen_core
+from raggedvit.images import preprocess, sample_images
+from raggedvit.pruning import PrunedViT
+from raggedvit.weights import load_vit
+
+__all__ = ["CaseRunner", "log"]
+
+T = TypeVar("T")
+_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+_SETUP_RESERVE_S = 2.0  # do not start a setup step (export, session) with less time left
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _short_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".replace("\n", " ")[:600]
+
+
+def tile(images: torch.Tensor, batch: int) -> torch.Tensor:
+    """[n, 3, S, S] -> [batch, 3, S, S] by repeating the n images in order."""
+    reps = -(-batch // images.shape[0])
+    return images.repeat(reps, 1, 1, 1)[:batch].contiguous()
+
+
+class CaseRunner:
+    """Runs every selected variant of one ModelCase; emit(record) receives each record, flush() persists them."""
+
+    def __init__(
+        self,
+        case: ModelCase,
+        cfg: BenchConfig,
+        *,
+        deadline: float,
+        emit: Callable[[dict[str, Any]], None],
+        flush: Callable[[], None],
+        profiles: list[dict[str, Any]],
+        exports: list[dict[str, Any]],
+    ) -> None:
+        self.case, self.cfg, self.deadline = case, cfg, deadline
+        self.emit, self.flush, self.profiles, self.exports = emit, flush, profiles, exports
+        self.device = torch.device(cfg.device)
+        self.dtype = _DTYPES[cfg.dtype]
+        self.sync = device_sync(cfg.device)
+        self.work = Path(tempfile.mkdtemp(prefix=f"e2e_{case.key}_"))
+
+    # ------------------------------------------------------------------ records
+    def _record(self, variant: str, policy: str, batch: int, status: str, **fields: Any) -> None:
+        rec = {
+            "model": self.case.model,
+            "img_size": self.case.img_size,
+            "timm_name": self.case.timm_name,
+            "policy": policy,
+            "variant": variant,
+            "batch": batch,
+            "latency_ms": None,
+            "img_per_s": None,
+            "mean_tokens": None,
+            "top1_agree": None,
+            "top1_ref": None,
+            "runs": None,
+            "status": status,
+            "note": "",
+            "error": None,
+        }
+        rec.update(fields)
+        self.emit(rec)
+        shown = f"{rec['img_per_s']:.1f} img/s ({rec['latency_ms']:.3f} ms)" if status == "ok" else status
+        extra = f" tokens={rec['mean_tokens']}" if rec["mean_tokens"] else ""
+        agree = f" top1={rec['top1_agree']:.2f}" if rec["top1_agree"] is not None else ""
+        err = f" {rec['error'] or rec['note']}"[:200] if status != "ok" else ""
+        log(f"{self.case.key} {policy} {variant} B={batch}: {shown}{agree}{extra}{err}")
+
+    def _time_left(self) -> float:
+        return self.deadline - time.time()
+
+    def _skip_all(self, variants: list[str], policy: str, why: str, status: str = "skipped") -> None:
+        for v in variants:
+            for b in self.cfg.batches:
+                self._record(v, policy, b, status, note=why if status == "skipped" else "", error=why)
+
+    def _setup(self, what: str, variants: list[str], policy: str, fn: Callable[[], T]) -> T | None:
+        """Run a setup step (export, session); on failure or lack of time record every (variant, batch) and
+        return None."""
+        if self._time_left() < _SETUP_RESERVE_S:
+            self._skip_all(variants, policy, f"time budget exhausted before {what}")
+            return None
+        t0 = time.time()
+        try:
+            out = fn()
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            traceback.print_exc()
+            self._skip_all(variants, policy, f"{what} failed: {_short_error(exc)}", status="error")
+            self._free()
+            return None
+        log(f"{self.case.key} {policy}: {what} ({time.time() - t0:.1f} s)")
+        return out
+
+    # ------------------------------------------------------------------ one measurement
+    def _bench(self, variant: str, policy: str, batch: int, make: Callable[[], Step], ref: dict, note: str = ""):
+        ref_top1 = ref.get(batch)
+        if self._time_left() < self.cfg.warmup_s + self.cfg.target_s + 0.2:
+            self._record(variant, policy, batch, "skipped", note="time budget exhausted")
+            return
+        try:
+            run, results = make()
+            t = measure(run, self.sync, target_s=self.cfg.target_s, warmup_s=self.cfg.warmup_s)
+            logits, counts = results()
+            top1 = logits.float().argmax(-1).cpu()
+            agree = float((top1 == ref_top1).float().mean()) if ref_top1 is not None else None
+            tokens = [round(v, 2) for v in counts.float().mean(0).tolist()] if counts is not None else None
+            self._record(
+                variant,
+                policy,
+                batch,
+                "ok",
+                latency_ms=round(t.median_ms, 4),
+                img_per_s=round(batch / (t.median_ms / 1e3), 2),
+                p10_ms=round(t.p10_ms, 4),
+                p90_ms=round(t.p90_ms, 4),
+                runs=t.runs,
+                mean_tokens=tokens,
+                top1_agree=agree,
+                top1_ref=ref.get("name") if ref_top1 is not None else None,
+                note=note,
+            )
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            traceback.print_exc()
+            self._record(variant, policy, batch, "error", error=_short_error(exc), note=note)
+            self._free()
+
+    def _free(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ the case
+    def run(self) -> None:
+        try:
+            with torch.inference_mode():
+                self._run()
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
+            self._free()
+
+    def _run(self) -> None:
+        cfg = self.cfg
+        sel = set(cfg.variants)
+        loaded = self._setup("load model", list(cfg.variants), "*", self._load)
+        if loaded is None:
+            return
+        vit, vit_dev, x32, xt = loaded
+        ref_eager = {"name": "timm_eager_fp16", **self._top1({b: (lambda x=x: vit_dev(x)) for b, x in xt.items()})}
+
+        if "timm_eager_fp16" in sel:
+            for b in cfg.batches:
+                self._bench("timm_eager_fp16", "none", b, lambda b=b: torch_step(vit_dev, xt[b]), {})
+        self.flush()
+        ort_base = [v for v in BASELINES[1:] if v in sel]
+        if ort_base:
+            fp32 = self._setup("fp32 ONNX export", ort_base, "none", lambda: self._export_base(vit))
+            if fp32 is not None:
+                for variant in ort_base:
+                    self._ort_baseline(variant, fp32, x32, ref_eager)
+                    self.flush()
+
+        for text in cfg.policies:
+            self._policy(text, vit, vit_dev, x32, xt)
+            self.flush()
+
+    def _load(self):
+        cfg, case = self.cfg, self.case
+        vit, _ = load_vit(case.timm_name, seed=0, img_size=case.img_size_arg, model_kwargs=cfg.model_kwargs or None)
+        base = preprocess(sample_images(), vit)  # [n, 3, S, S] float32
+        self.heads, self.hidden = int(vit.blocks[0].attn.num_heads), int(vit.embed_dim)
+        vit_dev = copy.deepcopy(vit).to(self.device, self.dtype).eval()
+        x32 = {b: tile(base, b).to(self.device) for b in cfg.batches}
+        xt = {b: x.to(self.dtype) for b, x in x32.items()}
+        return vit, vit_dev, x32, xt
+
+    def _top1(self, fns: dict[int, Callable[[], Any]]) -> dict[int, torch.Tensor]:
+        out = {}
+        for b, fn in fns.items():
+            try:
+                res = fn()
+                logits = res.logits if hasattr(res, "logits") else res
+                out[b] = logits.float().argmax(-1).cpu()
+            except Exception as exc:  # noqa: BLE001 - agreement is then not recorded
+                log(f"{self.case.key}: reference forward at B={b} failed: {_short_error(exc)}")
+        return out
+
+    def _export_base(self, vit) -> Path:
+        return onnx_baselines.export_fp32(vit, self.work / "base_fp32.onnx")
+
+    def _ort_baseline(self, variant: str, fp32: Path, x32: dict, ref: dict) -> None:
+        info: dict[str, Any] = {}
+
+        def build():
+            if variant == "ort_fp16":
+                path = onnx_baselines.plain_fp16(fp32, self.work / "base_fp16.onnx")
+            else:
+                path, stats = onnx_baselines.optimized_fp16(
+                    fp32, self.work / "base_opt_fp16.onnx", num_heads=self.heads, hidden_size=self.hidden
+                )
+                info.update(stats)
+            return ort_run.baseline_session(path, self.cfg.device)
+
+        sess = self._setup(f"{variant} build + session", [variant], "none", build)
+        if sess is None:
+            return
+        note = f"providers={sess.get_providers()}"
+        if info:
+            note += f"; fused={info.get('fused')}"
+            self.exports.append({"case": self.case.key, "variant": variant, **info})
+        for b in self.cfg.batches:
+            self._bench(variant, "none", b, lambda b=b, s=sess: ort_step(s, x32[b]), ref, note)
+        del sess
+        self._free()
+
+    def _policy(self, text: str, vit, vit_dev, x32: dict, xt: dict) -> None:
+        cfg = self.cfg
+        sel = [v for v in cfg.variants if v not in BASELINES]
+        if not sel:
+            return
+        try:
+            spec = parse_policy(text)
+            spec.check_model(depth=len(vit.blocks), has_class_token=vit.cls_token is not None)
+        except ValueError as exc:
+            self._skip_all(sel, text, f"bad policy: {exc}", status="error")
+            return
+        ref_model = PrunedViT(vit_dev, spec).eval()
+        ref = {"name": "torch_raggedvit", **self._top1({b: (lambda x=x: ref_model(x)) for b, x in xt.items()})}
+        for variant in ("torch_raggedvit", "torch_padded_sdpa"):
+            if variant in sel:
+                fn = torch_model_fn(variant, vit_dev, spec)
+                for b in cfg.batches:
+                    self._bench(variant, text, b, lambda b=b, fn=fn: torch_step(fn, xt[b]), ref)
+        if "torch_varlen" in sel:
+            self._varlen(spec, text, vit_dev, xt, ref)
+        if "ort_raggedvit" in sel:
+            self._ort_ragged(spec, text, vit, x32, ref)
+
+    def _varlen(self, spec, text: str, vit_dev, xt: dict, ref: dict) -> None:
+        if self.device.type != "cuda" and "torch_varlen" in CUDA_ONLY:
+            self._skip_all(["torch_varlen"], text, "needs CUDA (flash varlen attention has no CPU kernel)")
+            return
+        probe = lambda: pick_varlen_core(self.device, self.dtype)  # noqa: E731
+        picked = self._setup("varlen core probe", ["torch_varlen"], text, probe)
+        if picked is None:
+            return
+        core, note = picked
+        fn = torch_model_fn("torch_varlen", vit_dev, spec, attention=VarlenAttention(core))
+        note = f"core={note}; max_seqlen = static tokens per image (no host sync)"
+        for b in self.cfg.batches:
+            self._bench("torch_varlen", text, b, lambda b=b: torch_step(fn, xt[b]), ref, note)
+
+    def _ort_ragged(self, spec, text: str, vit, x32: dict, ref: dict) -> None:
+        recipe = {"model": self.case.timm_name, "benchmark": "bench_e2e"}
+        path = self.work / f"ragged_{spec.policy}.onnx"
+        made = self._setup(
+            "raggedvit export + session",
+            ["ort_raggedvit"],
+            text,
+            lambda: ort_run.ragged_session(
+                export_ragged(vit, spec, path, dtype=self.cfg.dtype, recipe=recipe), self.cfg.device
+            ),
+        )
+        if made is None:
+            return
+        sess = made
+        note = f"providers={sess.get_providers()}"
+        for b in self.cfg.batches:
+            self._bench("ort_raggedvit", text, b, lambda b=b, s=sess: ort_step(s, x32[b]), ref, note)
+        del sess
+        self._free()
+        if self._is_profile_case(spec):
+            self._profile(path, text, x32)
+
+    def _is_profile_case(self, spec) -> bool:
+        pc = self.cfg.profile_case
+        first_topk = next((p for p in self.cfg.policies if p.startswith("topk-l2")), None)
+        return (
+            pc is not None
+            and (self.case.model, self.case.img_size) == tuple(pc)
+            and spec.policy == "topk-l2"
+            and first_topk is not None
+            and parse_policy(first_topk) == spec
+        )
+
+    def _profile(self, path: Path, text: str, x32: dict) -> None:
+        for b in self.cfg.profile_batches:
+            if self._time_left() < 5.0:
+                self.profiles.append({"case": self.case.key, "policy": text, "batch": b, "error": "time budget"})
+                continue
+            entry: dict[str, Any] = {"case": self.case.key, "policy": text, "variant": "ort_raggedvit", "batch": b}
+            try:
+                images = x32[b] if b in x32 else tile(x32[max(x32)], b)
+                prefix = str(self.work / f"ort_profile_b{b}")
+                sess = ort_run.ragged_session(path, self.cfg.device, profile_prefix=prefix)
+                run, _ = ort_step(sess, images)
+                warm, timed = 3, 10
+                for _ in range(warm + timed):
+                    self.sync()
+                    run()
+                self.sync()
+                entry["ort"] = summarize_ort_profile(sess.end_profiling(), skip_runs=warm)
+                if self.device.type == "cuda":
+                    entry["gpu_kernels"] = kernel_summary(run, runs=timed)
+                del sess
+            except Exception as exc:  # noqa: BLE001 - recorded
+                traceback.print_exc()
+                entry["error"] = _short_error(exc)
+            self.profiles.append(entry)
+            log(f"{self.case.key} profile B={b}: {'error ' + entry['error'] if 'error' in entry else 'done'}")
+        self._free()

@@ -1,0 +1,74 @@
+"""Latency of a zero-argument callable: warm-up, then the median of N synchronized runs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Timing", "device_sync", "measure"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    runs: int
+    warmup_runs: int
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """A function that waits for all queued work of `device` ("cuda": torch.cuda.synchronize, "cpu": no-op)."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def measure(
+    fn: Callable[[], object],
+    sync: Callable[[], None],
+    *,
+    target_s: float = 0.4,
+    warmup_s: float = 0.2,
+    min_warmup: int = 3,
+    min_runs: int = 5,
+    max_runs: int = 1000,
+) -> Timing:
+    """Warm up (>= min_warmup runs and >= warmup_s seconds), then time N runs, each between two `sync()` calls.
+
+    N = target_s / (latency of the last warm-up run), clamped to [min_runs, max_runs]; a run slower than
+    target_s / 3 gets only 3 timed runs so one slow case cannot eat the budget. Host wall time per run
+    (perf_counter), so launch overhead counts as it does for a user.
+    """
+    start = time.perf_counter()
+    warm, last = 0, 0.0
+    while warm < min_warmup or time.perf_counter() - start < warmup_s:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        last = time.perf_counter() - t0
+        warm += 1
+    runs = max(min_runs, min(max_runs, math.ceil(target_s / max(last, 1e-6))))
+    if last > target_s / 3:
+        runs = 3
+    times = []
+    for _ in range(runs):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return Timing(
+        median_ms=statistics.median(times),
+        p10_ms=times[int(0.1 * (len(times) - 1))],
+        p90_ms=times[int(0.9 * (len(times) - 1))],
+        runs=runs,
+        warmup_runs=warm,
+    )
