@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+os.environ.pop("TRITON_INTERPRET", None)  # the AOT build compiles real kernels, whatever the caller's setting
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
@@ -98,7 +99,7 @@ def _compile_object(src: Path, obj_dir: Path, flags: list[str]) -> tuple[Path, s
     obj = obj_dir / f"{src.stem}-{h.hexdigest()[:16]}.o"
     if obj.exists():
         return obj, None
-    tmp = obj.with_suffix(".tmp.o")
+    tmp = obj.with_suffix(f".tmp{os.getpid()}.o")
     return obj, subprocess.Popen(["g++", *flags, "-c", str(src), "-o", str(tmp)])
 
 
@@ -111,8 +112,8 @@ def compile_library(output: Path, generated: Path, ort_include: Path, cuda_inclu
         if proc is not None:
             if proc.wait() != 0:
                 raise SystemExit(f"build: g++ failed for {obj.name}")
-            obj.with_suffix(".tmp.o").replace(obj)
-    tmp = output.with_name(output.name + ".tmp")
+            obj.with_suffix(f".tmp{os.getpid()}.o").replace(obj)
+    tmp = output.with_name(f"{output.name}.tmp{os.getpid()}")
     cmd = ["g++", "-shared", "-Wl,--no-undefined", "-o", str(tmp), *(str(o) for o, _ in started), *LIBS]
     subprocess.run(cmd, check=True)
     tmp.replace(output)
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
     info = _codegen.build_info(rows, _version(), triton.__version__)
-    new_text = gen_dir / "cubins.cc.new"
+    new_text = gen_dir / f"cubins.cc.new{os.getpid()}"
     _codegen.write_cubin_source(new_text, rows, info)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from _ort_models import DTYPES, attention_model, chained_model, random_batch
+from onnx import TensorProto, helper
 
 from raggedvit.kernels.reference import ragged_attention_reference
 from raggedvit.runtime import create_session, run_with_iobinding
@@ -102,6 +103,37 @@ def test_empty_batch_and_empty_sequences(ort_library):
     out, cls = reference(qkv, cu, H)
     assert_close(got["out"], out.float(), name="out")
     assert_close(got["cls_attn"], cls.float(), name="cls_attn")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("width", [96, "W"])
+def test_output_type_and_shape_inference(ort_library, dtype, width):
+    """out's inferred type is qkv's (ORT checks it against the declared type of y = Identity(out))."""
+    elem = DTYPES[dtype]
+    node = helper.make_node("RaggedAttention", ["qkv", "cu"], ["out"], domain="com.raggedvit", num_heads=4)
+    ident = helper.make_node("Identity", ["out"], ["y"])
+    out_width = 32 if width == 96 else None
+    graph = helper.make_graph(
+        [node, ident],
+        "g",
+        [
+            helper.make_tensor_value_info("qkv", elem, ["T", width]),
+            helper.make_tensor_value_info("cu", TensorProto.INT64, ["B1"]),
+        ],
+        [helper.make_tensor_value_info("y", elem, ["T", out_width])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    )
+    model.ir_version = 10
+    sess = create_session(model.SerializeToString(), "cpu")
+    qkv = torch.randn(6, 96).to(dtype)
+    (y,) = run_with_iobinding(sess, {"qkv": qkv, "cu": torch.tensor([0, 6])}, output_device="cpu")
+    assert (
+        y.shape() == [6, 32]
+        and y.data_type()
+        == f"tensor({ {torch.float32: 'float', torch.float16: 'float16', torch.bfloat16: 'bfloat16'}[dtype] })"
+    )
 
 
 def test_output_shape_inference(ort_library):
