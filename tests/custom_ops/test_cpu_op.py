@@ -129,11 +129,8 @@ def test_output_type_and_shape_inference(ort_library, dtype, width):
     sess = create_session(model.SerializeToString(), "cpu")
     qkv = torch.randn(6, 96).to(dtype)
     (y,) = run_with_iobinding(sess, {"qkv": qkv, "cu": torch.tensor([0, 6])}, output_device="cpu")
-    assert (
-        y.shape() == [6, 32]
-        and y.data_type()
-        == f"tensor({ {torch.float32: 'float', torch.float16: 'float16', torch.bfloat16: 'bfloat16'}[dtype] })"
-    )
+    names = {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+    assert y.shape() == [6, 32] and y.data_type() == f"tensor({names[dtype]})"
 
 
 def test_output_shape_inference(ort_library):
