@@ -62,12 +62,18 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--max-t", type=int, default=700)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz")
+    ap.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: smoke-test this script on the CPU EP, where invalid cu_seqlens must raise",
+    )
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     sessions: dict[tuple, object] = {}
-    counts = {"valid": 0, "invalid": 0, "empty": 0, "checked": 0}
+    counts = {"valid": 0, "invalid": 0, "rejected": 0, "empty": 0, "checked": 0}
     failures: list[dict] = []
     t0 = time.time()
     for call in range(args.calls):
@@ -79,7 +85,7 @@ def main() -> int:
         key = (dtype, cu_dtype, H, with_cls)
         if key not in sessions:
             model = attention_model(dtype, cu_dtype, H, cls_attn=with_cls)
-            sessions[key] = create_session(model, "cuda", disable_cpu_fallback=True)
+            sessions[key] = create_session(model, args.device, disable_cpu_fallback=args.device == "cuda")
         qkv = torch.randn(T, 3 * H * D, generator=gen).to(dtype)
         cu_t = torch.tensor(cu, dtype=cu_dtype)
         case = {
@@ -93,15 +99,23 @@ def main() -> int:
             "cu": cu if len(cu) < 16 else cu[:16] + ["..."],
             "bad": bad,
         }
-        out = torch.full((T, H * D), float("nan"), dtype=dtype, device="cuda")
+        out = torch.full((T, H * D), float("nan"), dtype=dtype, device=args.device)
         bound = {"out": out}
         if with_cls:
-            bound["cls_attn"] = torch.full((T,), float("nan"), device="cuda")
+            bound["cls_attn"] = torch.full((T,), float("nan"), device=args.device)
         try:
-            run_with_iobinding(sessions[key], {"qkv": qkv.cuda(), "cu_seqlens": cu_t.cuda()}, bound)
-            torch.cuda.synchronize()
+            inputs = {"qkv": qkv.to(args.device), "cu_seqlens": cu_t.to(args.device)}
+            run_with_iobinding(sessions[key], inputs, bound)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001  (every failure is recorded)
-            failures.append({**case, "error": str(exc)[:500]})
+            if args.device == "cpu" and bad is not None and "RaggedAttention: input 'cu_seqlens'" in str(exc):
+                counts["rejected"] += 1  # the CPU op validates cu_seqlens values
+            else:
+                failures.append({**case, "error": str(exc)[:500]})
+            continue
+        if bad is not None and args.device == "cpu":
+            failures.append({**case, "error": "the CPU op accepted invalid cu_seqlens"})
             continue
         counts["invalid" if bad else "valid"] += 1
         counts["empty"] += T == 0
@@ -125,8 +139,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fuzz.json").write_text(json.dumps(summary, indent=1))
     print(
-        f"fuzz: {args.calls} CUDA-EP calls (seed {seed}): {counts['valid']} valid ({counts['checked']} checked vs "
-        f"reference), {counts['invalid']} invalid cu_seqlens, {counts['empty']} empty; {len(failures)} failures; "
+        f"fuzz: {args.calls} {args.device.upper()}-EP calls (seed {seed}): {counts['valid']} valid "
+        f"({counts['checked']} checked vs reference), {counts['invalid']} invalid cu_seqlens run, "
+        f"{counts['rejected']} rejected, {counts['empty']} empty; {len(failures)} failures; "
         f"{summary['seconds']} s"
     )
     for f in failures[:5]:
