@@ -32,6 +32,7 @@ from raggedvit.testing import rel_error  # noqa: E402
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CU_DTYPES = (torch.int32, torch.int64)
 HEAD_DIMS = (32, 64, 80, 128)
+HEADS = (1, 3, 12)  # few values: one session per (dtype, cu dtype, H, cls) keeps sanitized runs short
 TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}
 BAD_KINDS = ("decreasing", "above_T", "negative", "last_not_T")
 
@@ -78,7 +79,7 @@ def main() -> int:
     t0 = time.time()
     for call in range(args.calls):
         dtype, cu_dtype = rng.choice(DTYPES), rng.choice(CU_DTYPES)
-        H, D, with_cls = rng.randint(1, 12), rng.choice(HEAD_DIMS), rng.random() < 0.5
+        H, D, with_cls = rng.choice(HEADS), rng.choice(HEAD_DIMS), rng.random() < 0.5
         T = 0 if rng.random() < 0.03 else rng.randint(1, args.max_t)
         bad = rng.choice(BAD_KINDS) if rng.random() < 0.4 else None
         cu = invalid_cu(rng, T, bad) if bad else valid_cu(rng, T)

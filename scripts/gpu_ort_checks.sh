@@ -4,6 +4,7 @@
 # carried over:
 #
 #     OUT=/some/dir bash scripts/gpu_ort_checks.sh [FUZZ_CALLS]
+#     STEPS="memcheck" OUT=... bash scripts/gpu_ort_checks.sh    # a subset of: tests fuzz memcheck
 #
 # 1. gpu-marked tests of tests/custom_ops and tests/test_runtime.py (CUDA EP vs reference, no CPU fallback)
 # 2. fuzz: FUZZ_CALLS (default 1000) CUDA-EP calls with valid and invalid cu_seqlens
@@ -13,6 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_ort_checks}
 CALLS=${1:-1000}
+STEPS=${STEPS:-tests fuzz memcheck}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 declare -A STATUS
@@ -24,15 +26,25 @@ echo "== environment" | tee "$OUT/env.txt"
   python3 -c "import json; from raggedvit.custom_ops import library_info as i; d = i(); d['build'].pop('configs'); print(json.dumps(d))"
 } 2>&1 | tee -a "$OUT/env.txt"
 
+for k in gpu_tests fuzz memcheck; do STATUS[$k]="skipped (STEPS)"; done
+
+if [[ " $STEPS " == *" tests "* ]]; then
 echo "== 1. gpu tests"
 python3 -m pytest -q -m gpu -p no:cacheprovider tests/custom_ops tests/test_runtime.py \
   --junitxml="$OUT/pytest_gpu.xml" 2>&1 | tee "$OUT/pytest_gpu.log"
-STATUS[gpu_tests]=$([ "${PIPESTATUS[0]}" -eq 0 ] && echo PASS || echo FAIL)
+rc=${PIPESTATUS[0]}
+line=$(tail -1 "$OUT/pytest_gpu.log")
+if [ "$rc" -eq 0 ] && echo "$line" | grep -q " passed"; then STATUS[gpu_tests]="PASS ($line)"
+else STATUS[gpu_tests]="FAIL (rc=$rc: $line)"; fi
+fi
 
+if [[ " $STEPS " == *" fuzz "* ]]; then
 echo "== 2. fuzz ($CALLS calls)"
 python3 scripts/fuzz_ort_cuda.py --calls "$CALLS" --out "$OUT/fuzz" 2>&1 | tee "$OUT/fuzz.log"
 STATUS[fuzz]=$([ "${PIPESTATUS[0]}" -eq 0 ] && echo PASS || echo FAIL)
+fi
 
+if [[ " $STEPS " == *" memcheck "* ]]; then
 echo "== 3. compute-sanitizer memcheck over the fuzz ($CALLS calls)"
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}
 if [ -z "$SAN" ]; then
@@ -59,6 +71,7 @@ else
   else
     STATUS[memcheck]="FAIL (rc=$rc; ${summary:-see memcheck.log})"
   fi
+fi
 fi
 
 echo
