@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from _e2e.cases import BASELINES, PRUNED, VARIANTS, BenchConfig, resolve_case  # noqa: E402
+from _e2e.cases import BASELINES, PRUNED, VARIANTS, BenchConfig, parse_policy, resolve_case  # noqa: E402
 from _e2e.report import compact_table, plot, speedups, write_json  # noqa: E402
 
 _REPORT_RESERVE_S = 8.0  # kept back from the budget for the JSON, PNG and table
@@ -47,11 +47,8 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         cfg.target_s, cfg.warmup_s = 0.05, 0.02
         cfg.profile_case, cfg.profile_batches = ("deit_tiny", 224), (1, 2)
     if args.quick:
-        cfg.models, cfg.sizes, cfg.batches = (
-            ((cfg.models[0],) if args.device == "cpu" else ("deit_small",)),
-            (224,),
-            ((1, 2) if args.device == "cpu" else (1, 32)),
-        )
+        cfg.models, cfg.sizes = cfg.models[:1] if args.device == "cpu" else ("deit_small",), (224,)
+        cfg.batches = (1, 2) if args.device == "cpu" else (1, 32)
         cfg.target_s, cfg.warmup_s = min(cfg.target_s, 0.15), min(cfg.warmup_s, 0.1)
         cfg.profile_case = (cfg.models[0], 224)
     if args.models:
@@ -69,8 +66,16 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         cfg.variants = _csv(args.variants)
     if args.target_s is not None:
         cfg.target_s = args.target_s
+    if args.smoke:
+        cfg.target_s, cfg.warmup_s, cfg.min_warmup, cfg.min_runs = 0.0, 0.0, 1, 1
+        cfg.profile_batches = cfg.profile_batches[:1]
     if args.depth is not None:
         cfg.model_kwargs = {"depth": args.depth}
+    for text in cfg.policies:
+        try:
+            parse_policy(text)
+        except ValueError as exc:
+            sys.exit(f"bad --policies entry {text!r}: {exc}")
     if cfg.profile_case is not None and tuple(cfg.profile_case) not in {(m, s) for m in cfg.models for s in cfg.sizes}:
         cfg.profile_case = (cfg.models[-1], cfg.sizes[0])  # deit_base 224 when present, else a case that runs
     return cfg
@@ -227,8 +232,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="deit_small 224 only, batches 1 and 32, shorter timings")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds before remaining cases are skipped (400)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: debug run (deit_tiny, fp32)")
-    ap.add_argument("--target-s", type=float, help="seconds of timed runs per measurement (0.4; cpu 0.05)")
+    ap.add_argument("--target-s", type=float, help="seconds of timed runs per measurement (0.3; cpu 0.05)")
     ap.add_argument("--depth", type=int, help="debug: cut every model to this many blocks")
+    ap.add_argument("--smoke", action="store_true", help="debug: 1 warm-up + 1 timed run (timings meaningless)")
     ap.add_argument("--no-isolate", action="store_true", help="run every case in this process (no worker processes)")
     ap.add_argument("--worker-config", help=argparse.SUPPRESS)
     ap.add_argument("--worker-case", help=argparse.SUPPRESS)
@@ -266,7 +272,13 @@ def main() -> None:
     write_json(json_path, results)
     for model in cfg.models:
         for size in cfg.sizes:
-            if args.no_isolate:
+            if deadline - time.time() < 15.0:
+                why = "time budget exhausted before this case started"
+                sink = {"records": [], "profiles": [], "exports": []}
+                sink["records"] += [
+                    {**_missing(model, size, *k, why), "status": "skipped"} for k in expected(cfg, model, size)
+                ]
+            elif args.no_isolate:
                 sink = {"records": [], "profiles": [], "exports": [], "done": False}
                 try:
                     run_case(cfg, model, size, deadline, None, sink)

@@ -80,8 +80,10 @@ class BenchConfig:
     batches: tuple[int, ...] = (1, 4, 32, 128)
     policies: tuple[str, ...] = DEFAULT_POLICIES
     variants: tuple[str, ...] = VARIANTS
-    target_s: float = 0.4
+    target_s: float = 0.3
     warmup_s: float = 0.2
+    min_warmup: int = 3
+    min_runs: int = 5
     time_budget_s: float = 400.0
     profile_case: tuple[str, int] | None = ("deit_base", 224)
     profile_batches: tuple[int, ...] = (1, 32)

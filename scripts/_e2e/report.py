@@ -95,16 +95,20 @@ def compact_table(records: list[dict[str, Any]], policies: list[str], ratios: li
             row += f"{xb:>7.2f}" if xb is not None else f"{'-':>7}"
             row += f"{xp:>6.2f}" if xp is not None else f"{'-':>6}"
         lines.append(row)
+    top_b = max((r["batch"] for r in records), default=0)
     for i, pol in enumerate(policies):
         tokens = sorted(
             {
                 (r["model"], r["img_size"], tuple(r["mean_tokens"]))
                 for r in records
-                if r["policy"] == pol and r["variant"] == "torch_raggedvit" and r.get("mean_tokens") and r["batch"] == 1
+                if r["policy"] == pol
+                and r["variant"] == "torch_raggedvit"
+                and r.get("mean_tokens")
+                and r["batch"] == top_b
             }
         )
         shown = "; ".join(f"{m} {s}: {list(t)}" for m, s, t in tokens)
-        lines.append(f"P{i} = {pol}  tokens/image after each stage (B=1): {shown or '-'}")
+        lines.append(f"P{i} = {pol}  mean tokens/image after each stage (B={top_b}): {shown or '-'}")
     bad = [r for r in records if r.get("status") != "ok"]
     if bad:
         counts: dict[str, int] = defaultdict(int)

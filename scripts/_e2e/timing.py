@@ -42,7 +42,7 @@ def measure(
     """Warm up (>= min_warmup runs and >= warmup_s seconds), then time N runs, each between two `sync()` calls.
 
     N = target_s / (latency of the last warm-up run), clamped to [min_runs, max_runs]; a run slower than
-    target_s / 3 gets only 3 timed runs so one slow case cannot eat the budget. Host wall time per run
+    target_s / 3 gets at most 3 timed runs so one slow case cannot eat the budget. Host wall time per run
     (perf_counter), so launch overhead counts as it does for a user.
     """
     start = time.perf_counter()
@@ -56,7 +56,7 @@ def measure(
         warm += 1
     runs = max(min_runs, min(max_runs, math.ceil(target_s / max(last, 1e-6))))
     if last > target_s / 3:
-        runs = 3
+        runs = min(runs, 3)
     times = []
     for _ in range(runs):
         sync()

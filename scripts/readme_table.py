@@ -1,0 +1,96 @@
+"""Markdown tables for the README from a bench_e2e.py results JSON.
+
+    python scripts/readme_table.py benchmarks/results/e2e_bench_<date>_<gpu>.json > table.md
+
+One table per model x image size: rows = variants (pruned ones per policy, with the mean tokens per image
+after each stage at the largest batch), columns = batch sizes, cells = images/s ("err" / "skip" when the run
+recorded no timing); then the speedups of ort_raggedvit over the best unpruned variant and over
+torch_padded_sdpa.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from _e2e.cases import BASELINES, PRUNED  # noqa: E402
+from _e2e.report import speedups  # noqa: E402
+
+
+def _cell(rec: dict[str, Any] | None) -> str:
+    if rec is None:
+        return ""
+    if rec.get("status") != "ok":
+        return "err" if rec.get("status") == "error" else "skip"
+    v = rec["img_per_s"]
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _tokens(records: list[dict[str, Any]], model: str, size: int, policy: str) -> str:
+    for variant in ("torch_raggedvit", "ort_raggedvit", "torch_padded_sdpa"):
+        for r in sorted(records, key=lambda r: -r["batch"]):  # the largest batch: mean over most images
+            if (r["model"], r["img_size"], r["policy"], r["variant"]) == (model, size, policy, variant):
+                if r.get("mean_tokens"):
+                    return " → ".join(f"{t:g}" for t in r["mean_tokens"])
+    return ""
+
+
+def markdown(results: dict[str, Any]) -> str:
+    records = results["records"]
+    policies = list(results.get("config", {}).get("policies") or dict.fromkeys(r["policy"] for r in records))
+    policies = [p for p in policies if p != "none"]
+    ratios = results.get("speedups") or speedups(records, policies)
+    index = {(r["model"], r["img_size"], r["policy"], r["variant"], r["batch"]): r for r in records}
+    rat = {(r["model"], r["img_size"], r["batch"], r["policy"]): r for r in ratios}
+    lines = [
+        f"End-to-end images/s on {results.get('gpu')} (driver {results.get('driver')}), "
+        f"torch {results.get('torch')}, triton {results.get('triton')}, onnxruntime {results.get('onnxruntime')}, "
+        f"timm {results.get('timm')}; {results.get('date')}; dtype {results.get('config', {}).get('dtype')}.",
+        "",
+    ]
+    for model, size in sorted({(r["model"], r["img_size"]) for r in records}):
+        batches = sorted({r["batch"] for r in records if (r["model"], r["img_size"]) == (model, size)})
+        lines += [f"**{model} {size}px**", ""]
+        lines.append(
+            "| variant | policy | mean tokens/image after each stage | " + " | ".join(f"B={b}" for b in batches) + " |"
+        )
+        lines.append("|---|---|---|" + "---:|" * len(batches))
+        rows = [(v, "none") for v in BASELINES] + [(v, p) for p in policies for v in PRUNED]
+        for variant, pol in rows:
+            cells = [_cell(index.get((model, size, pol, variant, b))) for b in batches]
+            if not any(cells):
+                continue
+            tokens = _tokens(records, model, size, pol) if pol != "none" else ""
+            lines.append(f"| {variant} | {pol} | {tokens} | " + " | ".join(cells) + " |")
+        for pol in policies:
+            for key, label in (("speedup_vs_best_unpruned", "best unpruned"), ("speedup_vs_padded", "padded SDPA")):
+                vals = [rat.get((model, size, b, pol), {}).get(key) for b in batches]
+                if any(v is not None for v in vals):
+                    shown = [f"**{v:.2f}×**" if v is not None else "" for v in vals]
+                    lines.append(f"| ort_raggedvit / {label} | {pol} |  | " + " | ".join(shown) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="e2e_bench_*.json written by scripts/bench_e2e.py")
+    args = ap.parse_args()
+    path = Path(args.results)
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        sys.exit(f"cannot read {path}: {exc}")
+    if not isinstance(results, dict) or "records" not in results:
+        sys.exit(f"{path} is not a bench_e2e.py results file (no 'records')")
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
