@@ -39,15 +39,22 @@ struct Job {
   std::vector<Task> tasks;
 };
 
+// y[0:n] += a * x[0:n]; cloned for AVX2+FMA CPUs (picked at load time), the only hot loop of the kernel.
+__attribute__((target_clones("arch=haswell", "default"))) void Axpy(float* __restrict y, float a,
+                                                                     const float* __restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 template <typename T>
 void RunTask(const Job<T>& job, const Task& task) {
   const int64_t H = job.d.H, D = job.d.D, W = 3 * H * D, L = task.seq_end - task.seq_begin;
-  thread_local std::vector<float> k, v, p, q, acc;
-  k.resize(static_cast<size_t>(L * D));
-  v.resize(static_cast<size_t>(L * D));
-  p.resize(static_cast<size_t>(L));
-  q.resize(static_cast<size_t>(D));
-  acc.resize(static_cast<size_t>(D));
+  const int64_t R = task.row_end - task.row_begin;
+  thread_local std::vector<float> kt, v, q, s, acc;
+  kt.resize(static_cast<size_t>(L * D));  // K^T [D, L]: scores vectorise over keys
+  v.resize(static_cast<size_t>(L * D));   // V [L, D]
+  q.resize(static_cast<size_t>(R * D));   // scaled Q rows of the task [R, D]
+  s.resize(static_cast<size_t>(R * L));   // scores, then probabilities [R, L]
+  acc.resize(static_cast<size_t>(R * D));
   const bool owns_cls = job.cls != nullptr && task.row_begin == task.seq_begin;
   if (owns_cls) std::fill(job.cls + task.seq_begin, job.cls + task.seq_end, 0.0f);
   const float inv_heads = 1.0f / static_cast<float>(H);
@@ -56,39 +63,43 @@ void RunTask(const Job<T>& job, const Task& task) {
     for (int64_t j = 0; j < L; ++j) {
       const T* row = job.qkv + (task.seq_begin + j) * W;
       for (int64_t e = 0; e < D; ++e) {
-        k[j * D + e] = ToFloat(row[H * D + h * D + e]);
+        kt[e * L + j] = ToFloat(row[H * D + h * D + e]);
         v[j * D + e] = ToFloat(row[2 * H * D + h * D + e]);
       }
     }
-    for (int64_t i = task.row_begin; i < task.row_end; ++i) {
-      const T* qrow = job.qkv + i * W + h * D;
-      for (int64_t e = 0; e < D; ++e) q[e] = ToFloat(qrow[e]) * job.scale;
+    for (int64_t r = 0; r < R; ++r) {
+      const T* qrow = job.qkv + (task.row_begin + r) * W + h * D;
+      for (int64_t e = 0; e < D; ++e) q[r * D + e] = ToFloat(qrow[e]) * job.scale;
+    }
+    // S = Q K^T: row e of K^T stays in L1 while all R rows use it
+    std::fill(s.begin(), s.end(), 0.0f);
+    for (int64_t e = 0; e < D; ++e) {
+      for (int64_t r = 0; r < R; ++r) Axpy(s.data() + r * L, q[r * D + e], kt.data() + e * L, L);
+    }
+    for (int64_t r = 0; r < R; ++r) {  // softmax rows in fp32
+      float* p = s.data() + r * L;
       float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < L; ++j) {
-        const float* kj = k.data() + j * D;
-        float s = 0.0f;
-        for (int64_t e = 0; e < D; ++e) s += q[e] * kj[e];
-        p[j] = s;
-        m = std::max(m, s);
-      }
+      for (int64_t j = 0; j < L; ++j) m = std::max(m, p[j]);
       float sum = 0.0f;
       for (int64_t j = 0; j < L; ++j) {
         p[j] = std::exp(p[j] - m);
         sum += p[j];
       }
       const float inv = 1.0f / sum;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < L; ++j) {
-        const float w = p[j];
-        const float* vj = v.data() + j * D;
-        for (int64_t e = 0; e < D; ++e) acc[e] += w * vj[e];
-      }
-      T* orow = job.out + i * H * D + h * D;
-      for (int64_t e = 0; e < D; ++e) orow[e] = FromFloat<T>(acc[e] * inv);
-      if (owns_cls && i == task.seq_begin) {
-        float* c = job.cls + task.seq_begin;
-        for (int64_t j = 0; j < L; ++j) c[j] += p[j] * inv * inv_heads;
-      }
+      for (int64_t j = 0; j < L; ++j) p[j] *= inv;
+    }
+    // O = P V
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j = 0; j < L; ++j) {
+      for (int64_t r = 0; r < R; ++r) Axpy(acc.data() + r * D, s[r * L + j], v.data() + j * D, D);
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      T* orow = job.out + (task.row_begin + r) * H * D + h * D;
+      for (int64_t e = 0; e < D; ++e) orow[e] = FromFloat<T>(acc[r * D + e]);
+    }
+    if (owns_cls) {  // row 0 of the task is the sequence's first row
+      float* c = job.cls + task.seq_begin;
+      for (int64_t j = 0; j < L; ++j) c[j] += s[j] * inv_heads;
     }
   }
 }
