@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from _e2e.cases import BASELINES, PRUNED  # noqa: E402
+from _e2e.names import BASELINES, PRUNED  # noqa: E402
 from _e2e.report import speedups  # noqa: E402
 
 

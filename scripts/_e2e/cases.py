@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from _e2e.names import BASELINES, CUDA_ONLY, PRUNED, VARIANTS
 from raggedvit.pruning import PruneSpec
 
 __all__ = [
     "BASELINES",
+    "CUDA_ONLY",
     "DEFAULT_POLICIES",
     "PRUNED",
     "VARIANTS",
@@ -18,10 +20,6 @@ __all__ = [
     "resolve_case",
 ]
 
-BASELINES = ("timm_eager_fp16", "ort_fp16", "ort_fp16_optimized")
-PRUNED = ("torch_padded_sdpa", "torch_varlen", "torch_raggedvit", "ort_raggedvit")
-VARIANTS = BASELINES + PRUNED
-CUDA_ONLY = ("torch_varlen",)  # flash varlen attention has no CPU kernel
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
 
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from _e2e.cases import BASELINES, PRUNED
+from _e2e.names import BASELINES, PRUNED
 
 __all__ = ["compact_table", "plot", "speedups", "write_json"]
 
