@@ -58,7 +58,7 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
         bm, bn, warps, stages = 64, 32, 8, 2
     if small:
         bm = min(bm, 32)
-    cls_bn = max(16, min(128, 4096 // bd))
+    cls_bn = 4  # the cls kernel loads [cls_bn, 1024 // bd heads, bd] tiles: 32 elements per thread at 4 warps
     return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT)
 
 

@@ -65,29 +65,39 @@ def _dot(a, b):
 
 
 @triton.jit
-def _seq_bounds(CU, rows, T, B):
-    """rows [R] int32 -> (start, end) [R] int32 of each row's sequence, both clamped to [0, T].
+def _seq_bounds(CU, rows, r_first, r_last, T, B, CHUNK: tl.constexpr, COARSE: tl.constexpr):
+    """rows [R] int32 in [r_first, r_last] -> (start, end) [R] int32 of each row's sequence, in [0, T].
 
-    Binary lifting for the largest b in [0, B] with cu[b] <= row (cu[0] is taken as 0), then b is
-    clamped to B - 1. Empty sequences are skipped because the largest b wins.
+    start = max{cu[j] <= row}, end = min{cu[j] > row} (T if none), cu clamped to [0, T]: for a
+    monotone cu that is [cu[b], cu[b+1]) of the row's sequence b, empty sequences included. No
+    dependent load chain: a coarse pass loads every CHUNK-th cu entry as one vector (one load for
+    B < CHUNK * COARSE, none for B < CHUNK) to find the chunks holding the tile's boundaries, then
+    those chunks (usually one) are loaded as vectors and compared with all rows at once ([R, CHUNK]).
+    A bad (non-monotone) cu gives wrong but in-range bounds; every load is masked.
     """
-    b = rows * 0
-    step = 1
-    while step * 2 <= B:
-        step = step * 2
-    while step > 0:
-        cand = b + step
-        ok = cand <= B
-        v = tl.load(CU + cand, mask=ok, other=0)
+    n_coarse = B // CHUNK  # coarse entries c = 1..n_coarse are cu[c * CHUNK]
+    c_first = r_first * 0
+    c_last = r_first * 0
+    end_dflt = T + r_first * 0
+    for c0 in range(1, n_coarse + 1, COARSE):
+        cs = c0 + tl.arange(0, COARSE)
+        c_ok = cs <= n_coarse
+        v = tl.load(CU + cs * CHUNK, mask=c_ok, other=0)
         v = tl.minimum(tl.maximum(v, 0), T).to(tl.int32)
-        b = tl.where(ok & (v <= rows), cand, b)
-        step = step // 2
-    b = tl.minimum(b, tl.maximum(B - 1, 0))
-    has_seq = b < B
-    start = tl.load(CU + b, mask=has_seq, other=0)
-    end = tl.load(CU + b + 1, mask=has_seq, other=0)
-    start = tl.minimum(tl.maximum(start, 0), T).to(tl.int32)
-    end = tl.minimum(tl.maximum(end, 0), T).to(tl.int32)
+        c_first += tl.reduce((c_ok & (v <= r_first)).to(tl.int32), 0, _add_fn)
+        c_last += tl.reduce((c_ok & (v <= r_last)).to(tl.int32), 0, _add_fn)
+        end_dflt = tl.minimum(end_dflt, tl.reduce(tl.where(c_ok & (v > r_last), v, T), 0, _min_fn))
+    start = rows * 0
+    end = rows * 0 + end_dflt
+    for j0 in range(c_first * CHUNK, c_last * CHUNK + 1, CHUNK):
+        js = j0 + tl.arange(0, CHUNK)
+        j_ok = js <= B
+        v = tl.load(CU + js, mask=j_ok, other=0)
+        v = tl.minimum(tl.maximum(v, 0), T).to(tl.int32)
+        below = j_ok[None, :] & (v[None, :] <= rows[:, None])
+        start = tl.maximum(start, tl.reduce(tl.where(below, v[None, :], 0), 1, _max_fn))
+        above = j_ok[None, :] & (v[None, :] > rows[:, None])
+        end = tl.minimum(end, tl.reduce(tl.where(above, v[None, :], T), 1, _min_fn))
     return start, end
 
 
@@ -110,9 +120,15 @@ def _ragged_attn_fwd(
     """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale) v within each row's sequence."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_first = pid_m * BLOCK_M
+    rows = r_first + tl.arange(0, BLOCK_M)
     row_ok = rows < T
-    row_start, row_end = _seq_bounds(CU, rows, T, B)
+    # cu chunks of 64 (32 for fp32: larger [BLOCK_M, chunk] compares change the fp32 FMA-dot register
+    # allocation and make BLOCK_D >= 64 spill; offline sm_90 ptxas)
+    if QKV.dtype.element_ty == tl.float32:
+        row_start, row_end = _seq_bounds(CU, rows, r_first, r_first + BLOCK_M - 1, T, B, 32, 64)
+    else:
+        row_start, row_end = _seq_bounds(CU, rows, r_first, r_first + BLOCK_M - 1, T, B, 64, 64)
     # keys any valid row of the tile may need
     lo = tl.reduce(tl.where(row_ok, row_start, T), 0, _min_fn)
     hi = tl.reduce(tl.where(row_ok, row_end, 0), 0, _max_fn)
@@ -172,23 +188,46 @@ def _ragged_cls_attn(
     """grid = (cdiv(T, BLOCK_N),). ClsAttn[t] = mean_h softmax(row cu[b])[t] for token t of sequence b.
 
     Needs Lse [H, T] of the sequences' first rows from _ragged_attn_fwd(store_lse=1). Deterministic.
+    Heads are processed HG = 1024 // BLOCK_D at a time as [BLOCK_N, HG, BLOCK_D] tiles (one pass for
+    H <= HG), so all heads' loads are in flight together.
     """
+    HG: tl.constexpr = 1024 // BLOCK_D
     pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    r_first = pid * BLOCK_N
+    cols = r_first + tl.arange(0, BLOCK_N)
     col_ok = cols < T
-    start, end = _seq_bounds(CU, cols, T, B)
+    start, end = _seq_bounds(CU, cols, r_first, r_first + BLOCK_N - 1, T, B, 4096 // BLOCK_N, 64)
     ok = col_ok & (cols >= start) & (cols < end)  # token lies inside its (clamped) sequence
     qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = ok[:, None] & (offs_d < D)[None, :]
+    offs_g = tl.arange(0, HG)
     row_stride = 3 * H * D
-    q_base = QKV + start.to(tl.int64)[:, None] * row_stride + offs_d[None, :]
-    k_base = QKV + cols.to(tl.int64)[:, None] * row_stride + H * D + offs_d[None, :]
+    # [BLOCK_N, 1, 1] row bases, [1, HG, BLOCK_D] in-row offsets
+    q_rows = QKV + start.to(tl.int64)[:, None, None] * row_stride
+    k_rows = QKV + cols.to(tl.int64)[:, None, None] * row_stride + H * D
+    lse_rows = Lse + start[:, None]
     acc = tl.full([BLOCK_N], 0.0, dtype=tl.float32)
-    for h in range(0, H):
-        q = tl.load(q_base + h * D, mask=mask, other=0.0).to(tl.float32)
-        k = tl.load(k_base + h * D, mask=mask, other=0.0).to(tl.float32)
-        s = tl.reduce(q * k, 1, _add_fn) * qk_scale
-        lse = tl.load(Lse + h * T + start, mask=ok, other=0.0)
-        acc += tl.where(ok, tl.math.exp2(s - lse), 0.0)
+    for h0 in range(0, H, HG):
+        heads = h0 + offs_g
+        h_ok = heads < H
+        offs = heads[None, :, None] * D + offs_d[None, None, :]
+        mask = ok[:, None, None] & h_ok[None, :, None] & (offs_d < D)[None, None, :]
+        q = tl.load(q_rows + offs, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(k_rows + offs, mask=mask, other=0.0).to(tl.float32)
+        lse = tl.load(lse_rows + heads[None, :] * T, mask=ok[:, None] & h_ok[None, :], other=0.0)
+        s = tl.reduce(q * k, 2, _add_fn) * qk_scale  # [BLOCK_N, HG]
+        p = tl.where(ok[:, None] & h_ok[None, :], tl.math.exp2(s - lse), 0.0)
+        acc += tl.reduce(p, 1, _add_fn)
     tl.store(ClsAttn + cols, acc / H, mask=col_ok)
+
+
+@triton.jit(do_not_specialize=["T", "B"])
+def _seq_bounds_probe(
+    CU, Start, End, T, B, BLOCK: tl.constexpr, CHUNK: tl.constexpr, COARSE: tl.constexpr
+):  # fmt: skip
+    """Test hook: Start/End [T] int32 = _seq_bounds of every row, tiles of BLOCK rows (grid cdiv(T, BLOCK))."""
+    r_first = tl.program_id(0) * BLOCK
+    rows = r_first + tl.arange(0, BLOCK)
+    start, end = _seq_bounds(CU, rows, r_first, r_first + BLOCK - 1, T, B, CHUNK, COARSE)
+    tl.store(Start + rows, start, mask=rows < T)
+    tl.store(End + rows, end, mask=rows < T)

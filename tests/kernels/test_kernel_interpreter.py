@@ -106,3 +106,13 @@ def test_bad_cu_stays_in_bounds(interpreted, gen, cu_values):
 
 def test_block_d():
     assert [block_d(d) for d in (1, 16, 17, 32, 64, 80, 128, 129, 256)] == [16, 16, 32, 32, 64, 128, 128, 256, 256]
+
+
+def test_many_sequences_use_the_coarse_search(interpreted, gen):
+    """B >= 64 (the fp16 cu chunk): the bounds search goes through its coarse pass."""
+    lengths = torch.randint(0, 4, (150,), generator=gen).tolist()
+    lengths[0] = 1
+    qkv, cu = make_batch(lengths, 1, 16, torch.float16, gen)
+    cfg = KernelConfig("fp16", 16, 64, 16, 4, 1, 4, 4)
+    out, cls_attn = run(interpreted, qkv, cu, 1, config=cfg)
+    check_against_reference(out, cls_attn, qkv, cu, 1)
