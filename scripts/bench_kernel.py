@@ -212,34 +212,75 @@ def check(shape_list: list[tuple[int, int, str]]) -> None:
     print(f"check: raggedvit matches the float64 reference on {len(shape_list)} shapes")
 
 
-def tune() -> list[dict]:
-    """Time _ragged_attn_fwd over a grid of configs on a few shapes; returns the sorted results."""
-    results = []
+TUNE_SHAPES = [(1, 197), (4, 197), (32, 197), (128, 197), (128, 99), (32, 577)]
+
+
+def tune_variants(quick: bool) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of _ragged_attn_fwd to time."""
+    bms, bns, warps, stages = ((32, 64, 128), (32, 64), (4, 8), (2, 3))
+    out = [(bm, bn, w, st) for bm in bms for bn in bns for w in warps for st in stages]
+    if quick:  # 8 warps only for 128-row tiles, 4 warps for the rest
+        out = [c for c in out if (c[2] == 8) == (c[0] == 128)]
+    return out
+
+
+def _time_fwd(qkv, cu, cfg: KernelConfig, cls: bool) -> float | None:
+    fn = lambda: _launch_triton(qkv, cu, H, D**-0.5, cls, config=cfg)  # noqa: E731
+    try:
+        return graph_time_us(fn, inner=10, reps=7)[0]
+    except Exception as exc:  # noqa: BLE001 - out of resources etc.
+        print(f"tune {cfg}: {exc!r}"[:200])
+        return None
+
+
+def _pick(rows: list[dict], shapes_: list[tuple[int, int]], key: str) -> tuple | None:
+    """Variant with the lowest geometric mean of time / best-time over `shapes_` (must run on all)."""
+    best = {sh: min(r["gpu_us"] for r in rows if (r["B"], r["L"]) == sh) for sh in shapes_}
+    score: dict[tuple, float] = {}
+    for variant in dict.fromkeys(r[key] for r in rows):
+        rel = [r["gpu_us"] / best[(r["B"], r["L"])] for r in rows if r[key] == variant and (r["B"], r["L"]) in best]
+        if len(rel) == len(shapes_):
+            score[variant] = statistics.geometric_mean(rel)
+    return min(score, key=score.get) if score else None
+
+
+def tune(quick: bool) -> list[dict]:
+    """Time the fwd kernel over config variants and the cls kernel over (cls_block_n, warps) on TUNE_SHAPES
+    (uniform lengths); print the best variant per T regime as a `_TUNED` table for _config.py."""
     base = pick_config(1, D, DTYPE)
-    scale = D**-0.5
-    for B, L, kind in [(128, 197, "uniform"), (32, 99, "ragged"), (128, 40, "uniform"), (1, 197, "uniform")]:
-        qkv, cu, _ = make_inputs(B, L, kind)
-        rows = []
-        for bm in (32, 64, 128):
-            for bn in (32, 64, 128):
-                for warps in (4, 8):
-                    for stages in (1, 2, 3):
-                        cfg = KernelConfig("fp16", base.block_d, bm, bn, warps, stages, base.cls_block_n, 4)
-                        fn = lambda cfg=cfg, x=qkv, c=cu: _launch_triton(x, c, H, scale, False, config=cfg)  # noqa: E731
-                        try:
-                            us, _ = graph_time_us(fn, inner=10, reps=7)
-                        except Exception as exc:  # noqa: BLE001 - out of resources etc.
-                            print(f"tune B={B} L={L} {cfg}: {exc!r}"[:200])
-                            continue
-                        rows.append(
-                            {"B": B, "L": L, "lengths": kind, "T": qkv.shape[0], "config": cfg.as_dict(), "gpu_us": us}
-                        )
-        rows.sort(key=lambda r: r["gpu_us"])
-        best = rows[0]
-        regime = "small-T" if qkv.shape[0] < SMALL_T_LIMIT else "large-T"
-        print(f"tune B={B} L={L} {kind} ({regime} config): best {best['gpu_us']:.1f} us with {best['config']}")
-        results += rows[:8]
-    return results
+    variants = tune_variants(quick)
+    cls_variants = [(4, 4), (8, 4), (8, 8), (16, 8)]
+    rows: list[dict] = []
+    t0 = time.time()
+    for B, L in TUNE_SHAPES:
+        qkv, cu, _ = make_inputs(B, L, "uniform")
+        T = qkv.shape[0]
+        for bm, bn, w, st in variants:
+            us = _time_fwd(qkv, cu, KernelConfig("fp16", base.block_d, bm, bn, w, st, base.cls_block_n, 4), False)
+            if us is not None:
+                rows.append({"B": B, "L": L, "T": T, "kernel": "fwd", "variant": (bm, bn, w, st), "gpu_us": us})
+        fwd_cfg = pick_config(T, D, DTYPE)
+        for cbn, cw in cls_variants:  # fwd(store_lse) + cls: differences between variants are the cls kernel's
+            cfg = KernelConfig("fp16", base.block_d, fwd_cfg.block_m, fwd_cfg.block_n, fwd_cfg.num_warps,
+                               fwd_cfg.num_stages, cbn, cw)  # fmt: skip
+            us = _time_fwd(qkv, cu, cfg, True)
+            if us is not None:
+                rows.append({"B": B, "L": L, "T": T, "kernel": "fwd+cls", "variant": (cbn, cw), "gpu_us": us})
+        sel = sorted((r for r in rows if (r["B"], r["L"], r["kernel"]) == (B, L, "fwd")), key=lambda r: r["gpu_us"])
+        now = (fwd_cfg.block_m, fwd_cfg.block_n, fwd_cfg.num_warps, fwd_cfg.num_stages)
+        cur = next((f"{r['gpu_us']:.1f}" for r in sel if r["variant"] == now), "-")
+        top = ", ".join(f"{r['gpu_us']:.1f} us {r['variant']}" for r in sel[:3])
+        print(f"tune B={B} L={L} T={T}: fwd best {top}; current {now} {cur} us ({time.time() - t0:.0f} s)")
+    lines = []
+    for regime, small in (("small", True), ("large", False)):
+        sh = [(B, L) for B, L in TUNE_SHAPES if (B * L < SMALL_T_LIMIT) == small]
+        fwd = _pick([r for r in rows if r["kernel"] == "fwd"], sh, "variant")
+        cls = _pick([r for r in rows if r["kernel"] == "fwd+cls"], sh, "variant")
+        if fwd is not None and cls is not None:
+            lines.append(f'    ("fp16", {base.block_d}, "{regime}"): {tuple(fwd) + tuple(cls)},  # shapes {sh}')
+    print("# ready to paste into raggedvit/kernels/_config.py (fp16 measured; bf16 untested):")
+    print("_TUNED: dict[tuple[str, int, str], tuple[int, ...]] = {\n" + "\n".join(lines) + "\n}")
+    return rows
 
 
 # ---------------------------------------------------------------- main
@@ -249,6 +290,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 shapes, fewer repetitions")
     ap.add_argument("--check", action="store_true", help="verify correctness vs the reference first")
     ap.add_argument("--tune", action="store_true", help="also sweep kernel configs (adds ~1-2 min)")
+    ap.add_argument("--quick-tune", action="store_true", help="--tune over a smaller variant subset")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_kernel.py needs a CUDA GPU")
@@ -284,7 +326,7 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001
                 gpu_us, call_us, note = None, None, f"failed: {exc!r}"[:200]
             records.append({**base, "impl": name, "gpu_us": gpu_us, "call_us": call_us, "note": note})
-    tuned = tune() if args.tune else []
+    tuned = tune(args.quick_tune) if (args.tune or args.quick_tune) else []
     meta = {
         "gpu": gpu,
         "torch": torch.__version__,

@@ -46,6 +46,11 @@ def block_d(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
+# Measured overrides (paste the table printed by `scripts/bench_kernel.py --tune` here):
+# (dtype, BLOCK_D, "small" | "large") -> (block_m, block_n, num_warps, num_stages[, cls_block_n, cls_num_warps])
+_TUNED: dict[tuple[str, int, str], tuple[int, ...]] = {}
+
+
 def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
     # fp16/bf16: wgmma/mma tiles with cp.async multi-buffering; fp32 (ieee FMA dots): small tiles, no spills
     if dtype == "fp32":
@@ -58,6 +63,14 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
         bm, bn, warps, stages = 64, 32, 8, 2
     if small:
         bm = min(bm, 32)
+    elif dtype != "fp32" and bd <= 64:
+        bn = 32  # H200 tune of 2026-11-29: 64/32/4w/3st best at B=128 L=197 (111 vs 120 us) and L=40
+    tuned = _TUNED.get((dtype, bd, "small" if small else "large"))
+    if tuned is not None:
+        bm, bn, warps, stages = tuned[:4]
+        if len(tuned) > 4:
+            cls_bn, cls_warps = tuned[4:]
+            return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, cls_warps, 0 if small else SMALL_T_LIMIT)
     cls_bn = 4  # the cls kernel loads [cls_bn, 1024 // bd heads, bd] tiles: 32 elements per thread at 4 warps
     return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT)
 
