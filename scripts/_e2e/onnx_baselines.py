@@ -1,11 +1,12 @@
 """Plain ONNX exports of the unpruned timm ViT: the `ort_fp16` and `ort_fp16_optimized` baselines.
 
-One float32 TorchScript export (dynamic batch, opset 17) per model and size, with timm's fused qkv Linear split
-into q, k, v Linears and eager softmax attention (same function): that is the pattern ORT's transformer
-optimizer fuses into `Attention` nodes. Then
-  plain:     onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)
-  optimized: optimizer.optimize_model(model_type="vit") + convert_float_to_float16(keep_io_types=True).
-Inputs images [batch, 3, S, S] float32, output logits [batch, classes] float32 (as the raggedvit export).
+TorchScript exporter (dynamo=False), opset 17, dynamic batch:
+  plain (`ort_fp16`): timm's model as it is, exported in the benchmark dtype on the benchmark device
+      (images [batch, 3, S, S] and logits in fp16 on CUDA).
+  optimized (`ort_fp16_optimized`): a float32 export with timm's fused qkv Linear split into q, k, v Linears and
+      eager softmax attention (the same function; the pattern ORT's transformer optimizer fuses into `Attention`),
+      then optimizer.optimize_model(model_type="vit") + convert_float_to_float16(keep_io_types=True)
+      (images and logits float32, as the raggedvit export).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
-__all__ = ["SplitQKVAttention", "export_fp32", "max_ir_version", "optimized_fp16", "plain_fp16"]
+__all__ = ["SplitQKVAttention", "export_fp32", "export_plain", "max_ir_version", "optimized_fp16", "plain_fp16"]
 
 MAX_IR_VERSION = 10  # ORT 1.31 rejects IR version 14
 
@@ -61,13 +62,7 @@ def max_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def export_fp32(vit: nn.Module, path: Path) -> Path:
-    """TorchScript ONNX export (opset 17, dynamic batch) of a float32 CPU copy of `vit` with split qkv."""
-    model = copy.deepcopy(vit).float().cpu().eval()
-    for blk in model.blocks:
-        blk.attn = SplitQKVAttention(blk.attn)
-    size = tuple(int(s) for s in model.patch_embed.img_size)
-    dummy = torch.zeros(2, 3, *size)
+def _export(model: nn.Module, dummy: torch.Tensor, path: Path) -> Path:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
@@ -80,7 +75,26 @@ def export_fp32(vit: nn.Module, path: Path) -> Path:
             output_names=["logits"],
             dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
         )
+    model_proto = onnx.load(str(path))
+    if model_proto.ir_version > MAX_IR_VERSION:
+        onnx.save(max_ir_version(model_proto), str(path))
     return path
+
+
+def export_plain(vit: nn.Module, path: Path) -> Path:
+    """TorchScript export of timm's model as it is, in its current dtype and device (dynamic batch)."""
+    p = next(vit.parameters())
+    size = tuple(int(s) for s in vit.patch_embed.img_size)
+    return _export(vit.eval(), torch.zeros(2, 3, *size, dtype=p.dtype, device=p.device), path)
+
+
+def export_fp32(vit: nn.Module, path: Path) -> Path:
+    """TorchScript ONNX export (opset 17, dynamic batch) of a float32 CPU copy of `vit` with split qkv."""
+    model = copy.deepcopy(vit).float().cpu().eval()
+    for blk in model.blocks:
+        blk.attn = SplitQKVAttention(blk.attn)
+    size = tuple(int(s) for s in model.patch_embed.img_size)
+    return _export(model, torch.zeros(2, 3, *size), path)
 
 
 def plain_fp16(fp32_path: Path, out: Path) -> Path:
