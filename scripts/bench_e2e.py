@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from _e2e.cases import BASELINES, PRUNED, VARIANTS, BenchConfig, parse_policy, resolve_case  # noqa: E402
-from _e2e.report import compact_table, plot, speedups, write_json  # noqa: E402
+from _e2e.report import compact_table, plot, profile_lines, speedups, write_json  # noqa: E402
 
 _REPORT_RESERVE_S = 8.0  # kept back from the budget for the JSON, PNG and table
 _HANG_GRACE_S = 10.0  # a worker still running this long after the deadline is killed
@@ -306,6 +306,8 @@ def main() -> None:
         print(f"[e2e] plot failed: {exc!r}", flush=True)
     results["seconds"] = round(time.time() - t_start, 1)
     write_json(json_path, results)
+    for line in profile_lines(results["profiles"]):
+        print(f"[e2e] {line}", flush=True)
     print(f"[e2e] wrote {json_path} and {png_path.name} in {results['seconds']} s", flush=True)
     print(compact_table(results["records"], list(cfg.policies), results["speedups"]), flush=True)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from _e2e.names import BASELINES, PRUNED
 
-__all__ = ["compact_table", "plot", "speedups", "write_json"]
+__all__ = ["compact_table", "plot", "profile_lines", "speedups", "write_json"]
 
 _SHORT = {
     "timm_eager_fp16": "eager",
@@ -120,6 +120,25 @@ def compact_table(records: list[dict[str, Any]], policies: list[str], ratios: li
             f"B={first['batch']}: {(first.get('error') or first.get('note') or '')[:150]}"
         )
     return "\n".join(lines)
+
+
+def profile_lines(profiles: list[dict[str, Any]], top: int = 5) -> list[str]:
+    """One line per profile: ORT model_run time, the top op types by node time, the top GPU kernel categories."""
+    lines = []
+    for p in profiles:
+        head = f"profile {p.get('case')} {p.get('variant', '')} B={p.get('batch')}:"
+        if "error" in p:
+            lines.append(f"{head} {p['error'][:150]}")
+            continue
+        ort = p.get("ort", {})
+        ops = ", ".join(f"{o['op_type']} {100 * (o['share'] or 0):.0f}%" for o in ort.get("ops", [])[:top])
+        line = f"{head} model_run {ort.get('model_run_ms')} ms; ORT nodes: {ops}"
+        gpu = p.get("gpu_kernels")
+        if gpu:
+            cats = ", ".join(f"{k} {v:.0f}us" for k, v in list(gpu["categories_us_per_run"].items())[:top])
+            line += f"; GPU {gpu['gpu_ms_per_run']} ms: {cats}"
+        lines.append(line)
+    return lines
 
 
 def plot(records: list[dict[str, Any]], path: Path, title: str) -> None:
