@@ -294,7 +294,7 @@ class CaseRunner:
 
     def _ort_ragged(self, spec, text: str, vit, x32: dict, ref: dict) -> None:
         recipe = {"model": self.case.timm_name, "benchmark": "bench_e2e"}
-        path = self.work / f"ragged_{spec.policy}.onnx"
+        path = self.work / f"ragged_{self.cfg.policies.index(text)}_{spec.policy}.onnx"
         made = self._setup(
             "raggedvit export + session",
             ["ort_raggedvit"],

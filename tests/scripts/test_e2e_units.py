@@ -157,3 +157,26 @@ def test_speedups_tables_and_markdown() -> None:
     assert "| ort_raggedvit | topk-l2:keep=0.5:at=4 | 99 | 3,000 |" in md
     assert "| torch_varlen | topk-l2:keep=0.5:at=4 | 99 | err |" in md
     assert "**2.00×**" in md and "**3.00×**" in md
+
+
+def test_dead_worker_becomes_error_records(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import time
+
+    import bench_e2e
+
+    cfg = BenchConfig(device="cpu", dtype="fp32", models=("deit_tiny",), sizes=(224,), batches=(1,))
+    done = _rec("timm_eager_fp16", "none", 1, 10.0)
+
+    def crashed_worker(cmd, timeout):
+        part = tmp_path / "deit_tiny_224.json"
+        assert cmd[cmd.index("--worker-out") + 1] == str(part) and timeout > 0
+        part.write_text(json.dumps({"records": [done], "profiles": [], "exports": [], "done": False}))
+        return subprocess.CompletedProcess(cmd, -11)
+
+    monkeypatch.setattr(bench_e2e.subprocess, "run", crashed_worker)
+    sink = bench_e2e._spawn(cfg, "deit_tiny", 224, time.time() + 100, tmp_path)
+    assert sink["records"][0] == done
+    rest = sink["records"][1:]
+    assert len(rest) == 2 + 2 * 4  # the other baselines + every pruned variant of both policies, batch 1
+    assert all(r["status"] == "error" and "rc=-11" in r["error"] for r in rest)
