@@ -142,7 +142,8 @@ def profile_lines(profiles: list[dict[str, Any]], top: int = 5) -> list[str]:
 
 
 def plot(records: list[dict[str, Any]], path: Path, title: str) -> None:
-    """img/s vs batch per variant (and policy), one panel per model x size (matplotlib Agg)."""
+    """img/s vs batch per variant (and policy), one panel per model x size (matplotlib Agg); one color per variant,
+    one line style per policy (solid: unpruned)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,7 +164,8 @@ def plot(records: list[dict[str, Any]], path: Path, title: str) -> None:
             variant, pol = key
             ls = "-" if pol == "none" else styles[(policies.index(pol) + 1) % len(styles)]
             label = variant if pol == "none" else f"{variant} [{pol}]"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle=ls, label=label)
+            color = f"C{(BASELINES + PRUNED).index(variant)}" if variant in BASELINES + PRUNED else None
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle=ls, color=color, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{model} {size}px")
