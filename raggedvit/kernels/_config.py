@@ -62,7 +62,8 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
     else:  # 256
         bm, bn, warps, stages = 64, 32, 8, 2
     if small:
-        bm = min(bm, 32)
+        if dtype == "fp32":
+            bm = min(bm, 32)
     elif dtype != "fp32" and bd <= 64:
         bn = 32  # H200 tune of 2026-11-29: 64/32/4w/3st best at B=128 L=197 (111 vs 120 us) and L=40
     tuned = _TUNED.get((dtype, bd, "small" if small else "large"))
