@@ -4,6 +4,7 @@
 #   kernels   gpu tests of raggedvit.kernels (Triton JIT on the machine's Triton)
 #   kbench    scripts/bench_kernel.py --check [--tune]
 #   ort       scripts/gpu_ort_checks.sh (CUDA EP tests, 1000-call fuzz, compute-sanitizer memcheck)
+#   memcheck  compute-sanitizer memcheck over scripts/memcheck_ort_fuzz.py (torch-free, our kernels only)
 #   opbench   scripts/bench_ort_op.py (RaggedAttention vs PackedMultiHeadAttention inside ORT graphs)
 #   e2e       scripts/bench_e2e.py (end-to-end pruned ViT benchmark)
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
@@ -35,6 +36,11 @@ for stage in "$@"; do
           --report "$RES/validate_$name" >> "$RES/validate.log" 2>&1 || rc=1
       done
       grep -E "PASS|FAIL|max" "$RES/validate.log" | tail -8;;
+    memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
+      timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --kernel-name kns=_ragged \
+        --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \
+        > "$RES/memcheck_fuzz.log" 2>&1; rc=$?
+      grep -v "No registered" "$RES/memcheck_fuzz.log" | tail -4; grep -h "ERROR SUMMARY" "$RES/memcheck.log" | tail -1;;
     *) echo "unknown stage $stage"; rc=2;;
   esac
   echo "### stage $stage rc=$rc $(( $(date +%s) - t0 ))s"

@@ -69,9 +69,9 @@ def test_bind_tensor_rejects_non_contiguous(ort_library):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_iobinding_no_cpu_fallback(ort_library):
     sess = create_session(attention_model(torch.float16, torch.int32, 2), "cuda", disable_cpu_fallback=True)
-    qkv = torch.randn(50, 96, device="cuda").half()
+    qkv = torch.randn(50, 192, device="cuda").half()  # H = 2, D = 32 (the CUDA kernels ship D % 16 == 0, 32..128)
     cu = torch.tensor([0, 20, 50], device="cuda", dtype=torch.int32)
-    out = torch.empty(50, 32, device="cuda", dtype=torch.float16)
+    out = torch.empty(50, 64, device="cuda", dtype=torch.float16)
     cls = torch.empty(50, device="cuda")
     run_with_iobinding(sess, {"qkv": qkv, "cu_seqlens": cu}, {"out": out, "cls_attn": cls})
     ref_out, ref_cls = ragged_attention_reference(

@@ -1,0 +1,102 @@
+"""Torch-free fuzz of the RaggedAttention CUDA-EP kernel, meant to run under compute-sanitizer memcheck.
+
+    compute-sanitizer --tool memcheck --kernel-name kns=_ragged python3 scripts/memcheck_ort_fuzz.py --calls 1000
+
+Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
+start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
+call draws T and cu_seqlens afresh, valid or invalid (decreasing, above T, negative, last != T). Invalid
+device data must not fault (the kernel clamps); the outputs of valid calls are checked for finiteness.
+Progress is printed every 100 calls; exit 1 on any unexpected error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from raggedvit.runtime import create_session  # noqa: E402
+
+CASES = [  # (numpy dtype, onnx dtype, cu dtype, heads, head dim)
+    (np.float16, TensorProto.FLOAT16, np.int32, 12, 64),
+    (np.float16, TensorProto.FLOAT16, np.int64, 3, 128),
+    (np.float32, TensorProto.FLOAT, np.int32, 2, 80),
+    (np.float32, TensorProto.FLOAT, np.int64, 1, 32),
+]
+
+
+def model(elem: int, cu_elem: int, heads: int, dim: int) -> bytes:
+    node = helper.make_node("RaggedAttention", ["qkv", "cu"], ["out", "cls"], domain="com.raggedvit", num_heads=heads)
+    graph = helper.make_graph(
+        [node], "fuzz",
+        [helper.make_tensor_value_info("qkv", elem, ["T", 3 * heads * dim]),
+         helper.make_tensor_value_info("cu", cu_elem, ["B1"])],
+        [helper.make_tensor_value_info("out", elem, ["T", heads * dim]),
+         helper.make_tensor_value_info("cls", TensorProto.FLOAT, ["T"])],
+    )  # fmt: skip
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)])
+    m.ir_version = 10
+    onnx.checker.check_model(m)
+    return m.SerializeToString()
+
+
+def draw_cu(rng: np.random.Generator, T: int, kind: str) -> np.ndarray:
+    B = int(rng.integers(1, 9))
+    cu = np.concatenate([[0], np.sort(rng.integers(0, T + 1, B - 1)), [T]])
+    if kind == "decreasing" and B >= 2:
+        cu[1:-1] = cu[1:-1][::-1] + 1
+    elif kind == "above_t":
+        cu[rng.integers(1, B + 1)] = T + int(rng.integers(1, 1000))
+    elif kind == "negative":
+        cu[rng.integers(0, B + 1)] = -int(rng.integers(1, 1000))
+    elif kind == "last_ne_t":
+        cu[-1] = max(0, T - int(rng.integers(1, 5)))
+    return cu
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--max-t", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    sessions = []
+    for npt, elem, cut, heads, dim in CASES:
+        cu_elem = TensorProto.INT32 if cut == np.int32 else TensorProto.INT64
+        sessions.append((create_session(model(elem, cu_elem, heads, dim), "cuda", disable_cpu_fallback=True),
+                         npt, cut, heads, dim))  # fmt: skip
+    kinds = ["valid"] * 5 + ["decreasing", "above_t", "negative", "last_ne_t"]
+    counts: dict[str, int] = {}
+    errors = 0
+    t0 = time.time()
+    for call in range(args.calls):
+        sess, npt, cut, heads, dim = sessions[call % len(sessions)]
+        T = int(rng.integers(0, args.max_t + 1))
+        kind = kinds[int(rng.integers(0, len(kinds)))]
+        cu = draw_cu(rng, T, kind).astype(cut)
+        qkv = rng.standard_normal((T, 3 * heads * dim)).astype(npt)
+        try:
+            out, cls = sess.run(None, {"qkv": qkv, "cu": cu})
+            if kind == "valid" and not (np.isfinite(out).all() and np.isfinite(cls).all()):
+                print(f"call {call}: non-finite output for valid cu {cu.tolist()} T={T}", flush=True)
+                errors += 1
+        except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
+            if kind == "valid":
+                print(f"call {call}: unexpected error on valid input: {str(e).splitlines()[0]}", flush=True)
+                errors += 1
+        counts[kind] = counts.get(kind, 0) + 1
+        if (call + 1) % 100 == 0:
+            print(f"{call + 1} calls ({time.time() - t0:.1f} s)", flush=True)
+    print(f"memcheck fuzz: {args.calls} CUDA-EP calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
