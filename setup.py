@@ -23,9 +23,6 @@ class BuildOrtOps(build_ext):
         return os.path.join(*fullname.split(".")[:-1], LIB_NAME)
 
     def build_extension(self, ext: Extension) -> None:
-        if os.environ.get("RAGGEDVIT_SKIP_OPS") == "1":
-            print("RAGGEDVIT_SKIP_OPS=1: not building the ONNX Runtime op library")
-            return
         target = Path(self.get_ext_fullpath(ext.name)).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)
         root = Path(__file__).resolve().parent
@@ -34,7 +31,11 @@ class BuildOrtOps(build_ext):
         subprocess.run(cmd, check=True, cwd=root)
 
 
+SKIP_OPS = os.environ.get("RAGGEDVIT_SKIP_OPS") == "1"
+if SKIP_OPS:
+    print("RAGGEDVIT_SKIP_OPS=1: not building the ONNX Runtime op library")
+
 setup(
-    ext_modules=[Extension("raggedvit.custom_ops._ortlib", sources=[])],
+    ext_modules=[] if SKIP_OPS else [Extension("raggedvit.custom_ops._ortlib", sources=[])],
     cmdclass={"build_ext": BuildOrtOps},
 )
