@@ -28,9 +28,13 @@ def onnx_dtype(dtype: np.dtype | type) -> int:
 class GraphBuilder:
     """Collects nodes, initializers and value infos; every tensor name is unique.
 
-    `compute_dtype` (float32 or float16) is the dtype of weights stored with `weight()`
-    and of the activations between blocks.
+    `compute_dtype` (float32 or float16) is the dtype of the block GEMM weights stored with `weight()`
+    and of the GEMM / attention / GELU activations. The residual stream between and inside blocks,
+    the patch embedding, every LayerNorm's arithmetic, the pruning scores and the classifier head stay
+    float32 (`stream_dtype`) in both exports: see raggedvit/exporter/layers.py for the fp16 recipe.
     """
+
+    stream_dtype = np.dtype(np.float32)
 
     def __init__(self, compute_dtype: type = np.float32) -> None:
         self.compute_dtype = np.dtype(compute_dtype)
@@ -46,6 +50,16 @@ class GraphBuilder:
     def elem(self) -> int:
         """ONNX element type of the compute dtype."""
         return onnx_dtype(self.compute_dtype)
+
+    @property
+    def stream_elem(self) -> int:
+        """ONNX element type of the residual stream (float32)."""
+        return onnx_dtype(self.stream_dtype)
+
+    @property
+    def mixed(self) -> bool:
+        """True when the GEMMs run in a narrower dtype than the float32 residual stream."""
+        return self.compute_dtype != self.stream_dtype
 
     # ---- names -------------------------------------------------------------------------
     def name(self, hint: str) -> str:

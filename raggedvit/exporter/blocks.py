@@ -6,7 +6,7 @@ from torch import nn
 
 from raggedvit.exporter._builder import GraphBuilder
 from raggedvit.exporter.embed import Packed
-from raggedvit.exporter.layers import bias_gelu, layer_norm, linear, maybe_layer_norm
+from raggedvit.exporter.layers import bias_gelu, layer_norm, linear, maybe_layer_norm, to_compute, to_stream
 from raggedvit.exporter.metadata import RAGGED_DOMAIN
 
 __all__ = ["RAGGED_DOMAIN", "block"]
@@ -15,18 +15,19 @@ __all__ = ["RAGGED_DOMAIN", "block"]
 def _layer_scale(g: GraphBuilder, x: str, ls: nn.Module, hint: str) -> str:
     if isinstance(ls, nn.Identity):
         return x
-    return g.op("Mul", [x, g.weight(ls.gamma, f"{hint}.gamma")], hint=hint)
+    return g.op("Mul", [x, g.weight(ls.gamma, f"{hint}.gamma", dtype=g.stream_dtype)], hint=hint)
 
 
 def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cls_attn: bool) -> tuple[str, str | None]:
     """x [T, C] -> (x [T, C], cls_attn [T] float32 or None).
 
     x = x + ls1(proj(RaggedAttention(qkv(norm1(x)), cu))); x = x + ls2(fc2(gelu(fc1(norm2(x))))).
+    x and the norms are float32; qkv .. proj and fc1 .. fc2 run in the GEMM dtype (layers.py: the fp16 recipe).
     """
     p = f"blocks.{index}"
     attn = blk.attn
     C = int(attn.qkv.in_features)
-    h = layer_norm(g, state.x, blk.norm1, f"{p}.norm1")
+    h = to_compute(g, layer_norm(g, state.x, blk.norm1, f"{p}.norm1"), f"{p}.norm1")
     qkv = linear(g, h, attn.qkv, f"{p}.attn.qkv")  # [T, 3*H*D]
     out_name = g.name(f"{p}.attn.ragged")
     cls_name = g.name(f"{p}.attn.cls_attn") if want_cls_attn else ""
@@ -41,16 +42,16 @@ def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cl
         max_seqlen=int(state.nmax),
     )
     a = linear(g, out_name, attn.proj, f"{p}.attn.proj")
-    a = _layer_scale(g, a, blk.ls1, f"{p}.ls1")
+    a = _layer_scale(g, to_stream(g, a, f"{p}.attn.proj"), blk.ls1, f"{p}.ls1")
     x = g.op("Add", [state.x, a], hint=f"{p}.res1")
 
     mlp = blk.mlp
-    h = layer_norm(g, x, blk.norm2, f"{p}.norm2")
+    h = to_compute(g, layer_norm(g, x, blk.norm2, f"{p}.norm2"), f"{p}.norm2")
     h = linear(g, h, mlp.fc1, f"{p}.mlp.fc1", bias=False)
     h = bias_gelu(g, h, mlp.fc1, f"{p}.mlp.fc1")
-    h = maybe_layer_norm(g, h, mlp.norm, f"{p}.mlp.norm")
+    h = maybe_layer_norm(g, h, mlp.norm, f"{p}.mlp.norm", dtype=g.compute_dtype)
     h = linear(g, h, mlp.fc2, f"{p}.mlp.fc2")
-    h = _layer_scale(g, h, blk.ls2, f"{p}.ls2")
+    h = _layer_scale(g, to_stream(g, h, f"{p}.mlp.fc2"), blk.ls2, f"{p}.ls2")
     x = g.op("Add", [x, h], hint=f"{p}.res2")
     assert C == int(mlp.fc2.out_features)
     return x, (cls_name or None)

@@ -31,18 +31,21 @@ class Packed:
 
 
 def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
-    """images [B, 3, S, S] float32 -> Packed with T = B * (num_patches + prefix) rows."""
+    """images [B, 3, S, S] float32 -> Packed with T = B * (num_patches + prefix) rows, x float32.
+
+    The embedding runs in float32 in every export (one Conv; an fp16 embedding flips near-tie token
+    selections of the first pruning stage)."""
     C = int(vit.embed_dim)
     n0 = tokens_per_image(vit)
+    f32 = np.float32
     x = images
-    if g.compute_dtype != np.float32:
-        x = g.op("Cast", [x], hint="images_cast", to=g.elem)
     proj = vit.patch_embed.proj
+    conv_in = [x, g.weight(proj.weight, "patch_embed.proj.weight", dtype=f32)]
+    if proj.bias is not None:
+        conv_in.append(g.weight(proj.bias, "patch_embed.proj.bias", dtype=f32))
     x = g.op(
         "Conv",
-        [x, g.weight(proj.weight, "patch_embed.proj.weight"), g.weight(proj.bias, "patch_embed.proj.bias")]
-        if proj.bias is not None
-        else [x, g.weight(proj.weight, "patch_embed.proj.weight")],
+        conv_in,
         hint="patch_embed.proj",
         kernel_shape=list(proj.kernel_size),
         strides=list(proj.stride),
@@ -54,10 +57,10 @@ def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
     batch = g.op("Shape", [images], hint="batch", start=0, end=1)  # [1] int64, the only Shape in the graph
     prefix = []
     for attr, p in prefix_tokens(vit):
-        tok = g.weight(p, attr)  # [1, n, C]
+        tok = g.weight(p, attr, dtype=f32)  # [1, n, C]
         shape = g.op("Concat", [batch, g.const([int(p.shape[1]), C], np.int64)], hint=f"{attr}.shape", axis=0)
         prefix.append(g.op("Expand", [tok, shape], hint=f"{attr}.expand"))
-    pos = g.weight(vit.pos_embed, "pos_embed")
+    pos = g.weight(vit.pos_embed, "pos_embed", dtype=f32)
     if getattr(vit, "no_embed_class", False):
         x = g.op("Add", [x, pos], hint="pos_add")
         x = g.op("Concat", [*prefix, x], hint="tokens", axis=1) if prefix else x

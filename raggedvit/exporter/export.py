@@ -47,7 +47,8 @@ def build_model(
 
     Inputs: images [batch, 3, S, S] float32 (already normalised). Outputs: logits [batch, classes]
     float32 and token_counts [batch, stages] int64 (tokens per image after each stage; [batch, 0]
-    for policy none). `dtype` "fp16" stores weights and computes in float16; scores stay float32.
+    for policy none). `dtype` "fp16" runs the block GEMMs, attention and GELU in float16; the residual
+    stream, LayerNorms, pruning scores and head stay float32 (layers.py documents the recipe).
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be fp32 or fp16, got {dtype!r}")
@@ -84,7 +85,7 @@ def build_model(
             state = type(state)(x=x, cu=state.cu, cu32=state.cu32, counts=state.counts, nmax=state.nmax)
         logits = head(g, vit, state, num_prefix=p)
 
-    g.op("Cast", [logits], outputs=[logits_name], to=TensorProto.FLOAT)
+    g.op("Identity", [logits], outputs=[logits_name])  # the head is float32 in every export
     cols = [g.op("Unsqueeze", [c, g.const([1], np.int64)], hint="token_counts.col") for c in stage_counts]
     if cols:
         g.op("Concat", cols, outputs=[counts_name], axis=1)

@@ -14,11 +14,12 @@ __all__ = ["head"]
 
 
 def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> str:
-    """Packed x [T, C] -> logits [B, classes] in the compute dtype.
+    """Packed x [T, C] float32 -> logits [B, classes] float32 (final norm and head in float32 in every export).
 
     'token': rows cu[:-1] (cls) and, for DeiT distilled, cu[:-1] + 1 (dist) -> (head + head_dist) / 2.
     'avg': per-image mean of the non-prefix rows (a [B, T] weight matrix times x).
     """
+    f32 = np.float32
     first = g.op("Slice", [state.cu, g.const([0], np.int64), g.const([-1], np.int64)], hint="head.first_rows")  # [B]
     if getattr(vit, "global_pool", "token") == "avg":
         x = maybe_layer_norm(g, state.x, vit.norm, "norm")
@@ -32,21 +33,21 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
         )  # [B, 1]
         member = g.op("Equal", [b_col, g.op("Unsqueeze", [seq, g.const([0], np.int64)])], hint="head.member")
         patch = g.op("Not", [g.op("Less", [pos, g.const(q, np.int64)])], hint="head.patch_row")  # [T]
-        sel = g.op("Cast", [g.op("And", [member, patch])], hint="head.sel", to=g.elem)  # [B, T]
+        sel = g.op("Cast", [g.op("And", [member, patch])], hint="head.sel", to=g.stream_elem)  # [B, T]
         npatch = g.op(
             "Cast",
             [g.op("Sub", [g.op("Unsqueeze", [state.counts, g.const([1], np.int64)]), g.const(q, np.int64)])],
             hint="head.npatch",
-            to=g.elem,
+            to=g.stream_elem,
         )
         pooled = g.op("Div", [g.op("MatMul", [sel, x]), npatch], hint="head.avg")  # [B, C]
         pooled = maybe_layer_norm(g, pooled, getattr(vit, "fc_norm", None), "fc_norm")
-        return linear(g, pooled, vit.head, "head")
+        return linear(g, pooled, vit.head, "head", dtype=f32)
 
     cls = g.op("Gather", [state.x, first], hint="head.cls", axis=0)  # [B, C]
     cls = maybe_layer_norm(g, cls, vit.norm, "norm")
     cls = maybe_layer_norm(g, cls, getattr(vit, "fc_norm", None), "fc_norm")
-    logits = linear(g, cls, vit.head, "head")
+    logits = linear(g, cls, vit.head, "head", dtype=f32)
     head_dist = getattr(vit, "head_dist", None)
     if head_dist is None:
         return logits
@@ -54,6 +55,6 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
     dist = g.op("Gather", [state.x, dist_rows], hint="head.dist", axis=0)
     dist = maybe_layer_norm(g, dist, vit.norm, "norm_dist")
     dist = maybe_layer_norm(g, dist, getattr(vit, "fc_norm", None), "fc_norm_dist")
-    dist_logits = linear(g, dist, head_dist, "head_dist")
+    dist_logits = linear(g, dist, head_dist, "head_dist", dtype=f32)
     both = g.op("Add", [logits, dist_logits], hint="head.sum")
-    return g.op("Mul", [both, g.const(np.asarray(0.5, dtype=g.compute_dtype))], hint="head.mean")
+    return g.op("Mul", [both, g.const(np.asarray(0.5, dtype=f32))], hint="head.mean")

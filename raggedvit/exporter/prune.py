@@ -22,9 +22,7 @@ CLS_MASS_EPS = 1e-30  # as raggedvit.pruning.select.CLS_MASS_EPS
 
 
 def l2_scores(g: GraphBuilder, x: str, hint: str) -> str:
-    """x [T, C] -> s [T] float32, the L2 norm of each row (computed in float32)."""
-    if g.compute_dtype != np.float32:
-        x = g.op("Cast", [x], hint=f"{hint}.f32", to=_F32)
+    """x [T, C] float32 (the residual stream) -> s [T] float32, the L2 norm of each row."""
     return g.op("ReduceL2", [x], hint=hint, axes=[1], keepdims=0)
 
 
@@ -151,7 +149,7 @@ def _mass_count(g, sorted_vals, grid_i, patches, *, mass, hint):
 
 
 def _fused_tokens(g, x, scores, seq, keep_mask, coords, zeros_b1, hint):
-    """evit fuse: per image sum over dropped patch rows of a_t x_t / max(sum a_t, 1e-12) -> [B, C] compute dtype."""
+    """evit fuse: per image sum over dropped patch rows of a_t x_t / max(sum a_t, 1e-12) -> [B, C] float32."""
     h = hint
     kept_row = g.op("GatherND", [keep_mask, coords], hint=f"{h}.kept_row")  # [T] bool (prefix rows are kept)
     w = g.op("Where", [kept_row, g.const(np.float32(0)), scores], hint=f"{h}.w")  # [T]
@@ -159,12 +157,10 @@ def _fused_tokens(g, x, scores, seq, keep_mask, coords, zeros_b1, hint):
     b_col = g.op("CumSum", [ones_b1, g.const(0, np.int64)], hint=f"{h}.b_col", exclusive=1)  # [B, 1] = b
     member = g.op("Equal", [b_col, g.op("Unsqueeze", [seq, g.const([0], np.int64)])], hint=f"{h}.member")  # [B, T]
     wmat = g.op("Mul", [g.op("Cast", [member], to=_F32), w], hint=f"{h}.wmat")  # [B, T]
-    x32 = x if g.compute_dtype == np.float32 else g.op("Cast", [x], to=_F32, hint=f"{h}.x32")
-    num = g.op("MatMul", [wmat, x32], hint=f"{h}.fuse_num")  # [B, C]
+    num = g.op("MatMul", [wmat, x], hint=f"{h}.fuse_num")  # x float32 (residual stream)  # [B, C]
     den = g.op(
         "Max",
         [g.op("ReduceSum", [wmat, g.const([1], np.int64)], keepdims=1), g.const(np.float32(1e-12))],
         hint=f"{h}.fuse_den",
     )
-    fused = g.op("Div", [num, den], hint=f"{h}.fused")
-    return fused if g.compute_dtype == np.float32 else g.op("Cast", [fused], to=g.elem, hint=f"{h}.fused_cast")
+    return g.op("Div", [num, den], hint=f"{h}.fused")
