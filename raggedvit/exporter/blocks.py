@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from torch import nn
 
 from raggedvit.exporter._builder import GraphBuilder
@@ -16,6 +17,17 @@ def _layer_scale(g: GraphBuilder, x: str, ls: nn.Module, hint: str) -> str:
     if isinstance(ls, nn.Identity):
         return x
     return g.op("Mul", [x, g.weight(ls.gamma, f"{hint}.gamma", dtype=g.stream_dtype)], hint=hint)
+
+
+def _can_fuse_skip_ln(blk: nn.Module) -> bool:
+    """res1 + norm2 fit SkipLayerNormalization: no LayerScale on the attention branch, an affine LayerNorm."""
+    n2 = blk.norm2
+    return (
+        isinstance(blk.ls1, nn.Identity)
+        and isinstance(n2, nn.LayerNorm)
+        and n2.weight is not None
+        and n2.bias is not None
+    )
 
 
 def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cls_attn: bool) -> tuple[str, str | None]:
@@ -41,12 +53,27 @@ def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cl
         scale=float(attn.scale),
         max_seqlen=int(state.nmax),
     )
-    a = linear(g, out_name, attn.proj, f"{p}.attn.proj")
-    a = _layer_scale(g, to_stream(g, a, f"{p}.attn.proj"), blk.ls1, f"{p}.ls1")
-    x = g.op("Add", [state.x, a], hint=f"{p}.res1")
+    if _can_fuse_skip_ln(blk):
+        # proj bias + residual add + norm2 in one com.microsoft::SkipLayerNormalization: one node instead of
+        # three, and no bias pass over the proj output (ORT's MatMul+Add -> Gemm broadcasts the bias into the
+        # output first: 0.8 ms of 3.6 ms GPU time at deit_base B=32 in the H200 profile of 2026-11-29)
+        a = to_stream(g, linear(g, out_name, attn.proj, f"{p}.attn.proj", bias=False), f"{p}.attn.proj")
+        n2 = blk.norm2
+        inputs = [a, state.x, g.weight(n2.weight, f"{p}.norm2.weight", dtype=np.float32),
+                  g.weight(n2.bias, f"{p}.norm2.bias", dtype=np.float32)]  # fmt: skip
+        if attn.proj.bias is not None:
+            inputs.append(g.weight(attn.proj.bias, f"{p}.attn.proj.bias", dtype=np.float32))
+        h_name, x = g.name(f"{p}.norm2"), g.name(f"{p}.res1")
+        g.op_multi("SkipLayerNormalization", inputs, domain="com.microsoft", hint=f"{p}.res1_norm2",
+                   outputs=[h_name, "", "", x], epsilon=float(n2.eps))  # fmt: skip
+        h = to_compute(g, h_name, f"{p}.norm2")
+    else:
+        a = linear(g, out_name, attn.proj, f"{p}.attn.proj")
+        a = _layer_scale(g, to_stream(g, a, f"{p}.attn.proj"), blk.ls1, f"{p}.ls1")
+        x = g.op("Add", [state.x, a], hint=f"{p}.res1")
+        h = to_compute(g, layer_norm(g, x, blk.norm2, f"{p}.norm2"), f"{p}.norm2")
 
     mlp = blk.mlp
-    h = to_compute(g, layer_norm(g, x, blk.norm2, f"{p}.norm2"), f"{p}.norm2")
     h = linear(g, h, mlp.fc1, f"{p}.mlp.fc1", bias=False)
     h = bias_gelu(g, h, mlp.fc1, f"{p}.mlp.fc1")
     h = maybe_layer_norm(g, h, mlp.norm, f"{p}.mlp.norm", dtype=g.compute_dtype)

@@ -33,5 +33,22 @@ class BiasGelu(OpRun):
         return ((0.5 * y * (1.0 + torch.erf(y / math.sqrt(2.0)))).numpy().astype(x.dtype),)
 
 
+class SkipLayerNormalization(OpRun):
+    """com.microsoft::SkipLayerNormalization: (LN(x + skip + bias), mean, inv_std, x + skip + bias)."""
+
+    op_domain = "com.microsoft"
+
+    def _run(self, x, skip, gamma, beta=None, bias=None, epsilon=1e-12):
+        s = x.astype(np.float64) + skip.astype(np.float64)
+        if bias is not None:
+            s = s + bias.astype(np.float64)
+        mean = s.mean(-1, keepdims=True)
+        inv_std = 1.0 / np.sqrt(((s - mean) ** 2).mean(-1, keepdims=True) + epsilon)
+        y = (s - mean) * inv_std * gamma.astype(np.float64)
+        if beta is not None:
+            y = y + beta.astype(np.float64)
+        return y.astype(x.dtype), mean.astype(np.float32), inv_std.astype(np.float32), s.astype(x.dtype)
+
+
 def reference_evaluator(model) -> ReferenceEvaluator:
-    return ReferenceEvaluator(model, new_ops=[RaggedAttention, BiasGelu])
+    return ReferenceEvaluator(model, new_ops=[RaggedAttention, BiasGelu, SkipLayerNormalization])
