@@ -31,7 +31,7 @@ _T0 = time.time()  # the time budget counts from here, heavy imports (torch, tim
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from _e2e.cases import BASELINES, PRUNED, VARIANTS, BenchConfig, parse_policy, resolve_case  # noqa: E402
+from _e2e.cases import BASELINES, PRUNED, VARIANTS, BenchConfig, blank_record, parse_policy, resolve_case  # noqa: E402
 from _e2e.report import compact_table, plot, profile_lines, speedups, write_json  # noqa: E402
 
 _REPORT_RESERVE_S = 8.0  # kept back from the budget for the JSON, PNG and table
@@ -162,22 +162,9 @@ def run_case(cfg: BenchConfig, model: str, size: int, deadline: float, part: Pat
 
 
 def _missing(model: str, size: int, policy: str, variant: str, batch: int, why: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "img_size": size,
-        "policy": policy,
-        "variant": variant,
-        "batch": batch,
-        "latency_ms": None,
-        "img_per_s": None,
-        "mean_tokens": None,
-        "top1_agree": None,
-        "top1_ref": None,
-        "runs": None,
-        "status": "error",
-        "note": "",
-        "error": why,
-    }
+    rec = blank_record(model, size, policy, variant, batch, "error")
+    rec["error"] = why
+    return rec
 
 
 def _worker_main(args: argparse.Namespace) -> None:

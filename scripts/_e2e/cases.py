@@ -23,6 +23,26 @@ __all__ = [
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
 
 
+def blank_record(model: str, img_size: int, policy: str, variant: str, batch: int, status: str) -> dict[str, Any]:
+    """One benchmark record with every measured field empty (the runner fills them; errors keep them None)."""
+    return {
+        "model": model,
+        "img_size": img_size,
+        "policy": policy,
+        "variant": variant,
+        "batch": batch,
+        "latency_ms": None,
+        "img_per_s": None,
+        "mean_tokens": None,
+        "top1_agree": None,
+        "top1_ref": None,
+        "runs": None,
+        "status": status,
+        "note": "",
+        "error": None,
+    }
+
+
 def parse_policy(text: str) -> PruneSpec:
     """'topk-l2:keep=0.5:at=4' / 'cls-mass:mass=0.9:at=3,6,9' / 'evit:keep=0.7:at=4,7:fuse' -> PruneSpec."""
     name, *parts = text.split(":")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from _e2e import onnx_baselines, ort_run
-from _e2e.cases import BASELINES, CUDA_ONLY, BenchConfig, ModelCase, parse_policy
+from _e2e.cases import BASELINES, CUDA_ONLY, BenchConfig, ModelCase, blank_record, parse_policy
 from _e2e.profile import kernel_summary, summarize_ort_profile
 from _e2e.timing import device_sync, measure
 from _e2e.variants import Step, export_ragged, ort_step, torch_model_fn, torch_step
@@ -69,23 +69,8 @@ class CaseRunner:
 
     # ------------------------------------------------------------------ records
     def _record(self, variant: str, policy: str, batch: int, status: str, **fields: Any) -> None:
-        rec = {
-            "model": self.case.model,
-            "img_size": self.case.img_size,
-            "timm_name": self.case.timm_name,
-            "policy": policy,
-            "variant": variant,
-            "batch": batch,
-            "latency_ms": None,
-            "img_per_s": None,
-            "mean_tokens": None,
-            "top1_agree": None,
-            "top1_ref": None,
-            "runs": None,
-            "status": status,
-            "note": "",
-            "error": None,
-        }
+        rec = blank_record(self.case.model, self.case.img_size, policy, variant, batch, status)
+        rec["timm_name"] = self.case.timm_name
         rec.update(fields)
         self.emit(rec)
         shown = f"{rec['img_per_s']:.1f} img/s ({rec['latency_ms']:.3f} ms)" if status == "ok" else status
