@@ -1,0 +1,18 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def gen(request: pytest.FixtureRequest) -> Iterator[torch.Generator]:
+    """A generator with a fresh seed per test (printed, so a failure can be replayed with RAGGEDVIT_SEED)."""
+    seed = int(os.environ.get("RAGGEDVIT_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"seed={seed} (replay: RAGGEDVIT_SEED={seed})")
+    request.node.user_properties.append(("seed", seed))
+    yield torch.Generator().manual_seed(seed)
