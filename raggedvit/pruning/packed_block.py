@@ -10,7 +10,7 @@ from torch import nn
 
 from raggedvit.kernels import ragged_attention
 
-__all__ = ["AttentionFn", "packed_block_forward"]
+__all__ = ["AttentionFn", "block_tail", "packed_block_forward"]
 
 # Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
 # (qkv [T, 3*H*D], cu_seqlens [B+1], num_heads, *, scale, max_seqlen, return_cls_attn)
@@ -66,10 +66,19 @@ def packed_block_forward(
         return_cls_attn=return_cls_attn,
     )
     o, cls_attn = res if return_cls_attn else (res, None)
+    x = block_tail(block, x, h, o)
+    return (x, cls_attn) if return_cls_attn else x
+
+
+def block_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The rest of timm's Block after attention, for any row layout ([T, C] packed or [B, W, C] padded).
+
+    x: the block input; h: norm1(x) (the attention gate reads it); o: attention output, heads merged ([..., H*D]).
+    """
+    attn = block.attn
     o = attn.norm(o)
     if getattr(attn, "gate", None) is not None:
         o = o * attn.gate(h).sigmoid()
     o = attn.proj_drop(attn.proj(o))
     x = x + block.drop_path1(block.ls1(o))
-    x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
-    return (x, cls_attn) if return_cls_attn else x
+    return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))

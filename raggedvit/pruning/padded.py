@@ -12,6 +12,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 
 from raggedvit.pruning._model import check_supported, classify, embed_tokens, is_distilled
 from raggedvit.pruning.packed import EVIT_FUSE_EPS, PrunedOutput
+from raggedvit.pruning.packed_block import block_tail
 from raggedvit.pruning.select import select_tokens
 from raggedvit.pruning.spec import PruneSpec
 
@@ -38,8 +39,9 @@ def _masked_attention(q, k, v, valid, scale, attention: str, need_cls: bool):
     return out, cls_attn
 
 
-def padded_block_forward(block: Block, x: torch.Tensor, valid: torch.Tensor, *, attention: str = "eager",
-                         return_cls_attn: bool = False):
+def padded_block_forward(
+    block: Block, x: torch.Tensor, valid: torch.Tensor, *, attention: str = "eager", return_cls_attn: bool = False
+):
     """timm Block on padded tokens x [B, W, C] with key-padding mask valid [B, W] -> x' (, cls_attn [B, W])."""
     attn = block.attn
     B, W, C = x.shape
@@ -48,12 +50,7 @@ def padded_block_forward(block: Block, x: torch.Tensor, valid: torch.Tensor, *, 
     q, k, v = attn.qkv(h).reshape(B, W, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, W, D]
     q, k = attn.q_norm(q), attn.k_norm(k)
     o, cls_attn = _masked_attention(q, k, v, valid, attn.scale, attention, return_cls_attn)
-    o = attn.norm(o.transpose(1, 2).reshape(B, W, H * D))
-    if getattr(attn, "gate", None) is not None:
-        o = o * attn.gate(h).sigmoid()
-    o = attn.proj_drop(attn.proj(o))
-    x = x + block.drop_path1(block.ls1(o))
-    x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+    x = block_tail(block, x, h, o.transpose(1, 2).reshape(B, W, H * D))
     return (x, cls_attn) if return_cls_attn else x
 
 
