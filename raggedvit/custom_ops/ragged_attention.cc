@@ -1,7 +1,10 @@
 // Attribute reading, shape checks and shape inference of RaggedAttention (shared by every EP).
 #include "ragged_attention.h"
 
+#include <deque>
+#include <mutex>
 #include <sstream>
+#include <string>
 
 namespace raggedvit {
 
@@ -98,6 +101,17 @@ std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector
   return "";
 }
 
+namespace {
+// A process-unique symbolic dimension ("ragged_dim_<n>"); the strings live as long as the library.
+Ort::ShapeInferContext::SymbolicInteger FreshSymbol() {
+  static std::mutex mu;
+  static std::deque<std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  names.push_back("ragged_dim_" + std::to_string(names.size()));
+  return Ort::ShapeInferContext::SymbolicInteger(names.back().c_str());
+}
+}  // namespace
+
 OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* raw) noexcept {
   return GuardStatus([&]() -> OrtStatusPtr {
     Ort::ShapeInferContext ctx(&Ort::GetApi(), raw);
@@ -109,11 +123,14 @@ OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* raw) noexcept {
     Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(raw_info, &qkv_type));
     const auto& qkv = ctx.GetInputShape(0);
     if (qkv.size() != 2) return nullptr;
-    Ort::ShapeInferContext::Shape out{qkv[0]};
+    // An unknown dimension reaches us as the integer -1 with no symbol; handing -1 back would make it a
+    // dim_value of -1 (and a later Reshape fails inference), so unknown dims get a fresh symbol instead.
+    Ort::ShapeInferContext::Shape out;
+    out.push_back(qkv[0].IsInt() && qkv[0].AsInt() < 0 ? FreshSymbol() : qkv[0]);
     if (qkv[1].IsInt() && qkv[1].AsInt() > 0 && qkv[1].AsInt() % 3 == 0) {
       out.emplace_back(qkv[1].AsInt() / 3);
     } else {
-      out.emplace_back(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1}));
+      out.push_back(FreshSymbol());
     }
     Ort::Status st = ctx.SetOutputShape(0, out, qkv_type);
     if (!st.IsOK()) return st.release();

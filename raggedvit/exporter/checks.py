@@ -9,7 +9,7 @@ from onnx import TensorProto
 
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, read_recipe
 
-__all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph"]
+__all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph", "static_shapes"]
 
 MAX_IR_VERSION = 13  # onnxruntime 1.31 rejects IR 14
 # Control flow, sequences and host-side shape arithmetic: each forces CPU placement or Memcpy on the CUDA EP.
@@ -30,7 +30,15 @@ FORBIDDEN_OPS = frozenset(
         "Compress",
     }
 )
-_PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterND", "ScatterElements", "Gather")
+_PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterND", "ScatterElements", "Gather")  # general (data-dependent) stages
+_STATIC_PRUNE_OPS = ("TopK", "Gather")  # uniform stages (prune.py): static shapes, no NonZero
+
+
+def static_shapes(prune: dict) -> bool:
+    """True when every stage of the recipe's pruning keeps an export-time-known count (topk-l2, evit without
+    fuse): the graph then has static shapes for a given batch, no NonZero, and can run as a CUDA graph."""
+    policy = prune.get("policy", "none")
+    return policy == "topk-l2" or (policy == "evit" and not prune.get("fuse", False)) or policy == "none"
 
 
 def _elem_and_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[str | int]]:
@@ -64,10 +72,13 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
     if depth is not None and n_attn != depth:
         problems.append(f"{n_attn} RaggedAttention nodes, expected depth = {depth}")
     stages = 0 if recipe.get("prune", {}).get("policy", "none") == "none" else len(recipe["prune"].get("prune_at", ()))
+    static = static_shapes(recipe.get("prune", {}))
     if stages:
-        missing = [op for op in _PRUNE_OPS if ops[("", op)] == 0]
+        missing = [op for op in (_STATIC_PRUNE_OPS if static else _PRUNE_OPS) if ops[("", op)] == 0]
         if missing:
             problems.append(f"pruning ops missing: {missing}")
+    if static and ops[("", "NonZero")]:
+        problems.append("NonZero in a static-shape pruning graph (it syncs with the host; CUDA graphs impossible)")
     ins = {vi.name: _elem_and_dims(vi) for vi in model.graph.input}
     outs = {vi.name: _elem_and_dims(vi) for vi in model.graph.output}
     if list(ins) != ["images"] or ins["images"][0] != TensorProto.FLOAT or ins["images"][1][:1] != ["batch"]:

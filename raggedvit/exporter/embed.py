@@ -20,7 +20,10 @@ class Packed:
     """Packed activations between blocks (tensor names in the graph).
 
     x [T, C] compute dtype; cu [B+1] int64 (0, cumsum(counts)); counts [B] int64;
-    cu32 [B+1] int32 (the RaggedAttention input); nmax: static max rows per image.
+    cu32 [B+1] int32 (the RaggedAttention input); nmax: static max rows per image; uniform: the rows of
+    every image when all images have the same count known at export time (before any pruning, and after
+    topk-l2/evit stages on such a state), else None. A uniform state is pruned with static shapes only
+    (TopK + GatherND, no NonZero): no host synchronisation, and the graph can be captured as a CUDA graph.
     """
 
     x: str
@@ -28,6 +31,7 @@ class Packed:
     cu32: str
     counts: str
     nmax: int
+    uniform: int | None = None
 
 
 def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
@@ -72,7 +76,8 @@ def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
 
     counts = g.op("Expand", [g.const([n0], np.int64), batch], hint="counts0")  # [B]
     cu = cu_from_counts(g, counts, "cu0")
-    return Packed(x=x, cu=cu, cu32=g.op("Cast", [cu], hint="cu0_i32", to=TensorProto.INT32), counts=counts, nmax=n0)
+    cu32 = g.op("Cast", [cu], hint="cu0_i32", to=TensorProto.INT32)
+    return Packed(x=x, cu=cu, cu32=cu32, counts=counts, nmax=n0, uniform=n0)
 
 
 def cu_from_counts(g: GraphBuilder, counts: str, hint: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def build_model(
                 )
                 stage_counts.append(state.counts)
             x, cls_attn = block(g, blk, state, i, want_cls_attn=(i + 1) in stages and spec.policy in _CLS_ATTN_POLICIES)
-            state = type(state)(x=x, cu=state.cu, cu32=state.cu32, counts=state.counts, nmax=state.nmax)
+            state = dataclasses.replace(state, x=x)
         logits = head(g, vit, state, num_prefix=p)
 
     g.op("Identity", [logits], outputs=[logits_name])  # the head is float32 in every export

@@ -24,6 +24,14 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
     if getattr(vit, "global_pool", "token") == "avg":
         x = maybe_layer_norm(g, state.x, vit.norm, "norm")
         q = 0 if getattr(vit, "pool_include_prefix", False) else num_prefix  # first pooled row of each image
+        if state.uniform is not None:  # n rows per image: a static reshape, no NonZero
+            n = int(state.uniform)
+            x3 = g.op("Reshape", [x, g.const([-1, n, int(vit.embed_dim)], np.int64)], hint="head.images")
+            if q:
+                x3 = g.op("Slice", [x3, g.const([q], np.int64), g.const([n], np.int64), g.const([1], np.int64)])
+            pooled = g.op("ReduceMean", [x3], hint="head.avg", axes=[1], keepdims=0)  # [B, C]
+            pooled = maybe_layer_norm(g, pooled, getattr(vit, "fc_norm", None), "fc_norm")
+            return linear(g, pooled, vit.head, "head", dtype=f32)
         seq, pos, zeros_b1 = row_coordinates(g, state, "head")
         b_col = g.op(
             "CumSum",

@@ -1,8 +1,14 @@
 """One token-pruning stage on packed rows (DESIGN.md section 4), all on the device.
 
-Padded per-image views [B, Nmax] are built by scatter from the packed rows, the keep mask by
+General stage: padded per-image views [B, Nmax] are built by scatter from the packed rows, the keep mask by
 TopK (stable descending sort) + inverse permutation, and the new packed rows by NonZero + Gather,
 so no row count is fixed anywhere and nothing is read back on the host.
+
+Uniform stage (every image has the same, export-time-known row count n and the policy keeps a count that
+depends on n only: topk-l2, evit without fuse): k = clamp(ceil(f32(keep) * f32(n - p)), 1, n - p) is a
+constant, so the stage is TopK(k) of the [B, n - p] patch scores, an ascending sort of the k kept positions
+and one Gather: static shapes, no NonZero (whose CUDA kernel copies its count to the host), and a
+topk-l2 / evit graph becomes capturable as a CUDA graph. Same kept rows, same order as the general stage.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from onnx import TensorProto
 from raggedvit.exporter._builder import GraphBuilder
 from raggedvit.exporter.embed import Packed, cu_from_counts
 
-__all__ = ["l2_scores", "prune_stage", "row_coordinates"]
+__all__ = ["l2_scores", "prune_stage", "row_coordinates", "uniform_keep"]
 
 _F32 = TensorProto.FLOAT
 _I64 = TensorProto.INT64
@@ -63,6 +69,8 @@ def prune_stage(
     appended last: the cls_attn-weighted mean of its dropped patch rows.
     """
     p, nmax, h = num_prefix, state.nmax, hint
+    if state.uniform is not None and policy in ("topk-l2", "evit") and not fuse:
+        return _uniform_stage(g, state, scores, keep=keep, num_prefix=p, hint=h)
     seq, pos, zeros_b1 = row_coordinates(g, state, h)
     row = g.const(np.arange(nmax, dtype=np.int64)[None], hint="arange_row")  # [1, Nmax]
     grid_i = g.op("Add", [zeros_b1, row], hint=f"{h}.grid_i")  # [B, Nmax]
@@ -129,6 +137,46 @@ def prune_stage(
     cu = cu_from_counts(g, counts, f"{h}.cu")
     cu32 = g.op("Cast", [cu], hint=f"{h}.cu_i32", to=TensorProto.INT32)
     return Packed(x=x, cu=cu, cu32=cu32, counts=counts, nmax=nmax_out)
+
+
+def uniform_keep(n: int, num_prefix: int, keep: float) -> int:
+    """Patch rows kept of an image with n rows: clamp(ceil(f32(keep) * f32(n - p)), 1, n - p) (float32 as select.py)."""
+    patches = n - num_prefix
+    k = int(np.ceil(np.float32(keep) * np.float32(patches)))
+    return min(max(k, 1), patches)
+
+
+def _uniform_stage(g: GraphBuilder, state: Packed, scores: str, *, keep: float, num_prefix: int, hint: str) -> Packed:
+    """topk-l2 / evit stage of a uniform state (n rows per image): static shapes only.
+
+    scores [B*n] float32 -> x [B*(p+k), C]; rows of image b: its p prefix rows, then its k best patch rows
+    in ascending position (TopK picks the lower position among equal scores, as the general stage)."""
+    p, n, h = num_prefix, int(state.uniform), hint
+    k = uniform_keep(n, p, keep)
+    m = p + k
+    S = g.op("Reshape", [scores, g.const([-1, n], np.int64)], hint=f"{h}.S")  # [B, n]
+    if p:
+        S = g.op("Slice", [S, g.const([p], np.int64), g.const([n], np.int64), g.const([1], np.int64)], hint=f"{h}.Sp")
+    _, best = g.op_multi("TopK", [S, g.const([k], np.int64)], hint=f"{h}.topk", n_out=2, axis=1, largest=1, sorted=1)
+    ordered, _ = g.op_multi(
+        "TopK", [best, g.const([k], np.int64)], hint=f"{h}.ascending", n_out=2, axis=1, largest=0, sorted=1
+    )  # [B, k] patch positions, ascending
+    base = g.op(
+        "Unsqueeze",
+        [g.op("Slice", [state.cu, g.const([0], np.int64), g.const([-1], np.int64)]), g.const([1], np.int64)],
+        hint=f"{h}.base",
+    )  # [B, 1] = b * n, the first packed row of each image
+    rows = g.op("Add", [ordered, g.op("Add", [base, g.const(p, np.int64)])], hint=f"{h}.patch_rows")  # [B, k]
+    if p:
+        prefix_rows = g.op("Add", [base, g.const(np.arange(p, dtype=np.int64)[None])], hint=f"{h}.prefix_rows")
+        rows = g.op("Concat", [prefix_rows, rows], hint=f"{h}.rows", axis=1)  # [B, p + k]
+    src = g.op("Reshape", [rows, g.const([-1], np.int64)], hint=f"{h}.src")
+    x = g.op("Gather", [state.x, src], hint=f"{h}.x", axis=0)
+    n_c, m_c = g.const(n, np.int64), g.const(m, np.int64)
+    counts = g.op("Mul", [g.op("Div", [state.counts, n_c]), m_c], hint=f"{h}.counts")  # [B] = m
+    cu = g.op("Mul", [g.op("Div", [state.cu, n_c]), m_c], hint=f"{h}.cu")  # [B+1] = b * m
+    cu32 = g.op("Cast", [cu], hint=f"{h}.cu_i32", to=TensorProto.INT32)
+    return Packed(x=x, cu=cu, cu32=cu32, counts=counts, nmax=m, uniform=m)
 
 
 def _mass_count(g, sorted_vals, grid_i, patches, *, mass, hint):

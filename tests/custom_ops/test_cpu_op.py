@@ -139,3 +139,30 @@ def test_output_shape_inference(ort_library):
     assert out.type == "tensor(float16)"
     assert sess.get_outputs()[1].type == "tensor(float)"
     assert set(DTYPES) == {torch.float32, torch.float16, torch.bfloat16}
+
+
+def test_unknown_row_count_stays_symbolic(ort_library):
+    """qkv rows unknown at load time (Reshape to [-1, W]): the output's row dim must be a symbol, not -1,
+    or a later Reshape of a reduction of it fails ORT's shape inference ("incompatible shapes")."""
+    import numpy as np
+    import onnx
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4, 12])
+    cu = helper.make_tensor_value_info("cu", TensorProto.INT32, ["b1"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("Reshape", ["x", "s"], ["qkv"]),
+        helper.make_node("RaggedAttention", ["qkv", "cu"], ["o"], domain="com.raggedvit", num_heads=1),
+        helper.make_node("ReduceL2", ["o"], ["l"], axes=[1], keepdims=0),
+        helper.make_node("Reshape", ["l", "s2"], ["y"]),
+    ]
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("s", [-1, 12]), ("s2", [-1, 4]))]
+    graph = helper.make_graph(nodes, "unknown_rows", [x, cu], [y], inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    )
+    model.ir_version = 10
+    sess = create_session(model.SerializeToString(), "cpu")
+    xs = np.random.default_rng(0).standard_normal((2, 4, 12)).astype(np.float32)
+    (out,) = sess.run(None, {"x": xs, "cu": np.array([0, 3, 8], np.int32)})
+    assert out.shape == (2, 4)
