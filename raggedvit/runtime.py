@@ -2,6 +2,9 @@
 
 sess = create_session("model.onnx", device="cuda", disable_cpu_fallback=True)
 outs = run_with_iobinding(sess, {"qkv": qkv_cuda, "cu_seqlens": cu_cuda}, {"out": out_cuda})
+
+run = GraphRunner("model.onnx", batch=8)        # CUDA graph: one launch per run (static-shape exports)
+logits, token_counts = run(images_cuda)          # torch tensors, valid until the next call
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from raggedvit.custom_ops import library_path
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["bind_tensor", "create_session", "providers_for", "run_with_iobinding", "session_options"]
+__all__ = [
+    "GraphRunner",
+    "bind_tensor",
+    "create_session",
+    "providers_for",
+    "run_with_iobinding",
+    "session_options",
+]
 
 Device = Literal["cpu", "cuda"]
 
@@ -47,10 +57,11 @@ def session_options(
 
 
 def providers_for(
-    device: Device, *, device_id: int = 0, cpu_fallback: bool = True
+    device: Device, *, device_id: int = 0, cpu_fallback: bool = True, cuda_graph: bool = False
 ) -> list[str | tuple[str, dict[str, str]]]:
     """Execution providers for `device` ("cuda": CUDA EP on ORT's default stream, then CPU unless
-    cpu_fallback is False: ORT rejects an explicit CPU EP together with session.disable_cpu_ep_fallback=1)."""
+    cpu_fallback is False: ORT rejects an explicit CPU EP together with session.disable_cpu_ep_fallback=1).
+    cuda_graph: the CUDA EP captures the whole run as a CUDA graph and replays it (static shapes only)."""
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if device == "cuda":
@@ -59,7 +70,10 @@ def providers_for(
                 f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (install onnxruntime-gpu); "
                 f"available: {ort.get_available_providers()}"
             )
-        cuda: tuple[str, dict[str, str]] = ("CUDAExecutionProvider", {"device_id": str(device_id)})
+        opts = {"device_id": str(device_id)}
+        if cuda_graph:
+            opts["enable_cuda_graph"] = "1"
+        cuda: tuple[str, dict[str, str]] = ("CUDAExecutionProvider", opts)
         return [cuda, "CPUExecutionProvider"] if cpu_fallback else [cuda]
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
@@ -79,11 +93,19 @@ def create_session(
     intra_op_threads: int | None = None,
     device_id: int = 0,
     options: ort.SessionOptions | None = None,
+    cuda_graph: bool = False,
 ) -> ort.InferenceSession:
-    """InferenceSession of `model` (path or serialized bytes) with the RaggedAttention library registered."""
+    """InferenceSession of `model` (path or serialized bytes) with the RaggedAttention library registered.
+
+    cuda_graph (device "cuda"): ORT captures the run as a CUDA graph; only for graphs with static shapes at a
+    given input shape (raggedvit exports of topk-l2 / evit without fuse; see GraphRunner)."""
+    if cuda_graph and device != "cuda":
+        raise ValueError("cuda_graph needs device='cuda'")
     so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)
     no_fallback = _config_entry(so, "session.disable_cpu_ep_fallback") == "1"
-    providers = providers_for(device, device_id=device_id, cpu_fallback=not no_fallback or device == "cpu")
+    providers = providers_for(
+        device, device_id=device_id, cpu_fallback=not no_fallback or device == "cpu", cuda_graph=cuda_graph
+    )
     src = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(src, so, providers=providers)
 
@@ -162,3 +184,55 @@ def run_with_iobinding(
         torch.cuda.synchronize()
     session.run_with_iobinding(binding)
     return list(binding.get_outputs())
+
+
+class GraphRunner:
+    """A raggedvit export run as a CUDA graph at one batch size: one graph launch per call, no per-node host cost.
+
+    Owns static device buffers (images [batch, 3, S, S] float32, logits, token_counts) bound once; ORT captures
+    the graph on an early run and replays it afterwards. Only exports whose shapes are static at a given batch
+    (topk-l2, evit without fuse, none: `raggedvit.exporter.checks.static_shapes`) can be captured; ORT refuses
+    the session otherwise. Returned tensors are the runner's buffers: copy them to keep them past the next call.
+    """
+
+    def __init__(self, model: str | Path, batch: int, *, device_id: int = 0, warmup: int = 3) -> None:
+        import torch
+
+        from raggedvit.exporter.checks import static_shapes
+        from raggedvit.exporter.metadata import read_recipe
+
+        recipe = read_recipe(model)
+        if not static_shapes(recipe.get("prune", {})):
+            raise ValueError(
+                f"{model}: policy {recipe.get('prune', {}).get('policy')!r} keeps data-dependent token counts; "
+                "its graph cannot be captured as a CUDA graph (use create_session + run_with_iobinding)"
+            )
+        self.session = create_session(model, "cuda", device_id=device_id, cuda_graph=True)
+        dev = torch.device("cuda", device_id)
+        s = int(recipe["img_size"])
+        stages = len(recipe.get("prune", {}).get("prune_at", ())) if recipe.get("prune", {}).get("policy") != "none" else 0
+        classes = int(self.session.get_outputs()[0].shape[1])
+        self.images = torch.zeros(batch, 3, s, s, dtype=torch.float32, device=dev)
+        self.logits = torch.empty(batch, classes, dtype=torch.float32, device=dev)
+        self.token_counts = torch.empty(batch, stages, dtype=torch.int64, device=dev)
+        self.binding = self.session.io_binding()
+        bind_tensor(self.binding, "images", self.images)
+        bind_tensor(self.binding, "logits", self.logits, output=True)
+        bind_tensor(self.binding, "token_counts", self.token_counts, output=True)
+        for _ in range(warmup):  # regular runs, then the capture
+            self.replay()
+
+    def replay(self) -> None:
+        """Run the graph on the current contents of `self.images` (synchronous)."""
+        self.session.run_with_iobinding(self.binding)
+
+    def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """images [batch, 3, S, S] (any device/dtype) -> (logits [batch, classes] float32, token_counts [batch, stages])."""
+        import torch
+
+        if tuple(images.shape) != tuple(self.images.shape):
+            raise ValueError(f"images: expected shape {tuple(self.images.shape)}, got {tuple(images.shape)}")
+        self.images.copy_(images)
+        torch.cuda.current_stream(self.images.device).synchronize()  # ORT runs on its own stream
+        self.replay()
+        return self.logits, self.token_counts

@@ -48,6 +48,9 @@ def op_targets(data: dict) -> list[dict]:
 
 
 def e2e_targets(data: dict) -> list[dict]:
+    """Issue 6's ratios for topk-l2; ours = the faster raggedvit ORT variant (per-node run or CUDA-graph replay).
+    The 1.3x bar is the issue's (best of timm eager, ORT fp16, ORT fp16 optimized); the ratio over the unpruned
+    optimized graph replayed as a CUDA graph is reported beside it (not part of the issue's bar)."""
     out = []
     for s in data["speedups"]:
         if not s["policy"].startswith("topk-l2"):
@@ -55,12 +58,16 @@ def e2e_targets(data: dict) -> list[dict]:
         if s["img_size"] == 224:
             v = s["speedup_vs_best_unpruned"]
             out.append({"target": "ORT pruned >= 1.3x best unpruned (224 px)", "model": s["model"],
-                        "batch": s["batch"], "speedup": v, "vs": s["best_unpruned_variant"], "met": v >= 1.3})
+                        "batch": s["batch"], "speedup": v, "ours": s.get("ours_variant"),
+                        "vs": s["best_unpruned_variant"], "met": v is not None and v >= 1.3,
+                        "speedup_vs_unpruned_incl_cuda_graph": s.get("speedup_vs_best_unpruned_incl_graph"),
+                        "vs_incl_cuda_graph": s.get("best_unpruned_incl_graph_variant")})  # fmt: skip
         want = 3.0 if s["img_size"] == 384 else 2.5
         if s["batch"] <= 4:  # the issue: ">= 2.5x ... at batch 1-4, >= 3x at 384 px"
             v = s["speedup_vs_padded"]
             out.append({"target": f">= {want}x padded-SDPA pruned PyTorch ({s['img_size']} px)", "model": s["model"],
-                        "batch": s["batch"], "speedup": v, "met": v >= want})  # fmt: skip
+                        "batch": s["batch"], "speedup": v, "ours": s.get("ours_variant"),
+                        "met": v is not None and v >= want})  # fmt: skip
     return out
 
 

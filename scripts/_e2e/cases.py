@@ -5,13 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from _e2e.names import BASELINES, CUDA_ONLY, PRUNED, VARIANTS
+from _e2e.names import BASELINES, CUDA_ONLY, GRAPH, ISSUE_BASELINES, OURS, PRUNED, VARIANTS
 from raggedvit.pruning import PruneSpec
 
 __all__ = [
     "BASELINES",
     "CUDA_ONLY",
     "DEFAULT_POLICIES",
+    "GRAPH",
+    "ISSUE_BASELINES",
+    "OURS",
     "PRUNED",
     "VARIANTS",
     "BenchConfig",

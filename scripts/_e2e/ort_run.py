@@ -20,23 +20,27 @@ _TORCH_TYPES = {
 }
 
 
-def baseline_session(path: Path, device: str, *, profile_prefix: str | None = None) -> ort.InferenceSession:
-    """A plain session (no custom op library) on `device` ("cuda": CUDA EP then CPU EP)."""
+def baseline_session(
+    path: Path, device: str, *, profile_prefix: str | None = None, cuda_graph: bool = False
+) -> ort.InferenceSession:
+    """A plain session (no custom op library) on `device` ("cuda": CUDA EP then CPU EP; cuda_graph: replayed)."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(str(path), so, providers=providers_for(device))
+    return ort.InferenceSession(str(path), so, providers=providers_for(device, cuda_graph=cuda_graph))
 
 
-def ragged_session(path: Path, device: str, *, profile_prefix: str | None = None) -> ort.InferenceSession:
-    """raggedvit.runtime.create_session with libraggedvit_ort.so registered (optionally profiling)."""
+def ragged_session(
+    path: Path, device: str, *, profile_prefix: str | None = None, cuda_graph: bool = False
+) -> ort.InferenceSession:
+    """raggedvit.runtime.create_session with libraggedvit_ort.so registered (optionally profiling / CUDA graph)."""
     so = session_options()
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
-    return create_session(path, device, options=so)
+    return create_session(path, device, options=so, cuda_graph=cuda_graph)
 
 
 class BoundRun:

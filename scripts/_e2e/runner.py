@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 import torch
 
 from _e2e import onnx_baselines, ort_run
-from _e2e.cases import BASELINES, CUDA_ONLY, BenchConfig, ModelCase, blank_record, parse_policy
+from _e2e.cases import BASELINES, CUDA_ONLY, GRAPH, BenchConfig, ModelCase, blank_record, parse_policy
 from _e2e.profile import kernel_summary, summarize_ort_profile
 from _e2e.timing import device_sync, measure
 from _e2e.variants import Step, export_ragged, ort_step, torch_model_fn, torch_step
 from _e2e.varlen import VarlenAttention, pick_varlen_core
 from raggedvit.images import preprocess, sample_images
+from raggedvit.exporter.checks import static_shapes
 from raggedvit.pruning import PrunedViT
 from raggedvit.weights import load_vit
 
@@ -65,6 +66,7 @@ class CaseRunner:
         self.dtype = _DTYPES[cfg.dtype]
         self.sync = device_sync(cfg.device)
         self.work = Path(tempfile.mkdtemp(prefix=f"e2e_{case.key}_"))
+        self._optimized: tuple[Path, dict[str, Any]] | None = None  # (path, stats) of the optimized baseline
         self.profile_todo: tuple[Path, str] | None = None
 
     # ------------------------------------------------------------------ records
@@ -206,35 +208,48 @@ class CaseRunner:
         return out
 
     def _ort_baseline(self, variant: str, vit, vit_dev, x32: dict, ref: dict) -> None:
+        if variant in CUDA_ONLY and self.device.type != "cuda":
+            self._skip_all([variant], "none", "needs CUDA (ORT CUDA-graph replay)")
+            return
         info: dict[str, Any] = {}
 
-        def build():
+        def build() -> Path:
             if variant == "ort_fp16":
                 try:
-                    path = onnx_baselines.export_plain(vit_dev, self.work / "base_plain.onnx")
+                    return onnx_baselines.export_plain(vit_dev, self.work / "base_plain.onnx")
                 except Exception as exc:  # noqa: BLE001 - fall back to a float32 CPU export + float16 conversion
                     traceback.print_exc()
                     info["fallback"] = f"export on {self.cfg.device} failed ({_short_error(exc)[:200]})"
                     fp32 = onnx_baselines.export_plain(vit, self.work / "base_plain_fp32.onnx")
-                    path = onnx_baselines.plain_fp16(fp32, self.work / "base_plain_fp16.onnx")
-            else:
+                    return onnx_baselines.plain_fp16(fp32, self.work / "base_plain_fp16.onnx")
+            if self._optimized is None:  # shared by ort_fp16_optimized and its CUDA-graph variant
                 fp32 = onnx_baselines.export_fp32(vit, self.work / "base_split_fp32.onnx")
-                path, stats = onnx_baselines.optimized_fp16(
+                self._optimized = onnx_baselines.optimized_fp16(
                     fp32, self.work / "base_opt_fp16.onnx", num_heads=self.heads, hidden_size=self.hidden
                 )
-                info.update(stats)
-            return ort_run.baseline_session(path, self.cfg.device)
+            path, stats = self._optimized
+            info.update(stats)
+            return path
 
-        sess = self._setup(f"{variant} export + session", [variant], "none", build)
+        path = self._setup(f"{variant} export", [variant], "none", build)
+        if path is None:
+            return
+        parts = [f"fused={info['fused']}"] if info.get("fused") is not None else []
+        if "fallback" in info:
+            parts.append(f"fp32 export + float16 conversion: {info['fallback']}")
+        note = "; ".join(parts)
+        if info and variant != "ort_fp16_optimized_graph":
+            self.exports.append({"case": self.case.key, "variant": variant, **info})
+        if variant in GRAPH:  # one session per batch: ORT captures one graph per input shape
+            for b in self.cfg.batches:
+                make = lambda b=b: ort_step(ort_run.baseline_session(path, "cuda", cuda_graph=True), x32[b])  # noqa: E731
+                self._bench(variant, "none", b, make, ref, (note + "; " if note else "") + "CUDA graph replay")
+            self._free()
+            return
+        sess = self._setup(f"{variant} session", [variant], "none", lambda: ort_run.baseline_session(path, self.cfg.device))
         if sess is None:
             return
-        note = f"providers={sess.get_providers()}"
-        if info.get("fused") is not None:
-            note += f"; fused={info['fused']}"
-        if "fallback" in info:
-            note += f"; fp32 export + float16 conversion: {info['fallback']}"
-        if info:
-            self.exports.append({"case": self.case.key, "variant": variant, **info})
+        note = f"providers={sess.get_providers()}" + (f"; {note}" if note else "")
         for b in self.cfg.batches:
             self._bench(variant, "none", b, lambda b=b, s=sess: ort_step(s, x32[b]), ref, note)
         del sess
@@ -260,8 +275,8 @@ class CaseRunner:
                     self._bench(variant, text, b, lambda b=b, fn=fn: torch_step(fn, xt[b]), ref)
         if "torch_varlen" in sel:
             self._varlen(spec, text, vit_dev, xt, ref)
-        if "ort_raggedvit" in sel:
-            self._ort_ragged(spec, text, vit, x32, ref)
+        if "ort_raggedvit" in sel or "ort_raggedvit_graph" in sel:
+            self._ort_ragged(spec, text, vit, x32, ref, graph="ort_raggedvit_graph" in sel, plain="ort_raggedvit" in sel)
 
     def _varlen(self, spec, text: str, vit_dev, xt: dict, ref: dict) -> None:
         if self.device.type != "cuda" and "torch_varlen" in CUDA_ONLY:
@@ -277,25 +292,36 @@ class CaseRunner:
         for b in self.cfg.batches:
             self._bench("torch_varlen", text, b, lambda b=b: torch_step(fn, xt[b]), ref, note)
 
-    def _ort_ragged(self, spec, text: str, vit, x32: dict, ref: dict) -> None:
+    def _ort_ragged(self, spec, text: str, vit, x32: dict, ref: dict, *, graph: bool, plain: bool) -> None:
         recipe = {"model": self.case.timm_name, "benchmark": "bench_e2e"}
         path = self.work / f"ragged_{self.cfg.policies.index(text)}_{spec.policy}.onnx"
+        want = ["ort_raggedvit"] * plain + ["ort_raggedvit_graph"] * graph
         made = self._setup(
-            "raggedvit export + session",
-            ["ort_raggedvit"],
-            text,
-            lambda: ort_run.ragged_session(
-                export_ragged(vit, spec, path, dtype=self.cfg.dtype, recipe=recipe), self.cfg.device
-            ),
+            "raggedvit export", want, text, lambda: export_ragged(vit, spec, path, dtype=self.cfg.dtype, recipe=recipe)
         )
         if made is None:
             return
-        sess = made
-        note = f"providers={sess.get_providers()}"
-        for b in self.cfg.batches:
-            self._bench("ort_raggedvit", text, b, lambda b=b, s=sess: ort_step(s, x32[b]), ref, note)
-        del sess
-        self._free()
+        if plain:
+            sess = self._setup(
+                "raggedvit session", ["ort_raggedvit"], text, lambda: ort_run.ragged_session(path, self.cfg.device)
+            )
+            if sess is not None:
+                note = f"providers={sess.get_providers()}"
+                for b in self.cfg.batches:
+                    self._bench("ort_raggedvit", text, b, lambda b=b, s=sess: ort_step(s, x32[b]), ref, note)
+                del sess
+                self._free()
+        if graph:
+            if self.device.type != "cuda":
+                self._skip_all(["ort_raggedvit_graph"], text, "needs CUDA (ORT CUDA-graph replay)")
+            elif not static_shapes(spec.to_dict()):
+                why = f"{spec.policy}: data-dependent token counts (NonZero), the graph cannot be captured"
+                self._skip_all(["ort_raggedvit_graph"], text, why)
+            else:
+                for b in self.cfg.batches:
+                    make = lambda b=b: ort_step(ort_run.ragged_session(path, "cuda", cuda_graph=True), x32[b])  # noqa: E731
+                    self._bench("ort_raggedvit_graph", text, b, make, ref, "CUDA graph replay (one session per batch)")
+                self._free()
         if self._is_profile_case(spec):
             self.profile_todo = (path, text)  # profiled after every timing of the case (a profiler crash costs less)
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from _e2e.names import BASELINES, CUDA_ONLY, PRUNED
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "scripts" / "bench_e2e.py"
 POLICIES = ["topk-l2:keep=0.5:at=1", "cls-mass:mass=0.9:at=1,2"]
@@ -37,10 +39,10 @@ def test_cpu_run_records_every_variant(smoke) -> None:
     res = _results(out)
     assert res["device"] == "cpu" and res["config"]["batches"] == [1, 2]
     recs = {(r["policy"], r["variant"], r["batch"]): r for r in res["records"]}
-    assert len(recs) == len(res["records"]) == 3 * 2 + 2 * 4 * 2
+    assert len(recs) == len(res["records"]) == len(BASELINES) * 2 + 2 * len(PRUNED) * 2
     for (policy, variant, _batch), r in recs.items():
-        if variant == "torch_varlen":  # flash varlen attention is CUDA-only: skipped with the reason
-            assert r["status"] == "skipped" and "CUDA" in r["note"]
+        if variant in CUDA_ONLY:  # flash varlen attention, CUDA-graph replay: skipped with the reason
+            assert r["status"] == "skipped" and "CUDA" in r["note"], r
             continue
         assert r["status"] == "ok", r
         assert r["latency_ms"] > 0 and r["img_per_s"] > 0 and r["runs"] >= 1
@@ -58,6 +60,7 @@ def test_cpu_run_records_every_variant(smoke) -> None:
     assert opt["attention_nodes"] >= 1  # ORT's optimizer fused the split-qkv attention
     assert {(s["batch"], s["policy"]) for s in res["speedups"]} == {(b, p) for b in (1, 2) for p in POLICIES}
     assert all(s["speedup_vs_best_unpruned"] and s["speedup_vs_padded"] for s in res["speedups"])
+    assert all(s["ours_variant"] == "ort_raggedvit" for s in res["speedups"])  # no CUDA graphs on the CPU
     (prof,) = res["profiles"]  # --smoke profiles the first profile batch only
     assert prof["batch"] == 1 and "error" not in prof
     assert "RaggedAttention" in {op["op_type"] for op in prof["ort"]["ops"]}
@@ -73,7 +76,7 @@ def test_readme_table_of_the_run(smoke) -> None:
     proc = _run(str(ROOT / "scripts" / "readme_table.py"), str(path), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "**deit_tiny 224px**" in proc.stdout
-    assert "| ort_raggedvit / best unpruned | topk-l2:keep=0.5:at=1 |" in proc.stdout
+    assert "| raggedvit ORT / best unpruned (eager, ort, ort opt) | topk-l2:keep=0.5:at=1 |" in proc.stdout
     bad = _run(str(ROOT / "scripts" / "readme_table.py"), str(out / "missing.json"), timeout=120)
     assert bad.returncode != 0 and "cannot read" in bad.stderr
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from _e2e.cases import BenchConfig, parse_policy, resolve_case
+from _e2e.cases import BASELINES, PRUNED, BenchConfig, parse_policy, resolve_case
 from _e2e.onnx_baselines import SplitQKVAttention
 from _e2e.profile import section_of, summarize_ort_profile
 from _e2e.report import compact_table, speedups
@@ -178,5 +178,5 @@ def test_dead_worker_becomes_error_records(tmp_path, monkeypatch) -> None:
     sink = bench_e2e._spawn(cfg, "deit_tiny", 224, time.time() + 100, tmp_path)
     assert sink["records"][0] == done
     rest = sink["records"][1:]
-    assert len(rest) == 2 + 2 * 4  # the other baselines + every pruned variant of both policies, batch 1
+    assert len(rest) == len(BASELINES) - 1 + 2 * len(PRUNED)  # the other baselines + every pruned variant x 2 policies
     assert all(r["status"] == "error" and "rc=-11" in r["error"] for r in rest)
