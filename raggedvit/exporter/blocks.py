@@ -10,7 +10,7 @@ from raggedvit.exporter.embed import Packed
 from raggedvit.exporter.layers import bias_gelu, layer_norm, linear, maybe_layer_norm, to_compute, to_stream
 from raggedvit.exporter.metadata import RAGGED_DOMAIN
 
-__all__ = ["RAGGED_DOMAIN", "block"]
+__all__ = ["RAGGED_DOMAIN", "block", "can_fuse_next_norm"]
 
 
 def _layer_scale(g: GraphBuilder, x: str, ls: nn.Module, hint: str) -> str:
@@ -30,16 +30,52 @@ def _can_fuse_skip_ln(blk: nn.Module) -> bool:
     )
 
 
-def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cls_attn: bool) -> tuple[str, str | None]:
-    """x [T, C] -> (x [T, C], cls_attn [T] float32 or None).
+def can_fuse_next_norm(blk: nn.Module, next_blk: nn.Module) -> bool:
+    """fc2 bias + res2 of `blk` and norm1 of `next_blk` fit one SkipLayerNormalization."""
+    n1 = next_blk.norm1
+    return (
+        isinstance(blk.ls2, nn.Identity)
+        and isinstance(n1, nn.LayerNorm)
+        and n1.weight is not None
+        and n1.bias is not None
+    )
+
+
+def _skip_ln(g: GraphBuilder, x: str, residual: str, ln: nn.LayerNorm, bias: nn.Parameter | None, hint: str,
+             ln_name: str, sum_name: str) -> tuple[str, str]:  # fmt: skip
+    """com.microsoft::SkipLayerNormalization, all float32: (ln(x + residual + bias), x + residual + bias)."""
+    f32 = np.float32
+    inputs = [x, residual, g.weight(ln.weight, f"{ln_name}.weight", dtype=f32), g.weight(ln.bias, f"{ln_name}.bias", dtype=f32)]
+    if bias is not None:
+        inputs.append(g.weight(bias, f"{hint}.bias", dtype=f32))
+    h, total = g.name(ln_name), g.name(sum_name)
+    g.op_multi("SkipLayerNormalization", inputs, domain="com.microsoft", hint=hint, outputs=[h, "", "", total],
+               epsilon=float(ln.eps))  # fmt: skip
+    return h, total
+
+
+def block(
+    g: GraphBuilder,
+    blk: nn.Module,
+    state: Packed,
+    index: int,
+    *,
+    want_cls_attn: bool,
+    normed: str | None = None,
+    next_block: nn.Module | None = None,
+) -> tuple[str, str | None, str | None]:
+    """x [T, C] -> (x [T, C], cls_attn [T] float32 or None, next block's norm1(x) [T, C] or None).
 
     x = x + ls1(proj(RaggedAttention(qkv(norm1(x)), cu))); x = x + ls2(fc2(gelu(fc1(norm2(x))))).
     x and the norms are float32; qkv .. proj and fc1 .. fc2 run in the GEMM dtype (layers.py: the fp16 recipe).
+    `normed`: norm1(x) already computed by the previous block's fused tail. With `next_block` (and
+    can_fuse_next_norm), fc2 bias + res2 + next_block.norm1 are one SkipLayerNormalization whose normalised
+    output is returned third (the caller passes it on as `normed`).
     """
     p = f"blocks.{index}"
     attn = blk.attn
     C = int(attn.qkv.in_features)
-    h = to_compute(g, layer_norm(g, state.x, blk.norm1, f"{p}.norm1"), f"{p}.norm1")
+    h = to_compute(g, normed or layer_norm(g, state.x, blk.norm1, f"{p}.norm1"), f"{p}.norm1")
     qkv = linear(g, h, attn.qkv, f"{p}.attn.qkv")  # [T, 3*H*D]
     out_name = g.name(f"{p}.attn.ragged")
     cls_name = g.name(f"{p}.attn.cls_attn") if want_cls_attn else ""
@@ -58,14 +94,7 @@ def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cl
         # three, and no bias pass over the proj output (ORT's MatMul+Add -> Gemm broadcasts the bias into the
         # output first: 0.8 ms of 3.6 ms GPU time at deit_base B=32 in the H200 profile of 2026-11-29)
         a = to_stream(g, linear(g, out_name, attn.proj, f"{p}.attn.proj", bias=False), f"{p}.attn.proj")
-        n2 = blk.norm2
-        inputs = [a, state.x, g.weight(n2.weight, f"{p}.norm2.weight", dtype=np.float32),
-                  g.weight(n2.bias, f"{p}.norm2.bias", dtype=np.float32)]  # fmt: skip
-        if attn.proj.bias is not None:
-            inputs.append(g.weight(attn.proj.bias, f"{p}.attn.proj.bias", dtype=np.float32))
-        h_name, x = g.name(f"{p}.norm2"), g.name(f"{p}.res1")
-        g.op_multi("SkipLayerNormalization", inputs, domain="com.microsoft", hint=f"{p}.res1_norm2",
-                   outputs=[h_name, "", "", x], epsilon=float(n2.eps))  # fmt: skip
+        h_name, x = _skip_ln(g, a, state.x, blk.norm2, attn.proj.bias, f"{p}.attn.proj", f"{p}.norm2", f"{p}.res1")
         h = to_compute(g, h_name, f"{p}.norm2")
     else:
         a = linear(g, out_name, attn.proj, f"{p}.attn.proj")
@@ -77,8 +106,14 @@ def block(g: GraphBuilder, blk: nn.Module, state: Packed, index: int, *, want_cl
     h = linear(g, h, mlp.fc1, f"{p}.mlp.fc1", bias=False)
     h = bias_gelu(g, h, mlp.fc1, f"{p}.mlp.fc1")
     h = maybe_layer_norm(g, h, mlp.norm, f"{p}.mlp.norm", dtype=g.compute_dtype)
+    assert C == int(mlp.fc2.out_features)
+    if next_block is not None and can_fuse_next_norm(blk, next_block):
+        # fc2 bias + residual add + the next block's norm1: one node instead of three (bias added in float32)
+        h = to_stream(g, linear(g, h, mlp.fc2, f"{p}.mlp.fc2", bias=False), f"{p}.mlp.fc2")
+        nxt = f"blocks.{index + 1}.norm1"
+        h_next, x = _skip_ln(g, h, x, next_block.norm1, mlp.fc2.bias, f"{p}.mlp.fc2", nxt, f"{p}.res2")
+        return x, (cls_name or None), h_next
     h = linear(g, h, mlp.fc2, f"{p}.mlp.fc2")
     h = _layer_scale(g, to_stream(g, h, f"{p}.mlp.fc2"), blk.ls2, f"{p}.ls2")
     x = g.op("Add", [x, h], hint=f"{p}.res2")
-    assert C == int(mlp.fc2.out_features)
-    return x, (cls_name or None)
+    return x, (cls_name or None), None

@@ -66,6 +66,7 @@ def build_model(
         counts0 = state.counts
         stage_counts: list[str] = []
         cls_attn: str | None = None
+        normed: str | None = None  # norm1 of the next block, from the previous block's fused tail
         for i, blk in enumerate(vit.blocks):
             if i in stages:
                 k = stages.index(i)
@@ -82,7 +83,18 @@ def build_model(
                     hint=f"stage{k}",
                 )
                 stage_counts.append(state.counts)
-            x, cls_attn = block(g, blk, state, i, want_cls_attn=(i + 1) in stages and spec.policy in _CLS_ATTN_POLICIES)
+            # fuse this block's tail with the next block's norm1 unless a prune stage (which gathers rows) or the
+            # head (which normalises the class rows only) comes next
+            nxt = vit.blocks[i + 1] if i + 1 < depth and (i + 1) not in stages else None
+            x, cls_attn, normed = block(
+                g,
+                blk,
+                state,
+                i,
+                want_cls_attn=(i + 1) in stages and spec.policy in _CLS_ATTN_POLICIES,
+                normed=normed,
+                next_block=nxt,
+            )
             state = dataclasses.replace(state, x=x)
         logits = head(g, vit, state, num_prefix=p)
 

@@ -58,11 +58,16 @@ def test_fp16_recipe_structure(deit_tiny):
         # (the residual input is untyped after a prune stage or an earlier contrib op; the others are known)
         assert all(types.get(t, f32) == f32 for t in skip_ln.input), [types.get(t) for t in skip_ln.input]
         assert all(types[t] == f32 for t in skip_ln.input[2:]) and types[skip_ln.input[0]] == f32
-        res2 = by_hint[f"blocks.{i}.res2"]  # Add(res1 [the SkipLayerNormalization sum], fc2 cast to float32)
-        assert res2.op_type == "Add" and res2.input[0] == f"blocks.{i}.res1" and types[res2.input[1]] == f32
-        assert (
-            types.get(f"blocks.{i}.norm1", f32) == f32 and by_hint[f"blocks.{i}.norm1"].op_type == "LayerNormalization"
-        )
+        res2 = by_hint[f"blocks.{i}.res2"]
+        if i == 1:  # fc2 bias + res2 + block 2's norm1: one float32 SkipLayerNormalization
+            assert res2.op_type == "SkipLayerNormalization" and by_hint["blocks.2.norm1"] is res2
+            assert res2.input[1] == "blocks.1.res1" and all(types.get(t, f32) == f32 for t in res2.input)
+            assert types["blocks.1.mlp.fc2.bias"] == f32
+        else:  # before the prune stage (block 1) and before the head: Add(res1, fc2 cast to float32)
+            assert res2.op_type == "Add" and res2.input[0] == f"blocks.{i}.res1" and types[res2.input[1]] == f32
+        norm1 = by_hint[f"blocks.{i}.norm1"]
+        assert types.get(f"blocks.{i}.norm1", f32) == f32
+        assert norm1.op_type == ("SkipLayerNormalization" if i == 2 else "LayerNormalization")
         for ln in (f"blocks.{i}.norm1", f"blocks.{i}.norm2"):
             assert types[f"{ln}.weight"] == f32, ln
         for mm in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
