@@ -70,7 +70,8 @@ def providers_for(
                 f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (install onnxruntime-gpu); "
                 f"available: {ort.get_available_providers()}"
             )
-        opts = {"device_id": str(device_id)}
+        # use_tf32 0: float32 GEMMs stay float32 (TF32 rounds their inputs to 10 mantissa bits, an fp16-sized error)
+        opts = {"device_id": str(device_id), "use_tf32": "0"}
         if cuda_graph:
             opts["enable_cuda_graph"] = "1"
         cuda: tuple[str, dict[str, str]] = ("CUDAExecutionProvider", opts)

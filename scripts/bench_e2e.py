@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import re
 import subprocess
@@ -112,6 +113,7 @@ def environment(device: str) -> dict[str, Any]:
             subprocess.run(
                 ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
             ).stdout.strip()
+            or os.environ.get("RAGGEDVIT_COMMIT")  # the device copy of the tree has no .git: the caller passes it
             or None
         )
     except Exception:  # noqa: BLE001

@@ -7,6 +7,7 @@
 #   memcheck  compute-sanitizer memcheck over scripts/memcheck_ort_fuzz.py (torch-free, our kernels only)
 #   opbench   scripts/bench_ort_op.py (RaggedAttention vs PackedMultiHeadAttention inside ORT graphs)
 #   e2e       scripts/bench_e2e.py (end-to-end pruned ViT benchmark)
+#   graph     scripts/check_cuda_graph.py (CUDA-graph replay of a static-shape export == per-node run)
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
 # Everything lands in /tmp/res, packed into $OUT/res.tgz (the device returns at most 8 files).
 set -uo pipefail
@@ -25,15 +26,18 @@ for stage in "$@"; do
     kbench) timeout 300 python3 scripts/bench_kernel.py $KB_FLAGS --out "$RES" > "$RES/kbench.log" 2>&1; rc=$?; tail -45 "$RES/kbench.log";;
     ort) OUT="$RES/ort" timeout 300 bash scripts/gpu_ort_checks.sh 1000 > "$RES/ort.log" 2>&1; rc=$?; tail -8 "$RES/ort.log";;
     opbench) timeout 200 python3 scripts/bench_ort_op.py --out "$RES" > "$RES/opbench.log" 2>&1; rc=$?; tail -25 "$RES/opbench.log";;
+    graph) timeout ${GT:-120} python3 scripts/check_cuda_graph.py --out "$RES" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 scripts/bench_e2e.py --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
     validate)  # issue 5/6: fp16 CUDA-EP exports of deit_base pass `raggedvit validate --device cuda`
       rc=0
+      for dt in ${VDTYPES:-fp16}; do
       for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9"; do
-        name=deit_base_fp16_${pol%% *}
-        timeout 150 python3 -m raggedvit.cli export deit_base_patch16_224 --seed 0 --dtype fp16 --policy $pol \
+        name=deit_base_${dt}_${pol%% *}
+        timeout 150 python3 -m raggedvit.cli export deit_base_patch16_224 --seed 0 --dtype $dt --policy $pol \
           -o /tmp/$name.onnx >> "$RES/validate.log" 2>&1 &&
         timeout 150 python3 -m raggedvit.cli validate /tmp/$name.onnx --device cuda --sample-images \
           --report "$RES/validate_$name" >> "$RES/validate.log" 2>&1 || rc=1
+      done
       done
       grep -E "PASS|FAIL|max" "$RES/validate.log" | tail -8;;
     memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
