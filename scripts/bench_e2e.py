@@ -110,10 +110,10 @@ def environment(device: str) -> dict[str, Any]:
             env[mod] = f"unavailable ({type(exc).__name__})"
     try:
         env["raggedvit_commit"] = (
-            subprocess.run(
+            os.environ.get("RAGGEDVIT_COMMIT")  # the caller's commit: the device copy of the tree has a stale .git
+            or subprocess.run(
                 ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
             ).stdout.strip()
-            or os.environ.get("RAGGEDVIT_COMMIT")  # the device copy of the tree has no .git: the caller passes it
             or None
         )
     except Exception:  # noqa: BLE001

@@ -29,7 +29,8 @@ def baseline_session(
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(str(path), so, providers=providers_for(device, cuda_graph=cuda_graph))
+    # tf32 on: ORT's default, the baselines run as users run them
+    return ort.InferenceSession(str(path), so, providers=providers_for(device, cuda_graph=cuda_graph, tf32=True))
 
 
 def ragged_session(
