@@ -82,7 +82,12 @@ def main() -> None:
 @click.option("--mass", type=float, default=0.9, help="Cumulative cls-attention mass kept per stage (cls-mass).")
 @click.option("--prune-at", default="4", help="Comma-separated block indices of the pruning stages.")
 @click.option("--fuse", is_flag=True, default=False, help="evit: fuse dropped tokens into one extra token.")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", help="Weight and compute dtype.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp32", "fp16", "fp16-all"]),
+    default="fp32",
+    help="fp32; fp16: fp16 GEMMs/attention, float32 residual stream and LayerNorms; fp16-all: the stream too.",
+)
 def export(model, output, checkpoint, pretrained, seed, img_size, policy, keep, mass, prune_at, fuse, dtype) -> None:
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm

@@ -114,7 +114,7 @@ def create_session(
     so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)
     no_fallback = _config_entry(so, "session.disable_cpu_ep_fallback") == "1"
     if tf32 is None:
-        tf32 = device == "cuda" and _recipe_dtype(model) == "fp16"
+        tf32 = device == "cuda" and (_recipe_dtype(model) or "").startswith("fp16")
     providers = providers_for(
         device, device_id=device_id, cpu_fallback=not no_fallback or device == "cpu", cuda_graph=cuda_graph, tf32=tf32
     )

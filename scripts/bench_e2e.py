@@ -75,6 +75,8 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         cfg.profile_batches = cfg.profile_batches[:1]
     if args.depth is not None:
         cfg.model_kwargs = {"depth": args.depth}
+    if args.export_dtype:
+        cfg.export_dtype = args.export_dtype
     for text in cfg.policies:
         try:
             parse_policy(text)
@@ -221,6 +223,9 @@ def main() -> None:
         "--policies", nargs="+", help="policy strings (default: topk-l2:keep=0.5:at=4 cls-mass:mass=0.9:at=3,6,9)"
     )
     ap.add_argument("--variants", help=f"comma-separated subset of {','.join(VARIANTS)}")
+    ap.add_argument(
+        "--export-dtype", choices=("fp32", "fp16", "fp16-all"), help="raggedvit export recipe (default: the torch dtype)"
+    )
     ap.add_argument("--quick", action="store_true", help="deit_small 224 only, batches 1 and 32, shorter timings")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds before remaining cases are skipped (400)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: debug run (deit_tiny, fp32)")

@@ -29,15 +29,15 @@ class GraphBuilder:
     """Collects nodes, initializers and value infos; every tensor name is unique.
 
     `compute_dtype` (float32 or float16) is the dtype of the block GEMM weights stored with `weight()`
-    and of the GEMM / attention / GELU activations. The residual stream between and inside blocks,
-    the patch embedding, every LayerNorm's arithmetic, the pruning scores and the classifier head stay
-    float32 (`stream_dtype`) in both exports: see raggedvit/exporter/layers.py for the fp16 recipe.
+    and of the GEMM / attention / GELU activations. `stream_dtype` is the dtype of the residual stream
+    between and inside blocks and of its LayerNorms: float32 by default (the "fp16" recipe), float16 for
+    "fp16-all". The patch embedding, the pruning scores and the classifier head are float32 in every export:
+    see raggedvit/exporter/layers.py for the recipes.
     """
 
-    stream_dtype = np.dtype(np.float32)
-
-    def __init__(self, compute_dtype: type = np.float32) -> None:
+    def __init__(self, compute_dtype: type = np.float32, stream_dtype: type = np.float32) -> None:
         self.compute_dtype = np.dtype(compute_dtype)
+        self.stream_dtype = np.dtype(stream_dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []

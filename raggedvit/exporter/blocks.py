@@ -43,8 +43,8 @@ def can_fuse_next_norm(blk: nn.Module, next_blk: nn.Module) -> bool:
 
 def _skip_ln(g: GraphBuilder, x: str, residual: str, ln: nn.LayerNorm, bias: nn.Parameter | None, hint: str,
              ln_name: str, sum_name: str) -> tuple[str, str]:  # fmt: skip
-    """com.microsoft::SkipLayerNormalization, all float32: (ln(x + residual + bias), x + residual + bias)."""
-    f32 = np.float32
+    """com.microsoft::SkipLayerNormalization in the stream dtype: (ln(x + residual + bias), x + residual + bias)."""
+    f32 = g.stream_dtype
     inputs = [x, residual, g.weight(ln.weight, f"{ln_name}.weight", dtype=f32), g.weight(ln.bias, f"{ln_name}.bias", dtype=f32)]
     if bias is not None:
         inputs.append(g.weight(bias, f"{hint}.bias", dtype=f32))
@@ -75,7 +75,7 @@ def block(
     p = f"blocks.{index}"
     attn = blk.attn
     C = int(attn.qkv.in_features)
-    h = to_compute(g, normed or layer_norm(g, state.x, blk.norm1, f"{p}.norm1"), f"{p}.norm1")
+    h = to_compute(g, normed or layer_norm(g, state.x, blk.norm1, f"{p}.norm1", dtype=g.stream_dtype), f"{p}.norm1")
     qkv = linear(g, h, attn.qkv, f"{p}.attn.qkv")  # [T, 3*H*D]
     out_name = g.name(f"{p}.attn.ragged")
     cls_name = g.name(f"{p}.attn.cls_attn") if want_cls_attn else ""
@@ -100,7 +100,7 @@ def block(
         a = linear(g, out_name, attn.proj, f"{p}.attn.proj")
         a = _layer_scale(g, to_stream(g, a, f"{p}.attn.proj"), blk.ls1, f"{p}.ls1")
         x = g.op("Add", [state.x, a], hint=f"{p}.res1")
-        h = to_compute(g, layer_norm(g, x, blk.norm2, f"{p}.norm2"), f"{p}.norm2")
+        h = to_compute(g, layer_norm(g, x, blk.norm2, f"{p}.norm2", dtype=g.stream_dtype), f"{p}.norm2")
 
     mlp = blk.mlp
     h = linear(g, h, mlp.fc1, f"{p}.mlp.fc1", bias=False)

@@ -22,10 +22,12 @@ from raggedvit.exporter.metadata import write_recipe
 from raggedvit.exporter.prune import l2_scores, prune_stage
 from raggedvit.exporter.support import check_supported, tokens_per_image
 
-__all__ = ["OPSET", "build_model", "export_onnx", "stage_blocks"]
+__all__ = ["DTYPES", "OPSET", "build_model", "export_onnx", "stage_blocks"]
 
 OPSET = 17
-_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+# export dtype -> (GEMM / attention dtype, residual-stream dtype); layers.py documents the recipes
+_DTYPES = {"fp32": (np.float32, np.float32), "fp16": (np.float16, np.float32), "fp16-all": (np.float16, np.float16)}
+DTYPES = tuple(_DTYPES)
 _CLS_ATTN_POLICIES = ("evit", "cls-mass")
 
 
@@ -49,15 +51,16 @@ def build_model(
     Inputs: images [batch, 3, S, S] float32 (already normalised). Outputs: logits [batch, classes]
     float32 and token_counts [batch, stages] int64 (tokens per image after each stage; [batch, 0]
     for policy none). `dtype` "fp16" runs the block GEMMs, attention and GELU in float16; the residual
-    stream, LayerNorms, pruning scores and head stay float32 (layers.py documents the recipe).
+    stream, LayerNorms, pruning scores and head stay float32. "fp16-all" also keeps the residual stream and its
+    LayerNorms in float16 (no Casts in the blocks; embedding, scores and head stay float32). layers.py has both.
     """
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be fp32 or fp16, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     check_supported(vit)
     depth = len(vit.blocks)
     stages = stage_blocks(spec, depth)
     p = int(vit.num_prefix_tokens)
-    g = GraphBuilder(_DTYPES[dtype])
+    g = GraphBuilder(*_DTYPES[dtype])
     images = g.add_input("images", TensorProto.FLOAT, ["batch", 3, *vit.patch_embed.img_size])
     logits_name, counts_name = g.name("logits"), g.name("token_counts")
 

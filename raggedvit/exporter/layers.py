@@ -1,5 +1,10 @@
 """Per-row layers on packed [T, C] activations: LayerNorm, Linear, GELU.
 
+fp16-all recipe (GraphBuilder stream_dtype float16 too): the residual stream and its LayerNorms /
+SkipLayerNormalizations are float16 as well, so a block has no Cast; the patch embedding (cast once after the
+position embedding), the pruning scores (LayerNormalization moments come out float32) and the head (the class
+rows are cast back) stay float32. Fewer, lighter kernels; less accurate than the fp16 recipe below.
+
 fp16 export recipe (GraphBuilder.compute_dtype float16): the residual stream, every LayerNorm of it and the
 classifier head (final norm + head GEMM) are float32; only the block GEMMs (qkv, proj, fc1, fc2), the ragged
 attention and BiasGelu run in float16. A LayerNorm feeding a GEMM is cast to float16 after it; the proj / fc2

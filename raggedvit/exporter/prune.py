@@ -34,8 +34,8 @@ def l2_scores(g: GraphBuilder, x: str, width: int, hint: str) -> str:
     ORT's CUDA ReduceL2 over the last axis goes through cuDNN (41 us at deit_base B=1, 69 us at B=32 on the
     H200, 2026-11-29 profile); the LayerNormalization kernel is a few microseconds. Stages only rank these
     scores, so the monotone transform keeps every decision (up to float32 rounding, as any norm would)."""
-    ones = g.const(np.ones(width, np.float32), hint="ln_ones")  # [C]: the scale/bias shape LayerNormalization wants
-    zeros = g.const(np.zeros(width, np.float32), hint="ln_zeros")
+    ones = g.const(np.ones(width, g.stream_dtype), hint="ln_ones")  # [C] in x's dtype; mean/inv_std are float32
+    zeros = g.const(np.zeros(width, g.stream_dtype), hint="ln_zeros")
     _, mean, inv = g.op_multi(
         "LayerNormalization", [x, ones, zeros], hint=f"{hint}.moments", n_out=3, axis=-1, epsilon=1e-5
     )  # mean, inv_std [T, 1]
@@ -129,6 +129,8 @@ def prune_stage(
     x_src, keep_ext, nmax_out = state.x, keep_mask, nmax
     if fuse:
         fused = _fused_tokens(g, state.x, scores, seq, keep_mask, coords, zeros_b1, h)  # [B, C]
+        if g.stream_dtype != np.float32:
+            fused = g.op("Cast", [fused], hint=f"{h}.fused_stream", to=g.stream_elem)
         x_src = g.op("Concat", [state.x, fused], hint=f"{h}.x_src", axis=0)  # [T + B, C]
         true_b1 = g.op("Equal", [zeros_b1, g.const(0, np.int64)], hint=f"{h}.true_b1")
         keep_ext = g.op("Concat", [keep_mask, true_b1], hint=f"{h}.keep_ext", axis=1)  # [B, Nmax + 1]
@@ -216,7 +218,8 @@ def _fused_tokens(g, x, scores, seq, keep_mask, coords, zeros_b1, hint):
     b_col = g.op("CumSum", [ones_b1, g.const(0, np.int64)], hint=f"{h}.b_col", exclusive=1)  # [B, 1] = b
     member = g.op("Equal", [b_col, g.op("Unsqueeze", [seq, g.const([0], np.int64)])], hint=f"{h}.member")  # [B, T]
     wmat = g.op("Mul", [g.op("Cast", [member], to=_F32), w], hint=f"{h}.wmat")  # [B, T]
-    num = g.op("MatMul", [wmat, x], hint=f"{h}.fuse_num")  # x float32 (residual stream)  # [B, C]
+    x32 = x if g.stream_dtype == np.float32 else g.op("Cast", [x], hint=f"{h}.x32", to=_F32)
+    num = g.op("MatMul", [wmat, x32], hint=f"{h}.fuse_num")  # float32  # [B, C]
     den = g.op(
         "Max",
         [g.op("ReduceSum", [wmat, g.const([1], np.int64)], keepdims=1), g.const(np.float32(1e-12))],

@@ -96,6 +96,7 @@ def resolve_case(model: str, img_size: int) -> ModelCase:
 class BenchConfig:
     device: str = "cuda"
     dtype: str = "fp16"  # torch compute dtype and raggedvit export dtype ("fp32" on the CPU debug run)
+    export_dtype: str | None = None  # raggedvit export recipe when not `dtype` (e.g. "fp16-all")
     models: tuple[str, ...] = ("deit_small", "deit_base")
     sizes: tuple[int, ...] = (224, 384)
     batches: tuple[int, ...] = (1, 4, 32, 128)

@@ -297,7 +297,7 @@ class CaseRunner:
         path = self.work / f"ragged_{self.cfg.policies.index(text)}_{spec.policy}.onnx"
         want = ["ort_raggedvit"] * plain + ["ort_raggedvit_graph"] * graph
         made = self._setup(
-            "raggedvit export", want, text, lambda: export_ragged(vit, spec, path, dtype=self.cfg.dtype, recipe=recipe)
+            "raggedvit export", want, text, lambda: export_ragged(vit, spec, path, dtype=self.cfg.export_dtype or self.cfg.dtype, recipe=recipe)
         )
         if made is None:
             return

@@ -6,6 +6,7 @@ The reference evaluator checks the graph arithmetic without the op library; ORT 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from raggedvit.exporter import build_model
@@ -93,3 +94,28 @@ def test_fp16_export_on_ort_cpu(ort_session, images):
     np.testing.assert_array_equal(counts, ref.token_counts.numpy())
     scale = max(float(ref.logits.abs().max()), 1.0)
     assert np.abs(logits - ref.logits.numpy()).max() < 3e-3 * scale
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [PruneSpec("topk-l2", (2,), keep=0.5), PruneSpec("cls-mass", (1, 3)), PruneSpec("evit", (2,), fuse=True)],
+    ids=["topk-l2", "cls-mass", "evit-fuse"],
+)
+def test_fp16_all_recipe_on_ort_cpu(ort_session, images, spec):
+    """fp16-all: float16 residual stream and LayerNorms, no Cast inside the blocks; close to the fp32 model."""
+    import onnx
+
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": 4})
+    model = build_model(vit, spec, dtype="fp16-all")
+    onnx.checker.check_model(model, full_check=True)
+    assert not [n.name for n in model.graph.node if n.op_type == "Cast" and n.name.startswith("n_blocks.")]
+    f16 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
+    assert {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "blocks.1.norm1.weight"} <= f16
+    assert "head.weight_t" not in f16 and "patch_embed.proj.weight" not in f16
+    x = images[:3]
+    logits, counts = ort_session(model).run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        ref = PrunedViT(vit, spec)(x)
+    assert logits.dtype == np.float32
+    np.testing.assert_array_equal(counts, ref.token_counts.numpy())
+    assert np.abs(logits - ref.logits.numpy()).max() < 2e-2 * float(ref.logits.abs().max())
