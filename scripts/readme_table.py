@@ -53,7 +53,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"End-to-end images/s on {results.get('gpu')} (driver {results.get('driver')}), "
         f"torch {results.get('torch')}, triton {results.get('triton')}, onnxruntime {results.get('onnxruntime')}, "
-        f"timm {results.get('timm')}; {results.get('date')}; dtype {results.get('config', {}).get('dtype')}.",
+        f"timm {results.get('timm')}; {results.get('date')}; torch dtype {results.get('config', {}).get('dtype')}, "
+        f"raggedvit export {results.get('config', {}).get('export_dtype') or results.get('config', {}).get('dtype')}"
+        f" (commit {results.get('raggedvit_commit')}).",
         "",
     ]
     for model, size in sorted({(r["model"], r["img_size"]) for r in records}):
