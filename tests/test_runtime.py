@@ -79,3 +79,40 @@ def test_cuda_iobinding_no_cpu_fallback(ort_library):
     )
     assert_close(out, ref_out.half(), name="out")
     assert_close(cls, ref_cls.float(), rtol=1e-3, name="cls_attn")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["fp16", "fp16-all"])
+def test_graph_runner_matches_per_node_run(ort_library, tmp_path, dtype):
+    """A topk-l2 export replayed as a CUDA graph gives the per-node run's outputs and follows new input data."""
+    from raggedvit.exporter import export_onnx
+    from raggedvit.pruning import PruneSpec
+    from raggedvit.runtime import GraphRunner
+    from raggedvit.weights import load_vit
+
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": 4})
+    path = export_onnx(vit, PruneSpec("topk-l2", (2,), keep=0.5), tmp_path / "m.onnx", dtype=dtype)
+    x = torch.randn(3, 3, 224, 224, generator=torch.Generator().manual_seed(0)).cuda()
+    plain = create_session(path, "cuda")
+    want = [torch.from_numpy(v.numpy()) for v in run_with_iobinding(plain, {"images": x}, output_device="cpu")]
+    run = GraphRunner(path, batch=3)
+    logits, counts = run(x)
+    assert torch.equal(counts.cpu(), want[1]) and counts.cpu().tolist() == [[99]] * 3
+    assert_close(logits.cpu(), want[0], rtol=1e-3, name="logits")
+    logits2, _ = run(x.flip(0))
+    assert_close(logits2.cpu(), want[0].flip(0), rtol=1e-2, name="logits after new input")
+    with pytest.raises(ValueError, match="expected shape"):
+        run(x[:2])
+
+
+def test_graph_runner_refuses_data_dependent_counts(ort_library, tmp_path):
+    from raggedvit.exporter import export_onnx
+    from raggedvit.pruning import PruneSpec
+    from raggedvit.runtime import GraphRunner
+    from raggedvit.weights import load_vit
+
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": 2})
+    path = export_onnx(vit, PruneSpec("cls-mass", (1,)), tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match="cannot be captured"):
+        GraphRunner(path, batch=2)
