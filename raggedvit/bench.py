@@ -59,17 +59,35 @@ def bench_onnx(
     batches: tuple[int, ...] = (1, 4, 32),
     seconds: float = 0.5,
     warmup: int = 3,
+    cuda_graph: bool = False,
 ) -> list[BenchResult]:
-    """Median latency and img/s of `path` in ORT on `device` ("cpu" | "cuda") for every batch size."""
+    """Median latency and img/s of `path` in ORT on `device` ("cpu" | "cuda") for every batch size.
+
+    cuda_graph: replay the model as a CUDA graph (raggedvit.runtime.GraphRunner, one per batch size; static-shape
+    exports only), timing the replay on the bound input buffer."""
     from raggedvit.exporter.metadata import read_recipe
     from raggedvit.runtime import create_session
 
+    if cuda_graph and device != "cuda":
+        raise ValueError("cuda_graph needs device='cuda'")
     img_size = int(read_recipe(path)["img_size"])
-    sess = create_session(path, device)
+    sess = None if cuda_graph else create_session(path, device)
     results = []
     for batch in batches:
         x = _inputs(img_size, batch)
-        if device == "cuda":
+        if cuda_graph:
+            import torch
+
+            from raggedvit.runtime import GraphRunner
+
+            runner = GraphRunner(path, batch)
+            runner.images.copy_(torch.from_numpy(x))
+            torch.cuda.synchronize()
+
+            def run(runner=runner):
+                runner.replay()  # synchronous: ORT waits for the replay before returning
+                return None, runner.token_counts
+        elif device == "cuda":
             import torch
 
             from raggedvit.runtime import run_with_iobinding
@@ -91,7 +109,10 @@ def bench_onnx(
             t0 = time.perf_counter()
             out = run()
             times.append(time.perf_counter() - t0)
-        counts = out[1] if isinstance(out[1], np.ndarray) else out[1].numpy()
+        counts = out[1]
+        if hasattr(counts, "cpu"):  # a torch tensor (the CUDA-graph runner's buffer)
+            counts = counts.cpu()
+        counts = counts if isinstance(counts, np.ndarray) else counts.numpy()
         mean_tokens = [float(c) for c in np.asarray(counts, np.float64).mean(axis=0)] if counts.size else []
         med = statistics.median(times)
         results.append(BenchResult(batch, med * 1e3, batch / med, len(times), mean_tokens))

@@ -301,7 +301,12 @@ def info() -> None:
 @click.option("--batch", "batches", default="1,4,32", help="Comma-separated batch sizes.")
 @click.option("--seconds", type=float, default=0.5, help="Timed seconds per batch size (median reported).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Output.")
-def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path: Path | None) -> None:
+@click.option(
+    "--cuda-graph",
+    is_flag=True,
+    help="Replay the model as a CUDA graph (--device cuda; topk-l2 / evit exports without --fuse).",
+)
+def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path: Path | None, cuda_graph: bool) -> None:
     """Images per second of an exported model in ONNX Runtime (sample photos, io binding on CUDA)."""
     import json
 
@@ -313,19 +318,28 @@ def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path:
             raise ValueError
     except ValueError:
         raise CliError(f"--batch must be comma-separated positive integers, got {batches!r}") from None
+    if cuda_graph and device != "cuda":
+        raise CliError("--cuda-graph needs --device cuda")
     if json_path is not None:
         _check_writable(json_path, "--json")
     from raggedvit.bench import bench_onnx
 
     try:
-        results = bench_onnx(onnx_file, device=device, batches=sizes, seconds=seconds)
+        results = bench_onnx(onnx_file, device=device, batches=sizes, seconds=seconds, cuda_graph=cuda_graph)
     except KeyError as e:
         raise CliError(f"{onnx_file}: {e.args[0]}") from None
+    except ValueError as e:  # e.g. a data-dependent (cls-mass) export with --cuda-graph
+        raise CliError(str(e)) from None
     click.echo(f"{'batch':>5} {'latency ms':>11} {'img/s':>9}  mean kept tokens per stage")
     for r in results:
         click.echo(f"{r.batch:>5} {r.latency_ms:>11.3f} {r.img_per_s:>9.1f}  {[round(t, 1) for t in r.mean_tokens]}")
     if json_path is not None:
-        payload = {"model": str(onnx_file), "device": device, "results": [r.as_dict() for r in results]}
+        payload = {
+            "model": str(onnx_file),
+            "device": device,
+            "cuda_graph": cuda_graph,
+            "results": [r.as_dict() for r in results],
+        }
         tmp = json_path.with_name(json_path.name + ".tmp")
         tmp.write_text(json.dumps(payload, indent=2))
         os.replace(tmp, json_path)

@@ -49,3 +49,19 @@ def test_cli_bench_rejects_bad_batch(small_export, tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().startswith("error: --batch must be")
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_cli_bench_cuda_graph_needs_cuda_device(small_export):
+    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--cuda-graph"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--cuda-graph needs --device cuda" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_bench_cuda_graph_on_gpu(small_export):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    plain = bench_onnx(small_export, device="cuda", batches=(2,), seconds=0.05, warmup=1)
+    graph = bench_onnx(small_export, device="cuda", batches=(2,), seconds=0.05, warmup=1, cuda_graph=True)
+    assert graph[0].mean_tokens == plain[0].mean_tokens and graph[0].img_per_s > 0
