@@ -86,6 +86,7 @@ def validate(
                 counts_onnx=[int(v) for v in tc_o[i]],
                 counts_reference=[int(v) for v in tc_r[i]],
                 near_tie=i in tied,
+                ref_max_abs_logit=float(np.nanmax(np.abs(lg_r[i]))) if lg_r[i].size else 0.0,
             )
         )
     report.failures.extend(_failures(report.rows, lg_o, th))

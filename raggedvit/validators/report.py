@@ -60,6 +60,7 @@ class ImageRow:
     counts_onnx: list[int]
     counts_reference: list[int]
     near_tie: bool
+    ref_max_abs_logit: float = 0.0  # scale of the reference logits (to read the absolute threshold against)
 
     @property
     def top1_agree(self) -> bool:
@@ -96,6 +97,10 @@ class ValidationReport:
         return sum(r.mean_abs_diff for r in self.rows) / max(len(self.rows), 1)
 
     @property
+    def ref_max_abs_logit(self) -> float:
+        return max((r.ref_max_abs_logit for r in self.rows), default=0.0)
+
+    @property
     def top1_agreement(self) -> float:
         return sum(r.top1_agree for r in self.rows) / max(len(self.rows), 1)
 
@@ -118,6 +123,7 @@ class ValidationReport:
                 "top1_agreement": self.top1_agreement,
                 "token_counts_agreement": self.counts_agreement,
                 "near_ties": len(self.near_ties),
+                "reference_max_abs_logit": self.ref_max_abs_logit,
             },
             "failures": [asdict(f) for f in self.failures],
             "near_ties": [asdict(t) for t in self.near_ties],
@@ -139,6 +145,8 @@ class ValidationReport:
             f"- ONNX Runtime: {self.device} ({', '.join(self.providers)}); reference: PyTorch fp32 PrunedViT on CPU",
             f"- thresholds: max |Δlogit| < {th.max_abs_logit:g}, top-1 >= {th.min_top1:.0%}, "
             f"near-tie gap < {th.tie_eps:g}",
+            f"- reference logits: max |logit| {self.ref_max_abs_logit:.3g} (the Δlogit threshold is "
+            f"{th.max_abs_logit / max(self.ref_max_abs_logit, 1e-30):.2%} of it)",
             "",
             "| images | max abs Δlogit | mean abs Δlogit | top-1 agreement | token_counts agreement | near-ties |",
             "|---:|---:|---:|---:|---:|---:|",

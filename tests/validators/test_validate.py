@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from raggedvit.exporter import export_onnx
 from raggedvit.images import preprocess, sample_images
-from raggedvit.pruning import PruneSpec
+from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.validators import (
     Thresholds,
     ValidationInputError,
@@ -38,6 +39,11 @@ def test_validate_passes_and_rebuilds_reference(exported):
     assert report.passed, report.to_markdown()
     assert report.max_abs_diff < 1e-4 and report.counts_agreement == 1.0 and report.top1_agreement == 1.0
     assert [r.name for r in report.rows] == [n for n, _ in pairs]
+    with torch.no_grad():
+        ref_scale = float(PrunedViT(vit, spec)(preprocess(pairs, vit)).logits.abs().max())
+    assert report.ref_max_abs_logit == pytest.approx(ref_scale, rel=1e-5)
+    assert report.to_dict()["summary"]["reference_max_abs_logit"] == report.ref_max_abs_logit
+    assert "reference logits: max |logit|" in report.to_markdown()
     strict = validate(
         exported,
         preprocess(pairs, vit),
