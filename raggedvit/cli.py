@@ -130,7 +130,14 @@ def export(model, output, checkpoint, pretrained, seed, img_size, policy, keep, 
     steps.update(2)
     steps.close()
     size_mb = path.stat().st_size / 2**20
-    click.echo(f"wrote {path} ({model}, {spec.policy}, {dtype}, {size_mb:.1f} MiB)")
+    from raggedvit.exporter.checks import static_shapes
+
+    shapes = (
+        "static shapes: CUDA-graph capturable (GraphRunner, bench --cuda-graph)"
+        if static_shapes(spec.to_dict())
+        else "data-dependent token counts: runs node by node"
+    )
+    click.echo(f"wrote {path} ({model}, {spec.policy}, {dtype}, {size_mb:.1f} MiB; {shapes})")
 
 
 def _load_vit(model: str, **kwargs):
