@@ -42,8 +42,8 @@ FALLBACK_CONFIG: dict[str, int] = {
 }
 
 # Kernel parameters in order; "ptr" args get the 16-byte divisibility hint, like D (the launcher checks both).
-_FWD_ARGS = ("QKV", "CU", "Out", "Lse", "T", "B", "H", "D", "scale_bits", "store_lse")
-_CLS_ARGS = ("QKV", "CU", "Lse", "ClsAttn", "T", "B", "H", "D", "scale_bits")
+_FWD_ARGS = ("QKV", "Bias", "CU", "Out", "Lse", "T", "B", "H", "D", "scale_bits", "store_lse", "has_bias")
+_CLS_ARGS = ("QKV", "Bias", "CU", "Lse", "ClsAttn", "T", "B", "H", "D", "scale_bits", "has_bias")
 _HINTED_INTS = ("D",)
 
 
@@ -65,7 +65,8 @@ class AotJob:
 
     def signature(self) -> tuple[dict[str, str], dict[str, int]]:
         """Triton signature (arg -> type) and constexprs of this job."""
-        ptr = {"QKV": self.dtype, "Out": self.dtype, "CU": self.cu_dtype, "Lse": "fp32", "ClsAttn": "fp32"}
+        ptr = {"QKV": self.dtype, "Bias": self.dtype, "Out": self.dtype, "CU": self.cu_dtype, "Lse": "fp32",
+               "ClsAttn": "fp32"}  # fmt: skip
         names = _FWD_ARGS if self.kernel == "fwd" else _CLS_ARGS
         sig = {n: ("*" + ptr[n]) if n in ptr else "i32" for n in names}
         consts = {"BLOCK_N": self.block_n, "BLOCK_D": self.block_d}

@@ -112,6 +112,20 @@ Ort::ShapeInferContext::SymbolicInteger FreshSymbol() {
 }
 }  // namespace
 
+std::string CheckBias(const std::vector<int64_t>& bias_shape, ONNXTensorElementDataType bias_type,
+                      const std::vector<int64_t>& qkv_shape, ONNXTensorElementDataType qkv_type) {
+  const int64_t width = qkv_shape.size() == 2 ? qkv_shape[1] : -1;
+  if (bias_shape.size() != 1 || bias_shape[0] != width) {
+    return "input 'bias' must be 1-D [" + std::to_string(width) + "] (qkv shape " + ShapeString(qkv_shape) +
+           "), got shape " + ShapeString(bias_shape);
+  }
+  if (bias_type != qkv_type) {
+    return std::string("input 'bias' (shape ") + ShapeString(bias_shape) + ") has element type " +
+           ElementTypeName(bias_type) + ", qkv (shape " + ShapeString(qkv_shape) + ") has " + ElementTypeName(qkv_type);
+  }
+  return "";
+}
+
 OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* raw) noexcept {
   return GuardStatus([&]() -> OrtStatusPtr {
     Ort::ShapeInferContext ctx(&Ort::GetApi(), raw);

@@ -3,6 +3,7 @@
 //
 //   qkv        [T, 3*H*D] float16 | float | bfloat16 (row t = q heads | k heads | v heads)
 //   cu_seqlens [B+1] int32 | int64, 0 = cu[0] <= ... <= cu[B] = T
+//   bias       [3*H*D] qkv's type (optional input): the qkv Linear's bias, added to q, k, v on load
 //   out        [T, H*D] same type as qkv
 //   cls_attn   [T] float (optional output)
 #pragma once
@@ -40,6 +41,10 @@ std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs);
 // Checks ranks and widths; fills dims. "" on success, else the error text naming argument and shapes.
 std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector<int64_t>& cu_shape,
                         int64_t num_heads, Dims* dims);
+
+// Checks the optional bias input against qkv: 1-D [3*H*D], qkv's element type. "" when fine.
+std::string CheckBias(const std::vector<int64_t>& bias_shape, ONNXTensorElementDataType bias_type,
+                      const std::vector<int64_t>& qkv_shape, ONNXTensorElementDataType qkv_type);
 
 // Host-side check of the cu_seqlens values (CPU EP only; the CUDA kernel clamps them instead).
 template <typename I>
@@ -104,9 +109,12 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
 
   const char* GetName() const { return kOpName; }
   const char* GetExecutionProviderType() const { return provider_; }
-  size_t GetInputTypeCount() const { return 2; }
+  size_t GetInputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : cu_type_;
+    return i == 1 ? cu_type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // qkv, bias: checked by the kernel
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
   size_t GetOutputTypeCount() const { return 2; }
   ONNXTensorElementDataType GetOutputType(size_t i) const {

@@ -76,12 +76,16 @@ def block(
     attn = blk.attn
     C = int(attn.qkv.in_features)
     h = to_compute(g, normed or layer_norm(g, state.x, blk.norm1, f"{p}.norm1", dtype=g.stream_dtype), f"{p}.norm1")
-    qkv = linear(g, h, attn.qkv, f"{p}.attn.qkv")  # [T, 3*H*D]
+    # the qkv bias rides into RaggedAttention (added on load): one Add kernel per block fewer
+    qkv = linear(g, h, attn.qkv, f"{p}.attn.qkv", bias=False)  # [T, 3*H*D]
+    attn_in = [qkv, state.cu32]
+    if attn.qkv.bias is not None:
+        attn_in.append(g.weight(attn.qkv.bias, f"{p}.attn.qkv.bias"))
     out_name = g.name(f"{p}.attn.ragged")
     cls_name = g.name(f"{p}.attn.cls_attn") if want_cls_attn else ""
     g.op_multi(
         "RaggedAttention",
-        [qkv, state.cu32],
+        attn_in,
         domain=RAGGED_DOMAIN,
         hint=f"{p}.attn",
         outputs=[out_name, cls_name] if want_cls_attn else [out_name],

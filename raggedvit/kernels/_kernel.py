@@ -137,9 +137,10 @@ def _seq_bounds(CU, rows, r_first, r_last, T, B, CHUNK: tl.constexpr, COARSE: tl
     return start, end
 
 
-@triton.jit(do_not_specialize=["T", "B", "scale_bits", "store_lse"])
+@triton.jit(do_not_specialize=["T", "B", "scale_bits", "store_lse", "has_bias"])
 def _ragged_attn_fwd(
     QKV,
+    Bias,
     CU,
     Out,
     Lse,
@@ -149,11 +150,14 @@ def _ragged_attn_fwd(
     D,
     scale_bits,
     store_lse,
+    has_bias,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale) v within each row's sequence."""
+    """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale) v within each row's sequence.
+
+    has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias, added in QKV's dtype)."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -170,6 +174,10 @@ def _ragged_attn_fwd(
     head_off = h * D
     q_ptrs = QKV + rows.to(tl.int64)[:, None] * row_stride + head_off + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    b_ok = d_ok & (has_bias != 0)  # no bias: masked loads give exact zeros (x + 0 == x), no branch
+    q = q + tl.load(Bias + head_off + offs_d, mask=b_ok, other=0.0)[None, :]
+    kb = tl.load(Bias + H * D + head_off + offs_d, mask=b_ok, other=0.0)
+    vb = tl.load(Bias + 2 * H * D + head_off + offs_d, mask=b_ok, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
@@ -184,7 +192,7 @@ def _ragged_attn_fwd(
         cols = (start_n + lo - n_lo) + tl.arange(0, BLOCK_N)
         kv_mask = (cols < hi)[:, None] & d_ok[None, :]
         k_ptrs = QKV + cols.to(tl.int64)[:, None] * row_stride + (H * D + head_off) + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0) + kb[None, :]
         s = _dot(q, tl.trans(k)) * qk_scale
         in_seq = (cols[None, :] >= row_start[:, None]) & (cols[None, :] < row_end[:, None])
         s = tl.where(in_seq, s, float("-inf"))
@@ -193,7 +201,7 @@ def _ragged_attn_fwd(
         p = tl.math.exp2(s - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.reduce(p, 1, _add_fn)
-        v = tl.load(k_ptrs + H * D, mask=kv_mask, other=0.0)
+        v = tl.load(k_ptrs + H * D, mask=kv_mask, other=0.0) + vb[None, :]
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v)
         m_i = m_new
 
@@ -206,9 +214,10 @@ def _ragged_attn_fwd(
         tl.store(Lse + h * T + rows, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["T", "B", "scale_bits"])
+@triton.jit(do_not_specialize=["T", "B", "scale_bits", "has_bias"])
 def _ragged_cls_attn(
     QKV,
+    Bias,
     CU,
     Lse,
     ClsAttn,
@@ -217,6 +226,7 @@ def _ragged_cls_attn(
     H,
     D,
     scale_bits,
+    has_bias,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -247,8 +257,12 @@ def _ragged_cls_attn(
         h_ok = heads < H
         offs = heads[None, :, None] * D + offs_d[None, None, :]
         mask = ok[:, None, None] & h_ok[None, :, None] & (offs_d < D)[None, None, :]
-        q = tl.load(q_rows + offs, mask=mask, other=0.0).to(tl.float32)
-        k = tl.load(k_rows + offs, mask=mask, other=0.0).to(tl.float32)
+        # the bias is added in QKV's dtype, as _ragged_attn_fwd does (its Lse must match these scores)
+        bmask = (h_ok[None, :, None] & (offs_d < D)[None, None, :]) & (has_bias != 0)
+        q = (tl.load(q_rows + offs, mask=mask, other=0.0) + tl.load(Bias + offs, mask=bmask, other=0.0)).to(tl.float32)
+        k = (tl.load(k_rows + offs, mask=mask, other=0.0) + tl.load(Bias + H * D + offs, mask=bmask, other=0.0)).to(
+            tl.float32
+        )
         lse = tl.load(lse_rows + heads[None, :] * T, mask=ok[:, None] & h_ok[None, :], other=0.0)
         s = tl.reduce(q * k, 2, _add_fn) * qk_scale  # [BLOCK_N, HG]
         p = tl.where(ok[:, None] & h_ok[None, :], tl.math.exp2(s - lse), 0.0)

@@ -97,8 +97,10 @@ def _launch_triton(
     config: KernelConfig | None = None,
     out: torch.Tensor | None = None,
     cls_attn: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qkv [T, 3*H*D] (contiguous), cu_seqlens [B+1] -> out [T, H*D], cls_attn [T] fp32 (or [0]).
+    """qkv [T, 3*H*D] (contiguous), cu_seqlens [B+1] (, bias [3*H*D] qkv's dtype) -> out [T, H*D], cls_attn [T]
+    fp32 (or [0]).
 
     Inputs must already be validated; CUDA tensors must be on the current device. `kernels` defaults
     to `raggedvit.kernels._kernel`; `config` defaults to `pick_config(T, D, dtype)` (the benchmark's
@@ -111,6 +113,11 @@ def _launch_triton(
     device = qkv.device
     # pointers we did not allocate must be checked for the 16-byte alignment the fast path was compiled for
     ptrs = qkv.data_ptr() | cu_seqlens.data_ptr()
+    has_bias = int(bias is not None)
+    if bias is None:
+        bias = qkv  # any valid pointer of qkv's type: never read
+    else:
+        ptrs |= bias.data_ptr()
     if out is None:
         out = torch.empty((T, H * D), dtype=qkv.dtype, device=device)
     else:
@@ -132,8 +139,8 @@ def _launch_triton(
     cfg = pick_config(T, D, qkv.dtype) if config is None else config
     bits = scale_bits(scale)
     grid_m = -(-T // cfg.block_m)
-    fwd_args = (qkv, cu_seqlens, out, lse, T, B, H, D, bits, store, cfg.block_m, cfg.block_n, cfg.block_d)
-    cls_args = (qkv, cu_seqlens, lse, cls_attn, T, B, H, D, bits, cfg.cls_block_n, cfg.block_d)
+    fwd_args = (qkv, bias, cu_seqlens, out, lse, T, B, H, D, bits, store, has_bias, cfg.block_m, cfg.block_n, cfg.block_d)
+    cls_args = (qkv, bias, cu_seqlens, lse, cls_attn, T, B, H, D, bits, has_bias, cfg.cls_block_n, cfg.block_d)
     grid_c = -(-T // cfg.cls_block_n)
 
     key = None
@@ -153,13 +160,13 @@ def _launch_triton(
                 key = None
     k = _default_kernels() if kernels is None else kernels
     ck_fwd = k._ragged_attn_fwd[(grid_m, H)](
-        *fwd_args[:10], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
+        *fwd_args[:12], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     ck_cls = None
     if store:
         ck_cls = k._ragged_cls_attn[(grid_c,)](
-            *cls_args[:9], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, num_warps=cfg.cls_num_warps, num_stages=1,
+            *cls_args[:11], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, num_warps=cfg.cls_num_warps, num_stages=1,
         )  # fmt: skip
     if key is not None and _Compiled.usable(ck_fwd) and (not store or _Compiled.usable(ck_cls)):
         _FAST[key] = (_Compiled(ck_fwd), _Compiled(ck_cls) if store else None)

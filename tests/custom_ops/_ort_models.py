@@ -39,18 +39,21 @@ def attention_model(
     cls_attn: bool = True,
     qkv_elem: int | None = None,
     any_rank: bool = False,
+    bias_elem: int | None = None,
     **attrs: float | int,
 ) -> bytes:
-    """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] -> out [T, W/3] (, cls_attn [T]).
+    """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] (, bias [W]) -> out [T, W/3] (, cls_attn [T]).
 
-    any_rank declares the inputs without a shape, so that bad ranks reach the op's own checks.
+    any_rank declares the inputs without a shape, so that bad ranks reach the op's own checks. bias_elem adds
+    the optional third input `bias` of that element type (any shape, to test the op's checks).
     """
     elem = DTYPES[dtype] if qkv_elem is None else qkv_elem
     outs = ["out", "cls_attn"] if cls_attn else ["out"]
     node_attrs = dict(attrs)
     if num_heads is not None:
         node_attrs["num_heads"] = num_heads
-    node = helper.make_node("RaggedAttention", ["qkv", "cu_seqlens"], outs, domain="com.raggedvit", **node_attrs)
+    ins = ["qkv", "cu_seqlens"] + (["bias"] if bias_elem is not None else [])
+    node = helper.make_node("RaggedAttention", ins, outs, domain="com.raggedvit", **node_attrs)
     outputs = [helper.make_tensor_value_info("out", elem, None)]
     if cls_attn:
         outputs.append(helper.make_tensor_value_info("cls_attn", TensorProto.FLOAT, None))
@@ -60,7 +63,8 @@ def attention_model(
         [
             helper.make_tensor_value_info("qkv", elem, None if any_rank else ["T", "W"]),
             helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], None if any_rank else ["B1"]),
-        ],
+        ]
+        + ([helper.make_tensor_value_info("bias", bias_elem, None)] if bias_elem is not None else []),
         outputs,
     )
     return _finish(graph)

@@ -79,7 +79,8 @@ def test_signature_hints_pointers_and_D():
     assert sig["QKV"] == "*bf16" and sig["CU"] == "*i64" and sig["Lse"] == "*fp32" and sig["T"] == "i32"
     assert consts == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64}
     cls_sig, cls_consts = _aot.AotJob("cls", "fp16", "i32", 32, 80, 0, 128, 4, 1).signature()
-    assert list(cls_sig)[:4] == ["QKV", "CU", "Lse", "ClsAttn"] and "BLOCK_M" not in cls_consts
+    assert sig["Bias"] == "*bf16" and sig["has_bias"] == "i32" and list(sig)[:3] == ["QKV", "Bias", "CU"]
+    assert list(cls_sig)[:5] == ["QKV", "Bias", "CU", "Lse", "ClsAttn"] and "BLOCK_M" not in cls_consts
 
 
 def test_generated_source_shares_cubins_between_rows(tmp_path):

@@ -166,3 +166,33 @@ def test_unknown_row_count_stays_symbolic(ort_library):
     xs = np.random.default_rng(0).standard_normal((2, 4, 12)).astype(np.float32)
     (out,) = sess.run(None, {"x": xs, "cu": np.array([0, 3, 8], np.int32)})
     assert out.shape == (2, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_bias_input(ort_library, gen, dtype):
+    """Optional input 2 `bias` [3*H*D]: the result is attention of qkv + bias (summed in qkv's dtype)."""
+    H, D = 3, 16
+    qkv, cu = random_batch(gen, 4, 30, H, D, dtype, torch.int32)
+    bias = torch.randn(3 * H * D, generator=gen).to(dtype)
+    sess = create_session(attention_model(dtype, torch.int32, H, bias_elem=DTYPES[dtype]), "cpu", intra_op_threads=2)
+    out = torch.empty(qkv.shape[0], H * D, dtype=dtype)
+    cls = torch.empty(qkv.shape[0], dtype=torch.float32)
+    run_with_iobinding(sess, {"qkv": qkv, "cu_seqlens": cu, "bias": bias}, {"out": out, "cls_attn": cls})
+    ref_out, ref_cls = reference(qkv + bias, cu, H)
+    assert_close(out, ref_out.to(dtype), rtol=DTYPES_TOL[dtype], name="out")
+    assert_close(cls, ref_cls.float(), rtol=DTYPES_TOL[dtype], name="cls_attn")
+
+
+def test_bad_bias_shape_is_a_named_error(ort_library, gen):
+    import onnxruntime as ort
+
+    qkv, cu = random_batch(gen, 2, 6, 2, 3, torch.float32, torch.int64)  # W = 18
+    sess = create_session(attention_model(torch.float32, torch.int64, 2, bias_elem=DTYPES[torch.float32]), "cpu")
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match=r"input 'bias' must be 1-D \[18\]"):
+        sess.run(None, {"qkv": qkv.numpy(), "cu_seqlens": cu.numpy(), "bias": torch.zeros(10).numpy()})
+
+
+def test_bias_of_another_type_is_rejected(ort_library):
+    """qkv and bias share one type constraint: ORT refuses a float16 bias for float32 qkv at session creation."""
+    with pytest.raises(Exception, match="type"):
+        create_session(attention_model(torch.float32, torch.int64, 2, bias_elem=DTYPES[torch.float16]), "cpu")

@@ -95,11 +95,12 @@ def test_launch_parameters_match_the_kernel_signatures(harness, tmp_path):
     bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
     assert fwd["name"] == "_ragged_attn_fwd" and fwd["image"].endswith("/sm90/min0")
     assert fwd["grid"] == "4,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"  # cdiv(100, 32), H
-    # QKV, CU, Out, Lse, T, B, H, D, scale_bits, store_lse, global_scratch, profile_scratch
-    assert fwd["args"] == f"a00000,b00000,c00000,d00000,100,3,12,64,{bits},1,0,0"
+    # QKV, Bias (no bias: QKV's pointer, never read), CU, Out, Lse, T, B, H, D, scale_bits, store_lse, has_bias,
+    # global_scratch, profile_scratch
+    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,100,3,12,64,{bits},1,0,0,0"
     assert cls["name"] == "_ragged_cls_attn" and cls["grid"] == "1,1,1"  # cdiv(100, 128)
-    # QKV, CU, Lse, ClsAttn, T, B, H, D, scale_bits, global_scratch, profile_scratch
-    assert cls["args"] == f"a00000,b00000,d00000,e00000,100,3,12,64,{bits},0,0"
+    # QKV, Bias, CU, Lse, ClsAttn, T, B, H, D, scale_bits, has_bias, global_scratch, profile_scratch
+    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,100,3,12,64,{bits},0,0,0"
     assert fwd["stream"] == cls["stream"] == "5000" and fwd["ctx"] == "0"
 
 
@@ -159,7 +160,7 @@ def test_empty_grid_launches_nothing(harness, tmp_path):
         ({"D": 256}, {}, "ERR head dim D = 256 is not supported"),
         ({"misalign": 8}, {}, "ERR device buffer 'qkv' is not 16-byte aligned"),
         ({"T": 3_000_000, "H": 12, "D": 64}, {}, "exceed the int32 indexing"),
-        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 10 parameters, launcher passes 12"),
+        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 10 parameters, launcher passes 14"),
         (
             {},
             {"FAKE_CUDA_LAUNCH_ERR": "700"},

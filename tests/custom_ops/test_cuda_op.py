@@ -123,3 +123,19 @@ def test_library_registers_cuda_op(ort_library):
     assert info["cuda_op_registered"] is True
     major, minor = torch.cuda.get_device_capability()
     assert any(a // 10 == major and a <= 10 * major + minor for a in info["build"]["archs"])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_cuda_bias_input(ort_library, gen, dtype):
+    """Optional input 2 `bias` [3*H*D], added to q, k, v on load in qkv's dtype."""
+    H, D = 3, 64
+    qkv, cu = random_batch(gen, 7, 120, H, D, dtype, torch.int32)
+    bias = torch.randn(3 * H * D, generator=gen).to(dtype)
+    sess = create_session(attention_model(dtype, torch.int32, H, bias_elem=DTYPES[dtype]), "cuda", disable_cpu_fallback=True)
+    out = torch.full((qkv.shape[0], H * D), float("nan"), dtype=dtype, device="cuda")
+    cls = torch.full((qkv.shape[0],), float("nan"), device="cuda")
+    run_with_iobinding(
+        sess, {"qkv": qkv.cuda(), "cu_seqlens": cu.cuda(), "bias": bias.cuda()}, {"out": out, "cls_attn": cls}
+    )
+    torch.cuda.synchronize()
+    check({"out": out.cpu(), "cls_attn": cls.cpu()}, qkv + bias, cu, H)

@@ -18,7 +18,9 @@ from raggedvit.kernels import ragged_attention_reference
 class RaggedAttention(OpRun):
     op_domain = "com.raggedvit"
 
-    def _run(self, qkv, cu, num_heads=None, scale=None, max_seqlen=None):
+    def _run(self, qkv, cu, bias=None, num_heads=None, scale=None, max_seqlen=None):
+        if bias is not None:  # added in qkv's dtype, as the kernels do
+            qkv = (qkv + bias).astype(qkv.dtype)
         out, cls = ragged_attention_reference(
             torch.from_numpy(qkv), torch.from_numpy(cu.astype(np.int64)), num_heads, scale=scale, return_cls_attn=True
         )

@@ -29,6 +29,10 @@ def test_graph_structure(deit_tiny, spec):
     assert opsets[""] == 17 and opsets["com.raggedvit"] == 1
     attn = [n for n in model.graph.node if n.op_type == "RaggedAttention"]
     assert len(attn) == len(deit_tiny.blocks) == 12
+    # the qkv bias is the op's third input (no Add after the qkv MatMul)
+    assert all(len(a.input) == 3 and a.input[2].endswith(".attn.qkv.bias") for a in attn)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert all(producers[a.input[0]].op_type == "MatMul" for a in attn)
     heads = {a.name: helper.get_attribute_value(a) for a in attn[0].attribute}
     assert heads["num_heads"] == 3 and heads["max_seqlen"] == 197
     assert heads["scale"] == pytest.approx(deit_tiny.blocks[0].attn.scale)

@@ -116,3 +116,16 @@ def test_many_sequences_use_the_coarse_search(interpreted, gen):
     cfg = KernelConfig("fp16", 16, 64, 16, 4, 1, 4, 4)
     out, cls_attn = run(interpreted, qkv, cu, 1, config=cfg)
     check_against_reference(out, cls_attn, qkv, cu, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_bias_is_added_on_load(interpreted, gen, dtype):
+    """bias [3*H*D] (the qkv Linear's): same result as attention of qkv + bias (summed in qkv's dtype)."""
+    H, D = 3, 32
+    qkv, cu = make_batch([7, 1, 20, 5], H, D, dtype, gen)
+    bias = torch.randn(3 * H * D, generator=gen).to(dtype)
+    out, cls_attn = poisoned_outputs(qkv, H)
+    out, cls_attn = _launch_triton(
+        qkv, cu, H, 1.0 / math.sqrt(D), True, kernels=interpreted, out=out, cls_attn=cls_attn, bias=bias
+    )
+    check_against_reference(out, cls_attn, qkv + bias, cu, H, name="with bias")

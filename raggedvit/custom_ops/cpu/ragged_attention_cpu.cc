@@ -32,6 +32,7 @@ struct Task {
 template <typename T>
 struct Job {
   const T* qkv;
+  const T* bias;  // [3*H*D] or nullptr
   T* out;
   float* cls;  // nullptr when the output is absent
   Dims d;
@@ -43,6 +44,12 @@ struct Job {
 __attribute__((target_clones("arch=haswell", "default"))) void Axpy(float* __restrict y, float a,
                                                                      const float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// qkv element (+ bias element, summed and rounded in T like an ONNX Add of the two tensors) as float.
+template <typename T>
+inline float Load(const T* row, const T* bias, int64_t i) {
+  return bias == nullptr ? ToFloat(row[i]) : ToFloat(FromFloat<T>(ToFloat(row[i]) + ToFloat(bias[i])));
 }
 
 template <typename T>
@@ -63,13 +70,13 @@ void RunTask(const Job<T>& job, const Task& task) {
     for (int64_t j = 0; j < L; ++j) {
       const T* row = job.qkv + (task.seq_begin + j) * W;
       for (int64_t e = 0; e < D; ++e) {
-        kt[e * L + j] = ToFloat(row[H * D + h * D + e]);
-        v[j * D + e] = ToFloat(row[2 * H * D + h * D + e]);
+        kt[e * L + j] = Load(row, job.bias, H * D + h * D + e);
+        v[j * D + e] = Load(row, job.bias, 2 * H * D + h * D + e);
       }
     }
     for (int64_t r = 0; r < R; ++r) {
-      const T* qrow = job.qkv + (task.row_begin + r) * W + h * D;
-      for (int64_t e = 0; e < D; ++e) q[r * D + e] = ToFloat(qrow[e]) * job.scale;
+      const T* qrow = job.qkv + (task.row_begin + r) * W;
+      for (int64_t e = 0; e < D; ++e) q[r * D + e] = Load(qrow, job.bias, h * D + e) * job.scale;
     }
     // S = Q K^T: row e of K^T stays in L1 while all R rows use it
     std::fill(s.begin(), s.end(), 0.0f);
@@ -129,6 +136,17 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
 
   Job<T> job;
   job.qkv = qkv.GetTensorData<T>();
+  job.bias = nullptr;
+  if (ctx.GetInputCount() > 2) {
+    Ort::ConstValue bias = ctx.GetInput(2);
+    if (bias) {
+      auto info = bias.GetTensorTypeAndShapeInfo();
+      err = CheckBias(info.GetShape(), info.GetElementType(), qkv_shape,
+                      qkv.GetTensorTypeAndShapeInfo().GetElementType());
+      if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+      job.bias = bias.GetTensorData<T>();
+    }
+  }
   job.d = d;
   job.scale = attrs.has_scale ? attrs.scale : 1.0f / std::sqrt(static_cast<float>(d.D));
   auto out = ctx.GetOutput(0, {d.T, d.H * d.D});

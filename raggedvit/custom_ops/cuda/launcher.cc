@@ -231,9 +231,9 @@ std::string CheckSupported(const AttentionLaunch& a) {
     return "T * 3 * H * D = " + std::to_string(a.T * 3 * a.H * a.D) + " elements exceed the int32 indexing of the kernel";
   }
   if (a.H > 65535) return "num_heads = " + std::to_string(a.H) + " exceeds the CUDA grid limit 65535";
-  const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn};
-  const char* names[] = {"qkv", "cu_seqlens", "out", "lse scratch", "cls_attn"};
-  for (int i = 0; i < 5; ++i) {
+  const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn, a.bias};
+  const char* names[] = {"qkv", "cu_seqlens", "out", "lse scratch", "cls_attn", "bias"};
+  for (int i = 0; i < 6; ++i) {
     if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) {
       return std::string("device buffer '") + names[i] + "' is not 16-byte aligned";
     }
@@ -287,6 +287,9 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   }
 
   CUdeviceptr qkv = reinterpret_cast<CUdeviceptr>(a.qkv), cu = reinterpret_cast<CUdeviceptr>(a.cu);
+  // no bias: qkv's pointer stands in (never read, has_bias = 0)
+  CUdeviceptr bias = reinterpret_cast<CUdeviceptr>(a.bias != nullptr ? a.bias : a.qkv);
+  int32_t has_bias = a.bias != nullptr ? 1 : 0;
   CUdeviceptr out = reinterpret_cast<CUdeviceptr>(a.out), lse = reinterpret_cast<CUdeviceptr>(a.lse);
   CUdeviceptr cls_attn = reinterpret_cast<CUdeviceptr>(a.cls_attn), scratch = 0, profile_scratch = 0;
   int32_t T = static_cast<int32_t>(a.T), B = static_cast<int32_t>(a.B);
@@ -296,10 +299,12 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   CUstream stream = static_cast<CUstream>(a.stream);
 
   const KernelImage& f = kKernelImages[fwd_index];
-  void* fwd_args[] = {&qkv, &cu, &out, &lse, &T, &B, &H, &D, &scale_bits, &store_lse, &scratch, &profile_scratch};
-  if (f.num_params != static_cast<int>(sizeof(fwd_args) / sizeof(void*))) {
+  void* fwd_args[] = {&qkv,       &bias,      &cu,       &out,    &lse,    &T, &B, &H, &D, &scale_bits,
+                      &store_lse, &has_bias, &scratch, &profile_scratch};
+  constexpr int kFwdParams = static_cast<int>(sizeof(fwd_args) / sizeof(void*));
+  if (f.num_params != kFwdParams) {
     return std::string(f.function_name) + ": cubin expects " + std::to_string(f.num_params) +
-           " parameters, launcher passes 12";
+           " parameters, launcher passes " + std::to_string(kFwdParams);
   }
   const unsigned fwd_grid = static_cast<unsigned>((a.T + f.block_m - 1) / f.block_m);
   CUresult r = drv.LaunchKernel(fwd, fwd_grid, static_cast<unsigned>(a.H), 1, 32u * f.num_warps, 1, 1,
@@ -308,10 +313,12 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
 
   if (a.cls_attn != nullptr) {
     const KernelImage& c = kKernelImages[cls_index];
-    void* cls_args[] = {&qkv, &cu, &lse, &cls_attn, &T, &B, &H, &D, &scale_bits, &scratch, &profile_scratch};
-    if (c.num_params != static_cast<int>(sizeof(cls_args) / sizeof(void*))) {
+    void* cls_args[] = {&qkv, &bias, &cu,       &lse,     &cls_attn, &T, &B, &H, &D, &scale_bits,
+                        &has_bias, &scratch, &profile_scratch};
+    constexpr int kClsParams = static_cast<int>(sizeof(cls_args) / sizeof(void*));
+    if (c.num_params != kClsParams) {
       return std::string(c.function_name) + ": cubin expects " + std::to_string(c.num_params) +
-             " parameters, launcher passes 11";
+             " parameters, launcher passes " + std::to_string(kClsParams);
     }
     const unsigned cls_grid = static_cast<unsigned>((a.T + c.block_n - 1) / c.block_n);
     r = drv.LaunchKernel(cls, cls_grid, 1, 1, 32u * c.num_warps, 1, 1, static_cast<unsigned>(c.shared_bytes), stream,

@@ -38,6 +38,7 @@ struct AttentionLaunch {
   DType dtype = DType::kFloat16;
   IndexType index_type = IndexType::kInt32;
   const void* qkv = nullptr;     // [T, 3*H*D] device
+  const void* bias = nullptr;    // [3*H*D] device, qkv's dtype (the qkv Linear's bias), or nullptr
   const void* cu = nullptr;      // [B+1] device
   void* out = nullptr;           // [T, H*D] device
   void* lse = nullptr;           // [H, T] fp32 device scratch, required iff cls_attn != nullptr

@@ -75,6 +75,15 @@ OrtStatusPtr RaggedAttentionCudaKernel::ComputeV2(OrtKernelContext* context) {
     if (d.T == 0) return nullptr;  // empty grid: outputs are empty, nothing to launch
 
     a.qkv = qkv.GetTensorRawData();
+    if (ctx.GetInputCount() > 2) {
+      Ort::ConstValue bias = ctx.GetInput(2);
+      if (bias) {
+        auto bias_info = bias.GetTensorTypeAndShapeInfo();
+        err = CheckBias(bias_info.GetShape(), bias_info.GetElementType(), qkv_shape, qkv_info.GetElementType());
+        if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+        a.bias = bias.GetTensorRawData();
+      }
+    }
     a.cu = cu.GetTensorRawData();
     a.stream = ctx.GetGPUComputeStream();
     auto mem = qkv.GetTensorMemoryInfo();

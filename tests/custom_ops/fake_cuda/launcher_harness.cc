@@ -18,18 +18,18 @@ namespace {
 }  // namespace
 
 const KernelImage kKernelImages[] = {
-    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 12),
-    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 12),
-    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 12),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 12),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 12),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
-    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 12),
-    IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 11),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 14),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 14),
+    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 14),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 14),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 14),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
+    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 14),
+    IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 13),
     IMG(kForward, kBFloat16, kInt32, 32, 90, 0, "_ragged_attn_fwd", 8192, 64, 64, 10),  // wrong param count
-    IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 11),
+    IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
 };
 const size_t kNumKernelImages = sizeof(kKernelImages) / sizeof(kKernelImages[0]);
 const char* const kBuildInfoJson = "{}";
