@@ -19,26 +19,24 @@ def _layer_scale(g: GraphBuilder, x: str, ls: nn.Module, hint: str) -> str:
     return g.op("Mul", [x, g.weight(ls.gamma, f"{hint}.gamma", dtype=g.stream_dtype)], hint=hint)
 
 
-def _can_fuse_skip_ln(blk: nn.Module) -> bool:
-    """res1 + norm2 fit SkipLayerNormalization: no LayerScale on the attention branch, an affine LayerNorm."""
-    n2 = blk.norm2
+def _fusable(layer_scale: nn.Module, norm: nn.Module) -> bool:
+    """A residual add (branch without LayerScale) followed by `norm` fits SkipLayerNormalization (affine LayerNorm)."""
     return (
-        isinstance(blk.ls1, nn.Identity)
-        and isinstance(n2, nn.LayerNorm)
-        and n2.weight is not None
-        and n2.bias is not None
+        isinstance(layer_scale, nn.Identity)
+        and isinstance(norm, nn.LayerNorm)
+        and norm.weight is not None
+        and norm.bias is not None
     )
+
+
+def _can_fuse_skip_ln(blk: nn.Module) -> bool:
+    """res1 + norm2 of `blk` fit one SkipLayerNormalization."""
+    return _fusable(blk.ls1, blk.norm2)
 
 
 def can_fuse_next_norm(blk: nn.Module, next_blk: nn.Module) -> bool:
     """fc2 bias + res2 of `blk` and norm1 of `next_blk` fit one SkipLayerNormalization."""
-    n1 = next_blk.norm1
-    return (
-        isinstance(blk.ls2, nn.Identity)
-        and isinstance(n1, nn.LayerNorm)
-        and n1.weight is not None
-        and n1.bias is not None
-    )
+    return _fusable(blk.ls2, next_blk.norm1)
 
 
 def _skip_ln(g: GraphBuilder, x: str, residual: str, ln: nn.LayerNorm, bias: nn.Parameter | None, hint: str,
