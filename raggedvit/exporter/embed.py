@@ -9,7 +9,7 @@ from onnx import TensorProto
 from torch import nn
 
 from raggedvit.exporter._builder import GraphBuilder
-from raggedvit.exporter.layers import maybe_layer_norm
+from raggedvit.exporter.layers import float32_to_stream, maybe_layer_norm
 from raggedvit.exporter.support import prefix_tokens, tokens_per_image
 
 __all__ = ["Packed", "embed"]
@@ -72,8 +72,7 @@ def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
         x = g.op("Concat", [*prefix, x], hint="tokens", axis=1) if prefix else x
         x = g.op("Add", [x, pos], hint="pos_add")
     x = maybe_layer_norm(g, x, getattr(vit, "norm_pre", None), "norm_pre")  # [B, n0, C]
-    if g.stream_dtype != np.float32:  # fp16-all: the residual stream leaves the float32 embedding here
-        x = g.op("Cast", [x], hint="tokens.stream", to=g.stream_elem)
+    x = float32_to_stream(g, x, "tokens.stream")  # fp16-all: the residual stream leaves the float32 embedding here
     x = g.op("Reshape", [x, g.const([-1, C], np.int64)], hint="packed")  # [B*n0, C]
 
     counts = g.op("Expand", [g.const([n0], np.int64), batch], hint="counts0")  # [B]

@@ -8,15 +8,10 @@ from torch import nn
 
 from raggedvit.exporter._builder import GraphBuilder
 from raggedvit.exporter.embed import Packed
-from raggedvit.exporter.layers import linear, maybe_layer_norm
+from raggedvit.exporter.layers import linear, maybe_layer_norm, stream_to_float32
 from raggedvit.exporter.prune import row_coordinates
 
 __all__ = ["head"]
-
-
-def _to_f32(g: GraphBuilder, x: str, hint: str) -> str:
-    """Rows of the residual stream as float32 (a Cast only in fp16-all exports, whose stream is float16)."""
-    return x if g.stream_dtype == np.float32 else g.op("Cast", [x], hint=hint, to=TensorProto.FLOAT)
 
 
 def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> str:
@@ -28,7 +23,7 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
     f32 = np.float32
     first = g.op("Slice", [state.cu, g.const([0], np.int64), g.const([-1], np.int64)], hint="head.first_rows")  # [B]
     if getattr(vit, "global_pool", "token") == "avg":
-        x = maybe_layer_norm(g, _to_f32(g, state.x, "head.x32"), vit.norm, "norm")
+        x = maybe_layer_norm(g, stream_to_float32(g, state.x, "head.x32"), vit.norm, "norm")
         q = 0 if getattr(vit, "pool_include_prefix", False) else num_prefix  # first pooled row of each image
         if state.uniform is not None:  # n rows per image: a static reshape, no NonZero
             n = int(state.uniform)
@@ -58,7 +53,7 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
         pooled = maybe_layer_norm(g, pooled, getattr(vit, "fc_norm", None), "fc_norm")
         return linear(g, pooled, vit.head, "head", dtype=f32)
 
-    cls = _to_f32(g, g.op("Gather", [state.x, first], hint="head.cls", axis=0), "head.cls32")  # [B, C]
+    cls = stream_to_float32(g, g.op("Gather", [state.x, first], hint="head.cls", axis=0), "head.cls32")  # [B, C]
     cls = maybe_layer_norm(g, cls, vit.norm, "norm")
     cls = maybe_layer_norm(g, cls, getattr(vit, "fc_norm", None), "fc_norm")
     logits = linear(g, cls, vit.head, "head", dtype=f32)
@@ -66,7 +61,7 @@ def head(g: GraphBuilder, vit: nn.Module, state: Packed, *, num_prefix: int) -> 
     if head_dist is None:
         return logits
     dist_rows = g.op("Add", [first, g.const(1, np.int64)], hint="head.dist_rows")
-    dist = _to_f32(g, g.op("Gather", [state.x, dist_rows], hint="head.dist", axis=0), "head.dist32")
+    dist = stream_to_float32(g, g.op("Gather", [state.x, dist_rows], hint="head.dist", axis=0), "head.dist32")
     dist = maybe_layer_norm(g, dist, vit.norm, "norm_dist")
     dist = maybe_layer_norm(g, dist, getattr(vit, "fc_norm", None), "fc_norm_dist")
     dist_logits = linear(g, dist, head_dist, "head_dist", dtype=f32)

@@ -21,9 +21,18 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from raggedvit.exporter._builder import GraphBuilder
+from raggedvit.exporter._builder import GraphBuilder, onnx_dtype
 
-__all__ = ["bias_gelu", "layer_norm", "linear", "maybe_layer_norm", "to_compute", "to_stream"]
+__all__ = [
+    "bias_gelu",
+    "float32_to_stream",
+    "layer_norm",
+    "linear",
+    "maybe_layer_norm",
+    "stream_to_float32",
+    "to_compute",
+    "to_stream",
+]
 
 
 def to_compute(g: GraphBuilder, x: str, hint: str) -> str:
@@ -34,6 +43,16 @@ def to_compute(g: GraphBuilder, x: str, hint: str) -> str:
 def to_stream(g: GraphBuilder, x: str, hint: str) -> str:
     """Cast a GEMM-dtype tensor to the float32 stream dtype (no node when they agree)."""
     return g.op("Cast", [x], hint=f"{hint}.f", to=g.stream_elem) if g.mixed else x
+
+
+def stream_to_float32(g: GraphBuilder, x: str, hint: str) -> str:
+    """Rows of the residual stream as float32 (a Cast only in fp16-all exports, whose stream is float16)."""
+    return x if g.stream_dtype == np.float32 else g.op("Cast", [x], hint=hint, to=onnx_dtype(np.float32))
+
+
+def float32_to_stream(g: GraphBuilder, x: str, hint: str) -> str:
+    """A float32 tensor in the residual stream's dtype (a Cast only in fp16-all exports)."""
+    return x if g.stream_dtype == np.float32 else g.op("Cast", [x], hint=hint, to=g.stream_elem)
 
 
 def layer_norm(g: GraphBuilder, x: str, ln: nn.LayerNorm, hint: str, *, dtype: type = np.float32) -> str:

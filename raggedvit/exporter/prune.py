@@ -18,6 +18,7 @@ from onnx import TensorProto
 
 from raggedvit.exporter._builder import GraphBuilder
 from raggedvit.exporter.embed import Packed, cu_from_counts
+from raggedvit.exporter.layers import float32_to_stream, stream_to_float32
 
 __all__ = ["l2_scores", "prune_stage", "row_coordinates", "uniform_keep"]
 
@@ -129,8 +130,7 @@ def prune_stage(
     x_src, keep_ext, nmax_out = state.x, keep_mask, nmax
     if fuse:
         fused = _fused_tokens(g, state.x, scores, seq, keep_mask, coords, zeros_b1, h)  # [B, C]
-        if g.stream_dtype != np.float32:
-            fused = g.op("Cast", [fused], hint=f"{h}.fused_stream", to=g.stream_elem)
+        fused = float32_to_stream(g, fused, f"{h}.fused_stream")
         x_src = g.op("Concat", [state.x, fused], hint=f"{h}.x_src", axis=0)  # [T + B, C]
         true_b1 = g.op("Equal", [zeros_b1, g.const(0, np.int64)], hint=f"{h}.true_b1")
         keep_ext = g.op("Concat", [keep_mask, true_b1], hint=f"{h}.keep_ext", axis=1)  # [B, Nmax + 1]
@@ -218,8 +218,7 @@ def _fused_tokens(g, x, scores, seq, keep_mask, coords, zeros_b1, hint):
     b_col = g.op("CumSum", [ones_b1, g.const(0, np.int64)], hint=f"{h}.b_col", exclusive=1)  # [B, 1] = b
     member = g.op("Equal", [b_col, g.op("Unsqueeze", [seq, g.const([0], np.int64)])], hint=f"{h}.member")  # [B, T]
     wmat = g.op("Mul", [g.op("Cast", [member], to=_F32), w], hint=f"{h}.wmat")  # [B, T]
-    x32 = x if g.stream_dtype == np.float32 else g.op("Cast", [x], hint=f"{h}.x32", to=_F32)
-    num = g.op("MatMul", [wmat, x32], hint=f"{h}.fuse_num")  # float32  # [B, C]
+    num = g.op("MatMul", [wmat, stream_to_float32(g, x, f"{h}.x32")], hint=f"{h}.fuse_num")  # float32  # [B, C]
     den = g.op(
         "Max",
         [g.op("ReduceSum", [wmat, g.const([1], np.int64)], keepdims=1), g.const(np.float32(1e-12))],
