@@ -66,12 +66,13 @@ def bench_onnx(
     cuda_graph: replay the model as a CUDA graph (raggedvit.runtime.GraphRunner, one per batch size; static-shape
     exports only), timing the replay on the bound input buffer."""
     from raggedvit.exporter.metadata import read_recipe
-    from raggedvit.runtime import create_session
+    from raggedvit.runtime import create_session, tf32_for
 
     if cuda_graph and device != "cuda":
         raise ValueError("cuda_graph needs device='cuda'")
-    img_size = int(read_recipe(path)["img_size"])
-    sess = None if cuda_graph else create_session(path, device)
+    recipe = read_recipe(path)
+    img_size = int(recipe["img_size"])
+    sess = None if cuda_graph else create_session(path, device, tf32=device == "cuda" and tf32_for(recipe))
     results = []
     for batch in batches:
         x = _inputs(img_size, batch)

@@ -203,7 +203,8 @@ def validate(
 
     try:
         recipe = load_recipe(onnx_file)
-        open_session(onnx_file, device)  # fail fast (before torch is imported): op library, providers, model loads
+        # fail fast (before torch is imported): op library, providers, model loads; then validated with this session
+        session = open_session(onnx_file, device, recipe=recipe)
         from raggedvit.validators import Thresholds, load_reference
         from raggedvit.validators import validate as run_validation
 
@@ -220,6 +221,7 @@ def validate(
             thresholds=Thresholds(max_abs_logit=atol, min_top1=min_top1, tie_eps=tie_eps),
             batch_size=batch_size,
             progress=True,
+            session=session,
         )
     except (ValidationInputError, OpLibraryMissing) as e:
         raise CliError(str(e)) from None

@@ -28,6 +28,7 @@ __all__ = [
     "providers_for",
     "run_with_iobinding",
     "session_options",
+    "tf32_for",
 ]
 
 Device = Literal["cpu", "cuda"]
@@ -113,8 +114,8 @@ def create_session(
         raise ValueError("cuda_graph needs device='cuda'")
     so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)
     no_fallback = _config_entry(so, "session.disable_cpu_ep_fallback") == "1"
-    if tf32 is None:
-        tf32 = device == "cuda" and (_recipe_dtype(model) or "").startswith("fp16")
+    if tf32 is None:  # (parses the model once more: callers holding the recipe pass tf32_for(recipe))
+        tf32 = device == "cuda" and tf32_for(_recipe(model))
     providers = providers_for(
         device, device_id=device_id, cpu_fallback=not no_fallback or device == "cpu", cuda_graph=cuda_graph, tf32=tf32
     )
@@ -122,15 +123,20 @@ def create_session(
     return ort.InferenceSession(src, so, providers=providers)
 
 
-def _recipe_dtype(model: str | Path | bytes) -> str | None:
-    """The "dtype" of a raggedvit export's recipe (None for other models)."""
+def tf32_for(recipe: dict | None) -> bool:
+    """TF32 policy of create_session: on for fp16 exports (fp16, fp16-all), off for fp32 exports and other models."""
+    return str((recipe or {}).get("dtype", "")).startswith("fp16")
+
+
+def _recipe(model: str | Path | bytes) -> dict | None:
+    """The recipe of a raggedvit export (None for other models)."""
     import onnx
 
     from raggedvit.exporter.metadata import read_recipe
 
     try:
         proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
-        return read_recipe(proto).get("dtype")
+        return read_recipe(proto)
     except Exception:  # noqa: BLE001 - not a raggedvit export (or unreadable: ORT reports that itself)
         return None
 
@@ -234,7 +240,7 @@ class GraphRunner:
                 f"{model}: policy {recipe.get('prune', {}).get('policy')!r} keeps data-dependent token counts; "
                 "its graph cannot be captured as a CUDA graph (use create_session + run_with_iobinding)"
             )
-        self.session = create_session(model, "cuda", device_id=device_id, cuda_graph=True)
+        self.session = create_session(model, "cuda", device_id=device_id, cuda_graph=True, tf32=tf32_for(recipe))
         dev = torch.device("cuda", device_id)
         s = int(recipe["img_size"])
         stages = len(recipe.get("prune", {}).get("prune_at", ())) if recipe.get("prune", {}).get("policy") != "none" else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -53,13 +54,16 @@ def validate(
     thresholds: Thresholds | None = None,
     batch_size: int = 16,
     progress: bool = False,
+    session: ort.InferenceSession | None = None,
 ) -> ValidationReport:
     """Compare the ONNX model in ORT with the PyTorch reference on `images` [N, 3, S, S] float32 (CPU).
 
     Images with a near-tie at a pruning cut are listed and excluded from the failure criteria.
+    `session`: an ORT session of `model_path` on `device` already opened by the caller (else one is opened).
     """
     th = thresholds or Thresholds()
-    session = open_session(model_path, device)
+    if session is None:
+        session = open_session(model_path, device, recipe=recipe)
     images = images.to("cpu", torch.float32).contiguous()
     lg_o, tc_o = run_onnx(session, images, batch_size, progress)
     lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)

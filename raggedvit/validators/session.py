@@ -11,8 +11,10 @@ from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 __all__ = ["open_session"]
 
 
-def open_session(model_path: str | Path, device: str = "cpu") -> ort.InferenceSession:
-    """InferenceSession on the CPU EP (device "cpu") or CUDA EP (device "cuda", no silent CPU fallback)."""
+def open_session(model_path: str | Path, device: str = "cpu", *, recipe: dict | None = None) -> ort.InferenceSession:
+    """InferenceSession on the CPU EP (device "cpu") or CUDA EP (device "cuda", no silent CPU fallback).
+
+    recipe: the model's raggedvit recipe when the caller has read it (spares create_session reading it again)."""
     from raggedvit.custom_ops import OpLibraryNotBuilt, library_path
 
     if device not in ("cpu", "cuda"):
@@ -24,12 +26,13 @@ def open_session(model_path: str | Path, device: str = "cpu") -> ort.InferenceSe
     if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ValidationInputError("device cuda requested but this onnxruntime has no CUDAExecutionProvider")
     try:
-        from raggedvit.runtime import create_session
+        from raggedvit.runtime import create_session, tf32_for
     except ImportError:
         create_session = None
     try:
         if create_session is not None:
-            return create_session(str(model_path), device=device)
+            tf32 = None if recipe is None else device == "cuda" and tf32_for(recipe)
+            return create_session(str(model_path), device=device, tf32=tf32)
         opts = ort.SessionOptions()
         opts.register_custom_ops_library(lib)
         providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
