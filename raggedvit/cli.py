@@ -179,8 +179,25 @@ def _load_vit(model: str, **kwargs):
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write REPORT.json and REPORT.md.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="Where the exported checkpoint is.")
 @click.option("--batch-size", type=int, default=16, help="Images per ORT / PyTorch call.")
+@click.option(
+    "--floor/--no-floor",
+    default=None,
+    help="Also report the precision floor of the export dtype: PyTorch with fp16-rounded weights, and PyTorch's own "
+    "fp16 forward, against the fp32 reference (default: for fp16 exports). Does not change pass/fail.",
+)
 def validate(
-    onnx_file, image_dir, sample_images, random_n, device, atol, min_top1, tie_eps, report, checkpoint, batch_size
+    onnx_file,
+    image_dir,
+    sample_images,
+    random_n,
+    device,
+    atol,
+    min_top1,
+    tie_eps,
+    report,
+    checkpoint,
+    batch_size,
+    floor,
 ) -> int:
     """Run MODEL.onnx in ONNX Runtime and the PyTorch reference on the same images; print a Markdown report.
 
@@ -222,6 +239,7 @@ def validate(
             batch_size=batch_size,
             progress=True,
             session=session,
+            floor=floor,
         )
     except (ValidationInputError, OpLibraryMissing) as e:
         raise CliError(str(e)) from None

@@ -105,6 +105,7 @@ def test_validate_errors(exported, tmp_path):
     assert_error(cli("validate", str(exported), "--random", "2", "--sample-images"), 2, "at most one of")
     assert_error(cli("validate", str(exported), "--images", str(tmp_path / "nodir")), 2, "does not exist")
     assert_error(cli("validate", str(exported), "--report", str(tmp_path / "no" / "r")), 2, "cannot write report")
+    assert_error(cli("validate", str(exported), "--random", "1", "--floor"), 2, "no precision floor")
     missing = {"RAGGEDVIT_ORT_LIBRARY": str(tmp_path / "libnone.so")}
     assert_error(cli("validate", str(exported), env=missing), 2, "op library missing")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]

@@ -11,6 +11,9 @@ from typing import Any
 _EXPORTS = {
     "OpLibraryMissing": "errors",
     "ValidationInputError": "errors",
+    "FLOOR_DTYPES": "floor",
+    "PrecisionFloor": "floor",
+    "precision_floor": "floor",
     "load_recipe": "reference",
     "load_reference": "reference",
     "Failure": "report",

@@ -11,6 +11,8 @@ from torch import nn
 from tqdm import tqdm
 
 from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.validators.errors import ValidationInputError
+from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
 from raggedvit.validators.report import Failure, ImageRow, Thresholds, ValidationReport
 from raggedvit.validators.session import open_session
 from raggedvit.validators.ties import find_near_ties
@@ -55,11 +57,14 @@ def validate(
     batch_size: int = 16,
     progress: bool = False,
     session: ort.InferenceSession | None = None,
+    floor: bool | None = None,
 ) -> ValidationReport:
     """Compare the ONNX model in ORT with the PyTorch reference on `images` [N, 3, S, S] float32 (CPU).
 
     Images with a near-tie at a pruning cut are listed and excluded from the failure criteria.
     `session`: an ORT session of `model_path` on `device` already opened by the caller (else one is opened).
+    `floor`: also measure the precision floor of the export dtype (validators/floor.py); None = for reduced-precision
+    exports (fp16, fp16-all) only. It does not change pass/fail.
     """
     th = thresholds or Thresholds()
     if session is None:
@@ -69,6 +74,10 @@ def validate(
     lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     ties = find_near_ties(vit, spec, images, th.tie_eps)
     tied = {t.image for t in ties}
+    dtype = str(recipe.get("dtype", "fp32"))
+    fl = precision_floor(vit, spec, images, lg_r, dtype, batch_size=batch_size) if floor is not False else None
+    if floor and fl is None:
+        raise ValidationInputError(f"export dtype {dtype!r} has no precision floor (only {', '.join(FLOOR_DTYPES)})")
     report = ValidationReport(
         model=str(model_path),
         recipe=recipe,
@@ -91,6 +100,8 @@ def validate(
                 counts_reference=[int(v) for v in tc_r[i]],
                 near_tie=i in tied,
                 ref_max_abs_logit=float(np.nanmax(np.abs(lg_r[i]))) if lg_r[i].size else 0.0,
+                floor_weights=None if fl is None else fl.weights[i],
+                floor_torch=None if fl is None else fl.torch[i],
             )
         )
     report.failures.extend(_failures(report.rows, lg_o, th))

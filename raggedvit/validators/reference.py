@@ -63,4 +63,10 @@ def load_reference(recipe: dict[str, Any], *, checkpoint: str | Path | None = No
         vit, _ = load_vit(name, **kwargs)
     except ValueError as e:
         raise ValidationInputError(str(e)) from None
+    depth = recipe.get("depth")
+    if depth is not None and int(depth) != len(vit.blocks):
+        raise ValidationInputError(
+            f"the export has {int(depth)} blocks but timm's {name} has {len(vit.blocks)}: "
+            "the reference cannot be rebuilt from this recipe"
+        )
     return vit.float().eval(), spec

@@ -61,6 +61,8 @@ class ImageRow:
     counts_reference: list[int]
     near_tie: bool
     ref_max_abs_logit: float = 0.0  # scale of the reference logits (to read the absolute threshold against)
+    floor_weights: float | None = None  # max |Δlogit| of the reference with weights rounded to the export dtype
+    floor_torch: float | None = None  # max |Δlogit| of PyTorch's own forward in the export dtype
 
     @property
     def top1_agree(self) -> bool:
@@ -101,6 +103,21 @@ class ValidationReport:
         return max((r.ref_max_abs_logit for r in self.rows), default=0.0)
 
     @property
+    def has_floor(self) -> bool:
+        return any(r.floor_weights is not None for r in self.rows)
+
+    def floor_summary(self) -> dict[str, float] | None:
+        """Max over the images that are not near-ties: this export's |Δlogit| and the precision floor's."""
+        judged = [r for r in self.rows if not r.near_tie and r.floor_weights is not None]
+        if not judged:
+            return None
+        return {
+            "export_max_abs_diff": max(r.max_abs_diff for r in judged),
+            "weights_max_abs_diff": max(float(r.floor_weights or 0.0) for r in judged),
+            "torch_max_abs_diff": max(float(r.floor_torch or 0.0) for r in judged),
+        }
+
+    @property
     def top1_agreement(self) -> float:
         return sum(r.top1_agree for r in self.rows) / max(len(self.rows), 1)
 
@@ -124,6 +141,7 @@ class ValidationReport:
                 "token_counts_agreement": self.counts_agreement,
                 "near_ties": len(self.near_ties),
                 "reference_max_abs_logit": self.ref_max_abs_logit,
+                "precision_floor": self.floor_summary(),
             },
             "failures": [asdict(f) for f in self.failures],
             "near_ties": [asdict(t) for t in self.near_ties],
@@ -147,22 +165,27 @@ class ValidationReport:
             f"near-tie gap < {th.tie_eps:g}",
             f"- reference logits: max |logit| {self.ref_max_abs_logit:.3g} (the Δlogit threshold is "
             f"{th.max_abs_logit / max(self.ref_max_abs_logit, 1e-30):.2%} of it)",
+        ]
+        lines += _floor_lines(self.floor_summary(), r.get("dtype", "?"))
+        lines += [
             "",
             "| images | max abs Δlogit | mean abs Δlogit | top-1 agreement | token_counts agreement | near-ties |",
             "|---:|---:|---:|---:|---:|---:|",
             f"| {len(self.rows)} | {self.max_abs_diff:.3e} | {self.mean_abs_diff:.3e} | {self.top1_agreement:.1%} "
             f"| {self.counts_agreement:.1%} | {len(self.near_ties)} |",
             "",
-            "| # | image | max abs Δ | mean abs Δ | top-1 onnx / ref | tokens onnx | tokens ref | near-tie |",
-            "|---:|---|---:|---:|---|---|---|---|",
+            "| # | image | max abs Δ | mean abs Δ | top-1 onnx / ref | tokens onnx | tokens ref | near-tie |"
+            + (" floor: weights | floor: torch |" if self.has_floor else ""),
+            "|---:|---|---:|---:|---|---|---|---|" + ("---:|---:|" if self.has_floor else ""),
         ]
         for row in self.rows:
             mark = "" if row.top1_agree else " ✗"
             cmark = "" if row.counts_agree else " ✗"
+            floor = f" {_num(row.floor_weights)} | {_num(row.floor_torch)} |" if self.has_floor else ""
             lines.append(
                 f"| {row.index} | {row.name} | {row.max_abs_diff:.3e} | {row.mean_abs_diff:.3e} "
                 f"| {row.top1_onnx} / {row.top1_reference}{mark} | {_counts(row.counts_onnx)}{cmark} "
-                f"| {_counts(row.counts_reference)} | {'yes' if row.near_tie else ''} |"
+                f"| {_counts(row.counts_reference)} | {'yes' if row.near_tie else ''} |{floor}"
             )
         if self.near_ties:
             lines += ["", "Near-ties at a pruning cut (listed, not failed):", ""]
@@ -183,6 +206,20 @@ class ValidationReport:
         js = atomic_write(base.with_name(base.name + ".json"), self.to_json())
         md = atomic_write(base.with_name(base.name + ".md"), self.to_markdown())
         return js, md
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3e}"
+
+
+def _floor_lines(floor: dict[str, float] | None, dtype: str) -> list[str]:
+    if floor is None:
+        return []
+    return [
+        f"- precision floor of {dtype} (PyTorch on CPU, near-ties excluded): rounding the weights alone moves the "
+        f"fp32 reference by up to {floor['weights_max_abs_diff']:.3e}; PyTorch's own {dtype} forward by up to "
+        f"{floor['torch_max_abs_diff']:.3e}; this export by up to {floor['export_max_abs_diff']:.3e}",
+    ]
 
 
 def _counts(c: list[int]) -> str:

@@ -71,3 +71,13 @@ def test_recipe_errors(tmp_path):
                 "weights": {"source": "checkpoint", "checkpoint": "gone.pth"},
             }
         )
+    with pytest.raises(ValidationInputError, match="the export has 4 blocks but timm's deit_tiny_patch16_224 has 12"):
+        load_reference(
+            {
+                "model": "deit_tiny_patch16_224",
+                "img_size": 224,
+                "depth": 4,
+                "prune": {"policy": "none"},
+                "weights": {"source": "seeded", "seed": 0},
+            }
+        )
