@@ -78,7 +78,7 @@ def test_fp16_recipe_structure(deit_tiny):
     # (ONNX type constraints tie a node's data input to its float32 weights where inference stops at contrib ops)
     assert types.get("norm", f32) == f32 and types["norm.weight"] == f32
     assert types["head.weight_t"] == f32 and types.get("head", f32) == f32
-    assert types["patch_embed.proj"] == f32
+    assert types["patch_embed.proj.mm"] == f32
     casts = [n for n in nodes.values() if n.op_type == "Cast" and n.name.startswith("n_blocks.")]
     assert len(casts) == 4 * 3  # per block: norm1/norm2 -> fp16, proj/fc2 -> fp32
 
@@ -111,7 +111,7 @@ def test_fp16_all_recipe_on_ort_cpu(ort_session, images, spec):
     assert not [n.name for n in model.graph.node if n.op_type == "Cast" and n.name.startswith("n_blocks.")]
     f16 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
     assert {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "blocks.1.norm1.weight"} <= f16
-    assert "head.weight_t" not in f16 and "patch_embed.proj.weight" not in f16
+    assert "head.weight_t" not in f16 and "patch_embed.proj.weight_t" not in f16
     x = images[:3]
     logits, counts = ort_session(model).run(None, {"images": x.numpy()})
     with torch.no_grad():
