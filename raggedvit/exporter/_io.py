@@ -10,11 +10,14 @@ __all__ = ["atomic_write"]
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
-    """Write `data` (str as UTF-8) to `path` atomically; the folder must exist. Returns the path."""
+    """Write `data` (str as UTF-8) to `path` atomically; the folder must exist. Returns the path.
+
+    The file gets the permissions a plain open() would give it (0666 minus the umask), not mkstemp's 0600."""
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
         os.replace(tmp, path)
@@ -22,3 +25,9 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

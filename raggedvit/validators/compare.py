@@ -75,7 +75,7 @@ def validate(
     ties = find_near_ties(vit, spec, images, th.tie_eps)
     tied = {t.image for t in ties}
     dtype = str(recipe.get("dtype", "fp32"))
-    fl = precision_floor(vit, spec, images, lg_r, dtype, batch_size=batch_size) if floor is not False else None
+    fl = precision_floor(vit, spec, images, lg_r, tc_r, dtype, batch_size=batch_size) if floor is not False else None
     if floor and fl is None:
         raise ValidationInputError(f"export dtype {dtype!r} has no precision floor (only {', '.join(FLOOR_DTYPES)})")
     report = ValidationReport(
@@ -102,6 +102,8 @@ def validate(
                 ref_max_abs_logit=float(np.nanmax(np.abs(lg_r[i]))) if lg_r[i].size else 0.0,
                 floor_weights=None if fl is None else fl.weights[i],
                 floor_torch=None if fl is None else fl.torch[i],
+                floor_weights_same_counts=None if fl is None else fl.weights_same_counts[i],
+                floor_torch_same_counts=None if fl is None else fl.torch_same_counts[i],
             )
         )
     report.failures.extend(_failures(report.rows, lg_o, th))

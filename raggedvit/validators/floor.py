@@ -9,7 +9,9 @@ dtype:
   closer to the fp32 reference than this by construction, apart from cancellation.
 - torch: PyTorch's own forward of the same pruned model in the export dtype (`model.half()` on CPU).
 
-Both run the packed PrunedViT on CPU, like the reference.
+Both run the packed PrunedViT on CPU, like the reference. Where a floor run kept other token counts than the
+reference (a pruning cut moved), its |Δlogit| measures a different selection, not arithmetic: such images are
+flagged and left out of the floor summary.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ FLOOR_DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "fp16-all": torch
 @dataclass(frozen=True)
 class PrecisionFloor:
     """Per-image max |Δlogit| against the fp32 reference: `weights` [N] with parameters rounded to `dtype`,
-    `torch` [N] of PyTorch's forward in `dtype`."""
+    `torch` [N] of PyTorch's forward in `dtype`; `*_same_counts` [N]: that run kept the reference's token counts."""
 
     dtype: str
     weights: list[float]
     torch: list[float]
+    weights_same_counts: list[bool]
+    torch_same_counts: list[bool]
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> list[float]:
@@ -44,11 +48,11 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> list[float]:
 
 
 @torch.no_grad()
-def _logits(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_size: int) -> np.ndarray:
-    """images [N, 3, S, S] (in the model's dtype) -> logits [N, classes] float32 numpy."""
+def _run(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """images [N, 3, S, S] (in the model's dtype) -> (logits [N, classes] float32, token_counts [N, stages]) numpy."""
     model = PrunedViT(vit, spec)
-    out = [model(images[s : s + batch_size]).logits.float().numpy() for s in range(0, images.shape[0], batch_size)]
-    return np.concatenate(out)
+    outs = [model(images[s : s + batch_size]) for s in range(0, images.shape[0], batch_size)]
+    return np.concatenate([o.logits.float().numpy() for o in outs]), np.concatenate([o.token_counts for o in outs])
 
 
 def precision_floor(
@@ -56,14 +60,15 @@ def precision_floor(
     spec: PruneSpec,
     images: torch.Tensor,
     logits_reference: np.ndarray,
+    counts_reference: np.ndarray,
     dtype: str,
     *,
     batch_size: int = 16,
 ) -> PrecisionFloor | None:
     """The precision floor of `dtype` (an export dtype name) on `images` [N, 3, S, S] float32 (CPU).
 
-    `logits_reference` [N, classes]: the fp32 reference logits on the same images. None for an export dtype
-    without reduced precision (fp32).
+    `logits_reference` [N, classes], `counts_reference` [N, stages]: the fp32 reference's outputs on the same
+    images. None for an export dtype without reduced precision (fp32).
     """
     low = FLOOR_DTYPES.get(dtype)
     if low is None:
@@ -71,8 +76,13 @@ def precision_floor(
     rounded = copy.deepcopy(vit).eval()
     for p in rounded.parameters():
         p.data = p.data.to(low).to(p.dtype)
-    weights = _max_abs(_logits(rounded, spec, images, batch_size), logits_reference)
+    lg_w, tc_w = _run(rounded, spec, images, batch_size)
     del rounded
-    half = copy.deepcopy(vit).eval().to(low)
-    ours = _max_abs(_logits(half, spec, images.to(low), batch_size), logits_reference)
-    return PrecisionFloor(dtype=dtype, weights=weights, torch=ours)
+    lg_t, tc_t = _run(copy.deepcopy(vit).eval().to(low), spec, images.to(low), batch_size)
+    return PrecisionFloor(
+        dtype=dtype,
+        weights=_max_abs(lg_w, logits_reference),
+        torch=_max_abs(lg_t, logits_reference),
+        weights_same_counts=[bool(v) for v in (tc_w == counts_reference).all(axis=1)],
+        torch_same_counts=[bool(v) for v in (tc_t == counts_reference).all(axis=1)],
+    )

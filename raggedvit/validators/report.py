@@ -63,6 +63,8 @@ class ImageRow:
     ref_max_abs_logit: float = 0.0  # scale of the reference logits (to read the absolute threshold against)
     floor_weights: float | None = None  # max |Δlogit| of the reference with weights rounded to the export dtype
     floor_torch: float | None = None  # max |Δlogit| of PyTorch's own forward in the export dtype
+    floor_weights_same_counts: bool | None = None  # that floor run kept the reference's token counts
+    floor_torch_same_counts: bool | None = None
 
     @property
     def top1_agree(self) -> bool:
@@ -106,15 +108,21 @@ class ValidationReport:
     def has_floor(self) -> bool:
         return any(r.floor_weights is not None for r in self.rows)
 
-    def floor_summary(self) -> dict[str, float] | None:
-        """Max over the images that are not near-ties: this export's |Δlogit| and the precision floor's."""
+    def floor_summary(self) -> dict[str, float | None] | None:
+        """Max over the images that are not near-ties (and, for a floor run, where it kept the reference's token
+        counts): this export's |Δlogit| and the precision floor's. None without a floor."""
         judged = [r for r in self.rows if not r.near_tie and r.floor_weights is not None]
         if not judged:
             return None
+        weights = [float(r.floor_weights or 0.0) for r in judged if r.floor_weights_same_counts is not False]
+        ours = [float(r.floor_torch or 0.0) for r in judged if r.floor_torch_same_counts is not False]
         return {
             "export_max_abs_diff": max(r.max_abs_diff for r in judged),
-            "weights_max_abs_diff": max(float(r.floor_weights or 0.0) for r in judged),
-            "torch_max_abs_diff": max(float(r.floor_torch or 0.0) for r in judged),
+            "weights_max_abs_diff": max(weights, default=None),
+            "torch_max_abs_diff": max(ours, default=None),
+            "images": len(judged),
+            "weights_other_counts": len(judged) - len(weights),
+            "torch_other_counts": len(judged) - len(ours),
         }
 
     @property
@@ -181,7 +189,12 @@ class ValidationReport:
         for row in self.rows:
             mark = "" if row.top1_agree else " ✗"
             cmark = "" if row.counts_agree else " ✗"
-            floor = f" {_num(row.floor_weights)} | {_num(row.floor_torch)} |" if self.has_floor else ""
+            floor = (
+                f" {_num(row.floor_weights, row.floor_weights_same_counts)} "
+                f"| {_num(row.floor_torch, row.floor_torch_same_counts)} |"
+                if self.has_floor
+                else ""
+            )
             lines.append(
                 f"| {row.index} | {row.name} | {row.max_abs_diff:.3e} | {row.mean_abs_diff:.3e} "
                 f"| {row.top1_onnx} / {row.top1_reference}{mark} | {_counts(row.counts_onnx)}{cmark} "
@@ -208,18 +221,29 @@ class ValidationReport:
         return js, md
 
 
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3e}"
+def _num(v: float | None, same_counts: bool | None = None) -> str:
+    return "-" if v is None else f"{v:.3e}" + (" ≠" if same_counts is False else "")
 
 
-def _floor_lines(floor: dict[str, float] | None, dtype: str) -> list[str]:
+def _floor_lines(floor: dict[str, float | None] | None, dtype: str) -> list[str]:
     if floor is None:
         return []
-    return [
+    line = (
         f"- precision floor of {dtype} (PyTorch on CPU, near-ties excluded): rounding the weights alone moves the "
-        f"fp32 reference by up to {floor['weights_max_abs_diff']:.3e}; PyTorch's own {dtype} forward by up to "
-        f"{floor['torch_max_abs_diff']:.3e}; this export by up to {floor['export_max_abs_diff']:.3e}",
+        f"fp32 reference by up to {_num(floor['weights_max_abs_diff'])}; PyTorch's own fp16 forward (model.half()) "
+        f"by up to {_num(floor['torch_max_abs_diff'])}; this export by up to {_num(floor['export_max_abs_diff'])}"
+    )
+    other = [
+        f"{n} of the {what}"
+        for n, what in (
+            (floor["weights_other_counts"], "rounded-weights runs"),
+            (floor["torch_other_counts"], "fp16 runs"),
+        )
+        if n
     ]
+    if other:
+        line += f" (left out, ≠ in the table: {' and '.join(other)} kept other token counts than the reference)"
+    return [line]
 
 
 def _counts(c: list[int]) -> str:

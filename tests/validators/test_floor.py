@@ -28,23 +28,25 @@ def images(tiny):
     return preprocess(sample_images()[:3], tiny[0])
 
 
-def _reference(vit, x) -> np.ndarray:
+def _reference(vit, x) -> tuple[np.ndarray, np.ndarray]:
     with torch.no_grad():
-        return PrunedViT(vit, SPEC)(x).logits.numpy()
+        out = PrunedViT(vit, SPEC)(x)
+    return out.logits.numpy(), out.token_counts.numpy()
 
 
 def test_no_floor_for_fp32(tiny, images):
-    assert precision_floor(tiny[0], SPEC, images, _reference(tiny[0], images), "fp32") is None
+    assert precision_floor(tiny[0], SPEC, images, *_reference(tiny[0], images), "fp32") is None
 
 
 def test_fp16_floor_measures_rounded_weights_and_half_forward(tiny, images):
     vit, _ = tiny
     before = [p.detach().clone() for p in vit.parameters()]
-    fl = precision_floor(vit, SPEC, images, _reference(vit, images), "fp16")
+    fl = precision_floor(vit, SPEC, images, *_reference(vit, images), "fp16")
     assert fl is not None and fl.dtype == "fp16" and len(fl.weights) == len(fl.torch) == 3
     # fp16 rounding moves the logits, but only by fp16-sized amounts (deit_tiny logits are ~1)
     assert all(1e-6 < w < 2e-2 for w in fl.weights), fl
     assert all(1e-6 < t < 2e-2 for t in fl.torch), fl
+    assert fl.weights_same_counts == fl.torch_same_counts == [True] * 3  # topk-l2: counts are fixed
     assert all(torch.equal(a, b) for a, b in zip(before, vit.parameters())), "the reference model was modified"
     assert all(p.dtype == torch.float32 for p in vit.parameters())
 
@@ -70,7 +72,15 @@ def test_fp16_report_carries_the_floor(exported, images):
     report = _validate(exported["fp16"], images)
     assert report.has_floor and all(r.floor_weights is not None and r.floor_torch is not None for r in report.rows)
     summary = report.to_dict()["summary"]["precision_floor"]
-    assert set(summary) == {"export_max_abs_diff", "weights_max_abs_diff", "torch_max_abs_diff"}
+    assert set(summary) == {
+        "export_max_abs_diff",
+        "weights_max_abs_diff",
+        "torch_max_abs_diff",
+        "images",
+        "weights_other_counts",
+        "torch_other_counts",
+    }
+    assert summary["images"] == 3 and summary["weights_other_counts"] == summary["torch_other_counts"] == 0
     assert summary["export_max_abs_diff"] == pytest.approx(report.max_abs_diff)  # no near-ties here
     md = report.to_markdown()
     assert "precision floor of fp16" in md and "| floor: weights | floor: torch |" in md

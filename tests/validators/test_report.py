@@ -71,3 +71,26 @@ def test_cut_gaps():
     S = torch.tensor([[inf, 0.5, 0.4, 0.1]])  # exclusive mass: 0, 0.5, 0.9 -> with mass 0.9 the cut is at 0.9
     _, mass_gap = cut_gaps(S, torch.tensor([4]), torch.tensor([2]), 1, PruneSpec("cls-mass", (4,), mass=0.9))
     assert float(mass_gap[0]) < 1e-6
+
+
+def test_floor_summary_leaves_out_ties_and_runs_with_other_counts():
+    import dataclasses
+
+    rows = [
+        dataclasses.replace(_row(0, 5e-3), floor_weights=3e-3, floor_torch=6e-3),
+        dataclasses.replace(_row(1, 4e-3), floor_weights=2e-3, floor_torch=0.4, floor_torch_same_counts=False),
+        dataclasses.replace(_row(2, 0.3, tie=True), floor_weights=0.28, floor_torch=5e-3),
+    ]
+    rep = _report(rows)
+    fl = rep.to_dict()["summary"]["precision_floor"]
+    assert fl == {
+        "export_max_abs_diff": 5e-3,
+        "weights_max_abs_diff": 3e-3,
+        "torch_max_abs_diff": 6e-3,
+        "images": 2,
+        "weights_other_counts": 0,
+        "torch_other_counts": 1,
+    }
+    md = rep.to_markdown()
+    assert "| 4.000e-01 ≠ |" in md and "1 of the fp16 runs kept other token counts" in md
+    assert _report([_row(0)]).to_dict()["summary"]["precision_floor"] is None
