@@ -30,7 +30,7 @@ FORBIDDEN_OPS = frozenset(
         "Compress",
     }
 )
-_PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterND", "ScatterElements", "Gather")  # general (data-dependent) stages
+_PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterElements", "Gather")  # general (data-dependent) stages
 _STATIC_PRUNE_OPS = ("TopK", "Gather")  # uniform stages (prune.py): static shapes, no NonZero
 
 

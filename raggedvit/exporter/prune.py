@@ -1,8 +1,9 @@
 """One token-pruning stage on packed rows (DESIGN.md section 4), all on the device.
 
-General stage: padded per-image views [B, Nmax] are built by scatter from the packed rows, the keep mask by
-TopK (stable descending sort) + inverse permutation, and the new packed rows by NonZero + Gather,
-so no row count is fixed anywhere and nothing is read back on the host.
+General stage: padded per-image scores [B, Nmax] are gathered from the packed rows, the keep mask comes from
+TopK (stable descending sort) + inverse permutation, and the new packed rows from NonZero + Gather,
+so no row count is fixed anywhere. Nothing is read back by raggedvit; the one NonZero per stage makes ORT's CUDA
+kernel copy its count to the host (evit with fuse adds one more for the row coordinates of the fused token).
 
 Uniform stage (every image has the same, export-time-known row count n and the policy keeps a count that
 depends on n only: topk-l2, evit without fuse): k = clamp(ceil(f32(keep) * f32(n - p)), 1, n - p) is a
@@ -83,23 +84,23 @@ def prune_stage(
     p, nmax, h = num_prefix, state.nmax, hint
     if state.uniform is not None and policy in ("topk-l2", "evit") and not fuse:
         return _uniform_stage(g, state, scores, keep=keep, num_prefix=p, hint=h)
-    seq, pos, zeros_b1 = row_coordinates(g, state, h)
     row = g.const(np.arange(nmax, dtype=np.int64)[None], hint="arange_row")  # [1, Nmax]
-    grid_i = g.op("Add", [zeros_b1, row], hint=f"{h}.grid_i")  # [B, Nmax]
     n_b1 = g.op("Unsqueeze", [state.counts, g.const([1], np.int64)], hint=f"{h}.n")  # [B, 1]
+    base = g.op(
+        "Unsqueeze",
+        [g.op("Slice", [state.cu, g.const([0], np.int64), g.const([-1], np.int64)]), g.const([1], np.int64)],
+        hint=f"{h}.base",
+    )  # [B, 1] first packed row of each image
     patches = g.op("Sub", [n_b1, g.const(p, np.int64)], hint=f"{h}.P")  # [B, 1]
 
-    # 2. padded scores S [B, Nmax]: -inf everywhere but at patch rows.
-    neg = g.op("Add", [g.op("Cast", [zeros_b1], to=_F32), g.const(np.full((1, nmax), _NEG_INF))], hint=f"{h}.neg")
-    is_prefix = g.op("Less", [pos, g.const(p, np.int64)], hint=f"{h}.is_prefix")
-    s_masked = g.op("Where", [is_prefix, g.const(_NEG_INF), scores], hint=f"{h}.s_masked")
-    coords = g.op(
-        "Concat",
-        [g.op("Unsqueeze", [seq, g.const([1], np.int64)]), g.op("Unsqueeze", [pos, g.const([1], np.int64)])],
-        hint=f"{h}.coords",
-        axis=1,
-    )  # [T, 2]
-    S = g.op("ScatterND", [neg, coords, s_masked], hint=f"{h}.S")
+    # 2. padded scores S [B, Nmax]: a Gather of each image's rows, -inf everywhere but at patch rows (no scatter,
+    # and no NonZero for row coordinates: one host synchronisation per stage, the kept-row NonZero below).
+    idx = g.op("Add", [base, row], hint=f"{h}.idx")  # [B, Nmax] packed row of slot j (past the image: garbage)
+    grid_i = g.op("Sub", [idx, base], hint=f"{h}.grid_i")  # [B, Nmax] = j
+    valid = g.op("Less", [row, n_b1], hint=f"{h}.valid")  # [B, Nmax] slot j < n_b
+    gathered = g.op("Gather", [scores, g.op("Where", [valid, idx, g.const(0, np.int64)])], hint=f"{h}.s_rows", axis=0)
+    is_patch = valid if p == 0 else g.op("And", [valid, g.const(np.arange(nmax)[None] >= p)], hint=f"{h}.is_patch")
+    S = g.op("Where", [is_patch, gathered, g.const(_NEG_INF)], hint=f"{h}.S")
 
     # 4. stable descending order and its inverse permutation.
     sorted_vals, order = g.op_multi(
@@ -117,22 +118,25 @@ def prune_stage(
         raise ValueError(f"unknown pruning policy {policy!r}")
     k = g.op("Min", [g.op("Max", [k, g.const(1, np.int64)]), patches], hint=f"{h}.k")
 
-    keep_mask = g.op(
-        "And",
-        [
-            g.op("Less", [grid_i, n_b1]),
-            g.op("Or", [g.op("Less", [grid_i, g.const(p, np.int64)]), g.op("Less", [rank, k])]),
-        ],
-        hint=f"{h}.keep",
-    )  # [B, Nmax] bool
+    in_rank = g.op("Less", [rank, k], hint=f"{h}.in_rank")
+    if p:
+        in_rank = g.op("Or", [g.const(np.arange(nmax)[None] < p), in_rank], hint=f"{h}.prefix_or_rank")
+    keep_mask = g.op("And", [valid, in_rank], hint=f"{h}.keep")  # [B, Nmax] bool
 
     # 5. + 6. gather the kept rows (and the fused token, as an extra column Nmax) in row-major order.
     x_src, keep_ext, nmax_out = state.x, keep_mask, nmax
     if fuse:
+        seq, pos, zeros_b1 = row_coordinates(g, state, h)
+        coords = g.op(
+            "Concat",
+            [g.op("Unsqueeze", [seq, g.const([1], np.int64)]), g.op("Unsqueeze", [pos, g.const([1], np.int64)])],
+            hint=f"{h}.coords",
+            axis=1,
+        )  # [T, 2]
         fused = _fused_tokens(g, state.x, scores, seq, keep_mask, coords, zeros_b1, h)  # [B, C]
         fused = float32_to_stream(g, fused, f"{h}.fused_stream")
         x_src = g.op("Concat", [state.x, fused], hint=f"{h}.x_src", axis=0)  # [T + B, C]
-        true_b1 = g.op("Equal", [zeros_b1, g.const(0, np.int64)], hint=f"{h}.true_b1")
+        true_b1 = g.op("Equal", [zeros_b1, g.const(0, np.int64)], hint=f"{h}.true_b1")  # [B, 1]
         keep_ext = g.op("Concat", [keep_mask, true_b1], hint=f"{h}.keep_ext", axis=1)  # [B, Nmax + 1]
         nmax_out = nmax + 1
     nz = g.op("NonZero", [keep_ext], hint=f"{h}.kept")  # [2, T']
