@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 from torch import nn
 
 from raggedvit.exporter._builder import GraphBuilder
@@ -43,7 +42,12 @@ def _skip_ln(g: GraphBuilder, x: str, residual: str, ln: nn.LayerNorm, bias: nn.
              ln_name: str, sum_name: str) -> tuple[str, str]:  # fmt: skip
     """com.microsoft::SkipLayerNormalization in the stream dtype: (ln(x + residual + bias), x + residual + bias)."""
     f32 = g.stream_dtype
-    inputs = [x, residual, g.weight(ln.weight, f"{ln_name}.weight", dtype=f32), g.weight(ln.bias, f"{ln_name}.bias", dtype=f32)]
+    inputs = [
+        x,
+        residual,
+        g.weight(ln.weight, f"{ln_name}.weight", dtype=f32),
+        g.weight(ln.bias, f"{ln_name}.bias", dtype=f32),
+    ]
     if bias is not None:
         inputs.append(g.weight(bias, f"{hint}.bias", dtype=f32))
     h, total = g.name(ln_name), g.name(sum_name)

@@ -73,7 +73,9 @@ def build_model(
         for i, blk in enumerate(vit.blocks):
             if i in stages:
                 k = stages.index(i)
-                scores = l2_scores(g, state.x, int(vit.embed_dim), f"stage{k}.l2") if spec.policy == "topk-l2" else cls_attn
+                scores = (
+                    l2_scores(g, state.x, int(vit.embed_dim), f"stage{k}.l2") if spec.policy == "topk-l2" else cls_attn
+                )
                 state = prune_stage(
                     g,
                     state,
