@@ -41,8 +41,9 @@ def _inputs(img_size: int, batch: int) -> np.ndarray:
         mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
         std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
         imgs = [
-            (np.asarray(im.convert("RGB").resize((img_size, img_size), Image.BICUBIC), np.float32) / 255.0)
-            .transpose(2, 0, 1)
+            (np.asarray(im.convert("RGB").resize((img_size, img_size), Image.BICUBIC), np.float32) / 255.0).transpose(
+                2, 0, 1
+            )
             for _, im in sample_images()
         ]
         arr = (np.stack(imgs) - mean) / std

@@ -135,7 +135,11 @@ def _recipe(model: str | Path | bytes) -> dict | None:
     from raggedvit.exporter.metadata import read_recipe
 
     try:
-        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+        proto = (
+            onnx.load_from_string(model)
+            if isinstance(model, bytes)
+            else onnx.load(str(model), load_external_data=False)
+        )
         return read_recipe(proto)
     except Exception:  # noqa: BLE001 - not a raggedvit export (or unreadable: ORT reports that itself)
         return None
@@ -243,7 +247,9 @@ class GraphRunner:
         self.session = create_session(model, "cuda", device_id=device_id, cuda_graph=True, tf32=tf32_for(recipe))
         dev = torch.device("cuda", device_id)
         s = int(recipe["img_size"])
-        stages = len(recipe.get("prune", {}).get("prune_at", ())) if recipe.get("prune", {}).get("policy") != "none" else 0
+        stages = (
+            len(recipe.get("prune", {}).get("prune_at", ())) if recipe.get("prune", {}).get("policy") != "none" else 0
+        )
         classes = int(self.session.get_outputs()[0].shape[1])
         self.images = torch.zeros(batch, 3, s, s, dtype=torch.float32, device=dev)
         self.logits = torch.empty(batch, classes, dtype=torch.float32, device=dev)
@@ -260,7 +266,8 @@ class GraphRunner:
         self.session.run_with_iobinding(self.binding)
 
     def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """images [batch, 3, S, S] (any device/dtype) -> (logits [batch, classes] float32, token_counts [batch, stages])."""
+        """images [batch, 3, S, S] (any device/dtype) -> (logits [batch, classes] float32,
+        token_counts [batch, stages])."""
         import torch
 
         if tuple(images.shape) != tuple(self.images.shape):

@@ -224,7 +224,9 @@ def main() -> None:
     )
     ap.add_argument("--variants", help=f"comma-separated subset of {','.join(VARIANTS)}")
     ap.add_argument(
-        "--export-dtype", choices=("fp32", "fp16", "fp16-all"), help="raggedvit export recipe (default: the torch dtype)"
+        "--export-dtype",
+        choices=("fp32", "fp16", "fp16-all"),
+        help="raggedvit export recipe (default: the torch dtype)",
     )
     ap.add_argument("--quick", action="store_true", help="deit_small 224 only, batches 1 and 32, shorter timings")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds before remaining cases are skipped (400)")

@@ -60,7 +60,9 @@ def main() -> None:
             x = base.repeat(-(-b // len(base)), 1, 1, 1)[:b].contiguous()
             row: dict = {"batch": b}
             try:
-                ref_logits, ref_counts = (torch.from_numpy(v.numpy()) for v in run_with_iobinding(plain, {"images": x}, output_device="cpu"))
+                ref_logits, ref_counts = (
+                    torch.from_numpy(v.numpy()) for v in run_with_iobinding(plain, {"images": x}, output_device="cpu")
+                )
                 runner = GraphRunner(path, b)
                 logits, counts = runner(x)
                 row["max_abs_dlogit_graph_vs_plain"] = float((logits.cpu() - ref_logits).abs().max())
@@ -68,9 +70,15 @@ def main() -> None:
                 flipped = x.flip(0).contiguous()  # new data in the bound buffer: the replay must see it
                 logits2, _ = runner(flipped)
                 row["replay_follows_input"] = bool(torch.allclose(logits2.cpu(), ref_logits.flip(0), atol=1e-2))
-                row["plain_ms"] = _median_ms(lambda: run_with_iobinding(plain, {"images": x}, synchronize_torch=False))
+                row["plain_ms"] = _median_ms(
+                    lambda x=x: run_with_iobinding(plain, {"images": x}, synchronize_torch=False)
+                )
                 row["graph_ms"] = _median_ms(runner.replay)
-                good = row["max_abs_dlogit_graph_vs_plain"] < 1e-3 and row["token_counts_equal"] and row["replay_follows_input"]
+                good = (
+                    row["max_abs_dlogit_graph_vs_plain"] < 1e-3
+                    and row["token_counts_equal"]
+                    and row["replay_follows_input"]
+                )
             except Exception as exc:  # noqa: BLE001 - recorded
                 row["error"] = f"{type(exc).__name__}: {exc}"[:800]
                 good = False

@@ -111,9 +111,7 @@ def kernel_configs() -> list[dict[str, Any]]:
         ]
     except (ImportError, AttributeError, FileNotFoundError) as exc:
         print(f"build: using the fallback kernel config ({exc})", file=sys.stderr)
-        return [
-            {"dtype": dt, "block_d": bd, "min_tokens": 0, **FALLBACK_CONFIG} for dt in DTYPES for bd in BLOCK_DS
-        ]
+        return [{"dtype": dt, "block_d": bd, "min_tokens": 0, **FALLBACK_CONFIG} for dt in DTYPES for bd in BLOCK_DS]
 
 
 def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, int]]]:
@@ -125,8 +123,17 @@ def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, 
     for arch in archs:
         for c in kernel_configs():
             for cu in CU_DTYPES:
-                fwd = AotJob("fwd", c["dtype"], cu, c["block_d"], arch, c["block_m"], c["block_n"], c["num_warps"],
-                             c["num_stages"])
+                fwd = AotJob(
+                    "fwd",
+                    c["dtype"],
+                    cu,
+                    c["block_d"],
+                    arch,
+                    c["block_m"],
+                    c["block_n"],
+                    c["num_warps"],
+                    c["num_stages"],
+                )
                 cls = AotJob("cls", c["dtype"], cu, c["block_d"], arch, 0, c["cls_block_n"], c["cls_num_warps"], 1)
                 rows += [(fwd, c["min_tokens"]), (cls, c["min_tokens"])]
     rows = list(dict.fromkeys(rows))  # identical (job, min_tokens) rows once

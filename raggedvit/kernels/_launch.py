@@ -139,7 +139,23 @@ def _launch_triton(
     cfg = pick_config(T, D, qkv.dtype) if config is None else config
     bits = scale_bits(scale)
     grid_m = -(-T // cfg.block_m)
-    fwd_args = (qkv, bias, cu_seqlens, out, lse, T, B, H, D, bits, store, has_bias, cfg.block_m, cfg.block_n, cfg.block_d)
+    fwd_args = (
+        qkv,
+        bias,
+        cu_seqlens,
+        out,
+        lse,
+        T,
+        B,
+        H,
+        D,
+        bits,
+        store,
+        has_bias,
+        cfg.block_m,
+        cfg.block_n,
+        cfg.block_d,
+    )
     cls_args = (qkv, bias, cu_seqlens, lse, cls_attn, T, B, H, D, bits, has_bias, cfg.cls_block_n, cfg.block_d)
     grid_c = -(-T // cfg.cls_block_n)
 

@@ -20,8 +20,8 @@ from _e2e.profile import kernel_summary, summarize_ort_profile
 from _e2e.timing import device_sync, measure
 from _e2e.variants import Step, export_ragged, ort_step, torch_model_fn, torch_step
 from _e2e.varlen import VarlenAttention, pick_varlen_core
-from raggedvit.images import preprocess, sample_images
 from raggedvit.exporter.checks import static_shapes
+from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PrunedViT
 from raggedvit.weights import load_vit
 
@@ -246,7 +246,9 @@ class CaseRunner:
                 self._bench(variant, "none", b, make, ref, (note + "; " if note else "") + "CUDA graph replay")
             self._free()
             return
-        sess = self._setup(f"{variant} session", [variant], "none", lambda: ort_run.baseline_session(path, self.cfg.device))
+        sess = self._setup(
+            f"{variant} session", [variant], "none", lambda: ort_run.baseline_session(path, self.cfg.device)
+        )
         if sess is None:
             return
         note = f"providers={sess.get_providers()}" + (f"; {note}" if note else "")
@@ -276,7 +278,9 @@ class CaseRunner:
         if "torch_varlen" in sel:
             self._varlen(spec, text, vit_dev, xt, ref)
         if "ort_raggedvit" in sel or "ort_raggedvit_graph" in sel:
-            self._ort_ragged(spec, text, vit, x32, ref, graph="ort_raggedvit_graph" in sel, plain="ort_raggedvit" in sel)
+            self._ort_ragged(
+                spec, text, vit, x32, ref, graph="ort_raggedvit_graph" in sel, plain="ort_raggedvit" in sel
+            )
 
     def _varlen(self, spec, text: str, vit_dev, xt: dict, ref: dict) -> None:
         if self.device.type != "cuda" and "torch_varlen" in CUDA_ONLY:
@@ -297,7 +301,10 @@ class CaseRunner:
         path = self.work / f"ragged_{self.cfg.policies.index(text)}_{spec.policy}.onnx"
         want = ["ort_raggedvit"] * plain + ["ort_raggedvit_graph"] * graph
         made = self._setup(
-            "raggedvit export", want, text, lambda: export_ragged(vit, spec, path, dtype=self.cfg.export_dtype or self.cfg.dtype, recipe=recipe)
+            "raggedvit export",
+            want,
+            text,
+            lambda: export_ragged(vit, spec, path, dtype=self.cfg.export_dtype or self.cfg.dtype, recipe=recipe),
         )
         if made is None:
             return

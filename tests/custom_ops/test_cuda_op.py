@@ -131,7 +131,9 @@ def test_cuda_bias_input(ort_library, gen, dtype):
     H, D = 3, 64
     qkv, cu = random_batch(gen, 7, 120, H, D, dtype, torch.int32)
     bias = torch.randn(3 * H * D, generator=gen).to(dtype)
-    sess = create_session(attention_model(dtype, torch.int32, H, bias_elem=DTYPES[dtype]), "cuda", disable_cpu_fallback=True)
+    sess = create_session(
+        attention_model(dtype, torch.int32, H, bias_elem=DTYPES[dtype]), "cuda", disable_cpu_fallback=True
+    )
     out = torch.full((qkv.shape[0], H * D), float("nan"), dtype=dtype, device="cuda")
     cls = torch.full((qkv.shape[0],), float("nan"), device="cuda")
     run_with_iobinding(

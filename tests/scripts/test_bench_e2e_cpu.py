@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _e2e.names import BASELINES, CUDA_ONLY, PRUNED
 
 ROOT = Path(__file__).resolve().parents[2]
