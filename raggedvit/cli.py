@@ -169,6 +169,12 @@ def _load_vit(model: str, **kwargs):
 @click.option("--random", "random_n", type=int, default=None, help="N seeded random normalised inputs.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="ONNX Runtime execution provider.")
 @click.option("--atol", type=float, default=0.004, help="Pass if max |Δlogit| < ATOL on every image.")
+@click.option(
+    "--rtol",
+    type=float,
+    default=0.0,
+    help="Add RTOL x the image's max |reference logit| to ATOL (for models with large logits; 0 = ATOL alone).",
+)
 @click.option("--min-top1", type=float, default=1.0, help="Pass if the top-1 agreement is at least this fraction.")
 @click.option(
     "--tie-eps",
@@ -192,6 +198,7 @@ def validate(
     random_n,
     device,
     atol,
+    rtol,
     min_top1,
     tie_eps,
     report,
@@ -211,6 +218,8 @@ def validate(
         raise CliError(f"--random must be positive, got {random_n}")
     if atol <= 0 or batch_size <= 0:
         raise CliError("--atol and --batch-size must be positive")
+    if rtol < 0:
+        raise CliError(f"--rtol must be >= 0, got {rtol:g}")
     if report is not None:
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
         _check_writable(base.with_name(base.name + ".json"), "report")
@@ -235,7 +244,7 @@ def validate(
             spec=spec,
             recipe=recipe,
             device=device,
-            thresholds=Thresholds(max_abs_logit=atol, min_top1=min_top1, tie_eps=tie_eps),
+            thresholds=Thresholds(max_abs_logit=atol, min_top1=min_top1, tie_eps=tie_eps, rel_logit=rtol),
             batch_size=batch_size,
             progress=True,
             session=session,

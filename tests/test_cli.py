@@ -50,6 +50,10 @@ def test_validate_numerical_failure_exits_1(exported):
     res = cli("validate", str(exported), "--random", "2", "--atol", "1e-12", "--tie-eps", "0")
     assert res.returncode == 1, res.stderr
     assert "## raggedvit validation: FAIL" in res.stdout and "max_abs_logit" in res.stdout
+    # the same bar plus a relative part that covers the fp32 drift passes
+    res = cli("validate", str(exported), "--random", "2", "--atol", "1e-12", "--rtol", "1e-3", "--tie-eps", "0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "max |Δlogit| < 1e-12 + 0.001 x max |reference logit|" in res.stdout
 
 
 def test_info():
@@ -106,6 +110,7 @@ def test_validate_errors(exported, tmp_path):
     assert_error(cli("validate", str(exported), "--images", str(tmp_path / "nodir")), 2, "does not exist")
     assert_error(cli("validate", str(exported), "--report", str(tmp_path / "no" / "r")), 2, "cannot write report")
     assert_error(cli("validate", str(exported), "--random", "1", "--floor"), 2, "no precision floor")
+    assert_error(cli("validate", str(exported), "--rtol", "-1"), 2, "--rtol must be >= 0")
     missing = {"RAGGEDVIT_ORT_LIBRARY": str(tmp_path / "libnone.so")}
     assert_error(cli("validate", str(exported), env=missing), 2, "op library missing")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]

@@ -16,12 +16,22 @@ FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite"]
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Pass criteria: max |Δlogit| < max_abs_logit and top-1 agreement >= min_top1 (fraction);
-    a relative score gap (or cls-mass margin) < tie_eps at a cut makes a near-tie."""
+    """Pass criteria: per image max |Δlogit| < max_abs_logit + rel_logit * max |reference logit| (rel_logit 0: the
+    absolute bar alone) and top-1 agreement >= min_top1 (fraction); a relative score gap (or cls-mass margin)
+    < tie_eps at a cut makes a near-tie."""
 
     max_abs_logit: float = 0.004
     min_top1: float = 1.0
     tie_eps: float = 1e-5
+    rel_logit: float = 0.0
+
+    def bound(self, ref_max_abs_logit: float) -> float:
+        """The max |Δlogit| bar of an image whose reference logits reach `ref_max_abs_logit` in magnitude."""
+        return self.max_abs_logit + self.rel_logit * ref_max_abs_logit
+
+    def text(self) -> str:
+        rel = f" + {self.rel_logit:g} x max |reference logit|" if self.rel_logit else ""
+        return f"max |Δlogit| < {self.max_abs_logit:g}{rel}"
 
 
 @dataclass(frozen=True)
@@ -169,9 +179,8 @@ class ValidationReport:
             f"- model: `{self.model}` ({r.get('model', '?')}, {r.get('dtype', '?')}, img {r.get('img_size', '?')})",
             f"- pruning: {_prune_text(prune)}",
             f"- ONNX Runtime: {self.device} ({', '.join(self.providers)}); reference: PyTorch fp32 PrunedViT on CPU",
-            f"- thresholds: max |Δlogit| < {th.max_abs_logit:g}, top-1 >= {th.min_top1:.0%}, "
-            f"near-tie gap < {th.tie_eps:g}",
-            f"- reference logits: max |logit| {self.ref_max_abs_logit:.3g} (the Δlogit threshold is "
+            f"- thresholds: {th.text()}, top-1 >= {th.min_top1:.0%}, near-tie gap < {th.tie_eps:g}",
+            f"- reference logits: max |logit| {self.ref_max_abs_logit:.3g} (the absolute Δlogit threshold is "
             f"{th.max_abs_logit / max(self.ref_max_abs_logit, 1e-30):.2%} of it)",
         ]
         lines += _floor_lines(self.floor_summary(), r.get("dtype", "?"))

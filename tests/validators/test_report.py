@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from raggedvit.pruning import PruneSpec
@@ -94,3 +95,20 @@ def test_floor_summary_leaves_out_ties_and_runs_with_other_counts():
     md = rep.to_markdown()
     assert "| 4.000e-01 ≠ |" in md and "1 of the fp16 runs kept other token counts" in md
     assert _report([_row(0)]).to_dict()["summary"]["precision_floor"] is None
+
+
+def test_relative_logit_tolerance_scales_with_the_reference_logits():
+    import dataclasses
+
+    rows = [
+        dataclasses.replace(_row(0, diff=0.02), ref_max_abs_logit=10.0),  # bar 0.004 + 0.002 * 10 = 0.024
+        dataclasses.replace(_row(1, diff=0.02), ref_max_abs_logit=2.0),  # bar 0.008
+    ]
+    th = Thresholds(rel_logit=0.002)
+    assert th.bound(10.0) == pytest.approx(0.024) and Thresholds().bound(10.0) == 0.004
+    fails = _failures(rows, torch.zeros(2, 4).numpy(), th)
+    assert [(f.kind, f.image) for f in fails] == [("max_abs_logit", 1)]
+    assert ">= 0.008" in fails[0].message
+    rep = ValidationReport("m.onnx", {}, "cpu", [], th, rows=rows)
+    assert "max |Δlogit| < 0.004 + 0.002 x max |reference logit|" in rep.to_markdown()
+    assert rep.to_dict()["thresholds"]["rel_logit"] == 0.002
