@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from raggedvit.exporter import build_model
 from raggedvit.pruning import PrunedViT, PruneSpec
@@ -61,8 +62,12 @@ def test_dynamic_batch_same_file(deit_tiny, images, ort_session, tmp_path):
             {"depth": 3, "reg_tokens": 2, "global_pool": "avg", "no_embed_class": True, "init_values": 0.1},
             PruneSpec("topk-l2", (1, 2)),
         ),
+        # patch 32; a patch-embedding norm (the projection bias goes before it, not into pos_embed)
+        ("vit_small_patch32_224", {"depth": 3, "embed_norm_layer": nn.LayerNorm}, PruneSpec("cls-mass", (1,))),
+        # CLIP style: no projection bias, norm_pre
+        ("vit_small_patch32_224", {"depth": 3, "pre_norm": True}, PruneSpec("topk-l2", (2,))),
     ],
-    ids=["distilled", "registers-avgpool-layerscale"],
+    ids=["distilled", "registers-avgpool-layerscale", "patch32-embed-norm", "patch32-pre-norm-no-bias"],
 )
 def test_other_vit_variants(images, ort_session, name, kwargs, spec):
     vit, _ = load_vit(name, seed=1, model_kwargs=kwargs)
