@@ -157,7 +157,8 @@ def _ragged_attn_fwd(
 ):
     """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale) v within each row's sequence.
 
-    has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias, added in QKV's dtype)."""
+    has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias): q + bq in QKV's dtype, the k bias
+    cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -174,10 +175,12 @@ def _ragged_attn_fwd(
     head_off = h * D
     q_ptrs = QKV + rows.to(tl.int64)[:, None] * row_stride + head_off + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    # Bias: q gets its bias once; the k bias adds q.kb to every score of a row, which softmax cancels, so it is
+    # never loaded; the v bias comes out of the weighted sum (the weights sum to 1) and is added to the output.
+    # K and V tiles go to the dots exactly as loaded (an add in the key loop cost ~20% on the H200).
     b_ok = d_ok & (has_bias != 0)  # no bias: masked loads give exact zeros (x + 0 == x), no branch
     q = q + tl.load(Bias + head_off + offs_d, mask=b_ok, other=0.0)[None, :]
-    kb = tl.load(Bias + H * D + head_off + offs_d, mask=b_ok, other=0.0)
-    vb = tl.load(Bias + 2 * H * D + head_off + offs_d, mask=b_ok, other=0.0)
+    vb = tl.load(Bias + 2 * H * D + head_off + offs_d, mask=b_ok, other=0.0).to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
@@ -192,7 +195,7 @@ def _ragged_attn_fwd(
         cols = (start_n + lo - n_lo) + tl.arange(0, BLOCK_N)
         kv_mask = (cols < hi)[:, None] & d_ok[None, :]
         k_ptrs = QKV + cols.to(tl.int64)[:, None] * row_stride + (H * D + head_off) + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0) + kb[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         s = _dot(q, tl.trans(k)) * qk_scale
         in_seq = (cols[None, :] >= row_start[:, None]) & (cols[None, :] < row_end[:, None])
         s = tl.where(in_seq, s, float("-inf"))
@@ -201,12 +204,12 @@ def _ragged_attn_fwd(
         p = tl.math.exp2(s - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.reduce(p, 1, _add_fn)
-        v = tl.load(k_ptrs + H * D, mask=kv_mask, other=0.0) + vb[None, :]
+        v = tl.load(k_ptrs + H * D, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v)
         m_i = m_new
 
     has_keys = l_i > 0.0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l_i, 1.0)[:, None] + vb[None, :], 0.0)
     o_ptrs = Out + rows.to(tl.int64)[:, None] * (H * D) + head_off + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if store_lse != 0:
@@ -257,12 +260,10 @@ def _ragged_cls_attn(
         h_ok = heads < H
         offs = heads[None, :, None] * D + offs_d[None, None, :]
         mask = ok[:, None, None] & h_ok[None, :, None] & (offs_d < D)[None, None, :]
-        # the bias is added in QKV's dtype, as _ragged_attn_fwd does (its Lse must match these scores)
+        # scores as _ragged_attn_fwd computes them (its Lse must match): q + bq in QKV's dtype, no k bias
         bmask = (h_ok[None, :, None] & (offs_d < D)[None, None, :]) & (has_bias != 0)
         q = (tl.load(q_rows + offs, mask=mask, other=0.0) + tl.load(Bias + offs, mask=bmask, other=0.0)).to(tl.float32)
-        k = (tl.load(k_rows + offs, mask=mask, other=0.0) + tl.load(Bias + H * D + offs, mask=bmask, other=0.0)).to(
-            tl.float32
-        )
+        k = tl.load(k_rows + offs, mask=mask, other=0.0).to(tl.float32)
         lse = tl.load(lse_rows + heads[None, :] * T, mask=ok[:, None] & h_ok[None, :], other=0.0)
         s = tl.reduce(q * k, 2, _add_fn) * qk_scale  # [BLOCK_N, HG]
         p = tl.where(ok[:, None] & h_ok[None, :], tl.math.exp2(s - lse), 0.0)

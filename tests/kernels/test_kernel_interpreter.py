@@ -7,10 +7,11 @@ from types import ModuleType
 
 import pytest
 import torch
-from _kernel_cases import check_against_reference, make_batch, poisoned_outputs, random_lengths
+from _kernel_cases import check_against_reference, make_batch, poisoned_outputs, random_lengths, reference
 
 from raggedvit.kernels._config import KernelConfig, block_d, pick_config
 from raggedvit.kernels._launch import _launch_triton
+from raggedvit.testing import assert_close
 
 # (dtype, D, H, max tokens): every dtype, D and H appears; token budgets keep the interpreter fast
 CASES = [
@@ -128,4 +129,13 @@ def test_bias_is_added_on_load(interpreted, gen, dtype):
     out, cls_attn = _launch_triton(
         qkv, cu, H, 1.0 / math.sqrt(D), True, kernels=interpreted, out=out, cls_attn=cls_attn, bias=bias
     )
-    check_against_reference(out, cls_attn, qkv + bias, cu, H, name="with bias")
+    # what the kernel computes: q + bq in qkv's dtype, the k bias cancelled by the softmax, + bv on the output
+    q_biased = qkv.clone()
+    q_biased[:, : H * D] += bias[: H * D]
+    ref_out, ref_cls = reference(q_biased, cu, H)
+    ref_out = ref_out + bias[2 * H * D :].double()
+    check_against_reference(out, cls_attn, qkv, cu, H, name="with bias", ref=(ref_out, ref_cls))
+    # and the op's contract: attention of qkv + bias, up to the rounding of k + bk in qkv's dtype
+    plain_out, plain_cls = reference(qkv + bias, cu, H)
+    assert_close(out, plain_out.to(dtype), name="bias: attention of qkv + bias")
+    assert_close(cls_attn, plain_cls.float(), rtol=1e-3, name="bias: cls_attn of qkv + bias")
