@@ -72,3 +72,55 @@ def test_dynamic_batch_same_file(deit_tiny, images, ort_session, tmp_path):
 def test_other_vit_variants(images, ort_session, name, kwargs, spec):
     vit, _ = load_vit(name, seed=1, model_kwargs=kwargs)
     _compare(ort_session(build_model(vit, spec)), vit, spec, images[:3])
+
+
+def _perturb_biases_and_norms_(vit: nn.Module, seed: int = 0, scale: float = 0.1) -> nn.Module:
+    """Random biases, LayerNorm gains/shifts, cls/pos/reg tokens and LayerScale gammas, in place.
+
+    timm initialises every Linear bias and LayerNorm shift to 0 and every gain to 1, so seeded weights alone
+    would not notice an export that drops or misplaces one of them (qkv bias in RaggedAttention, BiasGelu and
+    SkipLayerNormalization biases, the patch bias folded into pos_embed, ...)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in vit.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("bias", "gamma") or (leaf == "weight" and "norm" in name) or "token" in name:
+                p.add_(scale * torch.randn(p.shape, generator=gen))
+    return vit
+
+
+@pytest.mark.parametrize(
+    "name,kwargs,spec",
+    [
+        ("deit_tiny_patch16_224", {"depth": 6}, PruneSpec("topk-l2", (2,))),
+        ("deit_tiny_patch16_224", {"depth": 6}, PruneSpec("cls-mass", (2, 4))),
+        ("deit_tiny_distilled_patch16_224", {"depth": 4}, PruneSpec("evit", (2,), fuse=True)),
+        (
+            "vit_small_patch16_224",
+            {"depth": 3, "reg_tokens": 2, "global_pool": "avg", "no_embed_class": True, "init_values": 0.1},
+            PruneSpec("topk-l2", (1, 2)),
+        ),
+        ("vit_small_patch32_224", {"depth": 3, "embed_norm_layer": nn.LayerNorm}, PruneSpec("cls-mass", (1,))),
+    ],
+    ids=["topk", "cls-mass", "distilled-evit-fuse", "registers-avgpool-layerscale", "patch32-embed-norm"],
+)
+def test_nonzero_biases_and_norm_shifts(images, ort_session, name, kwargs, spec):
+    vit, _ = load_vit(name, seed=1, model_kwargs=kwargs)
+    _perturb_biases_and_norms_(vit)
+    assert float(vit.blocks[0].attn.qkv.bias.detach().abs().max()) > 0.05
+    _compare(ort_session(build_model(vit, spec)), vit, spec, images[:3])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp16-all"])
+def test_fp16_exports_with_nonzero_biases(images, ort_session, dtype):
+    """The fp16 recipes' bias paths (RaggedAttention bias, BiasGelu, SkipLayerNormalization) against the fp32
+    reference: fp16 rounding moves deit_tiny's logits by ~1e-3; a dropped or misplaced bias by far more."""
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=1, model_kwargs={"depth": 6})
+    _perturb_biases_and_norms_(vit)
+    spec = PruneSpec("topk-l2", (2, 4))
+    logits, counts = ort_session(build_model(vit, spec, dtype=dtype)).run(None, {"images": images[:3].numpy()})
+    with torch.no_grad():
+        ref = PrunedViT(vit, spec)(images[:3])
+    np.testing.assert_array_equal(counts, ref.token_counts.numpy())
+    scale = float(ref.logits.abs().max())
+    assert np.abs(logits - ref.logits.numpy()).max() < 1e-2 * max(scale, 1.0)
