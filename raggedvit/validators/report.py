@@ -126,13 +126,17 @@ class ValidationReport:
             return None
         weights = [float(r.floor_weights or 0.0) for r in judged if r.floor_weights_same_counts is not False]
         ours = [float(r.floor_torch or 0.0) for r in judged if r.floor_torch_same_counts is not False]
+        export = max(r.max_abs_diff for r in judged)
+        torch_max = max(ours, default=None)
         return {
-            "export_max_abs_diff": max(r.max_abs_diff for r in judged),
+            "export_max_abs_diff": export,
             "weights_max_abs_diff": max(weights, default=None),
-            "torch_max_abs_diff": max(ours, default=None),
+            "torch_max_abs_diff": torch_max,
             "images": len(judged),
             "weights_other_counts": len(judged) - len(weights),
             "torch_other_counts": len(judged) - len(ours),
+            # None without a comparable torch run; True: no farther from fp32 than PyTorch's own fp16 forward
+            "within_torch_fp16": None if torch_max is None else bool(export <= torch_max),
         }
 
     @property
@@ -252,7 +256,18 @@ def _floor_lines(floor: dict[str, float | None] | None, dtype: str) -> list[str]
     ]
     if other:
         line += f" (left out, ≠ in the table: {' and '.join(other)} kept other token counts than the reference)"
-    return [line]
+    lines = [line]
+    if floor["within_torch_fp16"] is True:
+        lines.append(
+            "- reading: this export is no farther from the fp32 reference than PyTorch's own fp16 forward; a "
+            "|Δlogit| failure here is fp16 rounding, not an export fault"
+        )
+    elif floor["within_torch_fp16"] is False:
+        lines.append(
+            "- reading: this export is farther from the fp32 reference than PyTorch's own fp16 forward: look for an "
+            "export or kernel fault before loosening the threshold"
+        )
+    return lines
 
 
 def _counts(c: list[int]) -> str:

@@ -91,10 +91,15 @@ def test_floor_summary_leaves_out_ties_and_runs_with_other_counts():
         "images": 2,
         "weights_other_counts": 0,
         "torch_other_counts": 1,
+        "within_torch_fp16": True,
     }
     md = rep.to_markdown()
+    assert "a |Δlogit| failure here is fp16 rounding, not an export fault" in md
     assert "| 4.000e-01 ≠ |" in md and "1 of the fp16 runs kept other token counts" in md
     assert _report([_row(0)]).to_dict()["summary"]["precision_floor"] is None
+    far = _report([dataclasses.replace(_row(0, 9e-3), floor_weights=3e-3, floor_torch=6e-3)])
+    assert far.to_dict()["summary"]["precision_floor"]["within_torch_fp16"] is False
+    assert "look for an export or kernel fault" in far.to_markdown()
 
 
 def test_relative_logit_tolerance_scales_with_the_reference_logits():
