@@ -12,7 +12,15 @@ import torch
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-__all__ = ["CHECKPOINT_SUFFIXES", "WeightsInfo", "load_checkpoint", "load_vit", "sha256_file", "sharpen_qk_"]
+__all__ = [
+    "CHECKPOINT_SUFFIXES",
+    "WeightsInfo",
+    "load_checkpoint",
+    "load_vit",
+    "perturb_biases_and_norms_",
+    "sha256_file",
+    "sharpen_qk_",
+]
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 DEFAULT_SHARPEN_QK = 4.0
@@ -80,6 +88,25 @@ def sharpen_qk_(model: torch.nn.Module, factor: float) -> None:
             mod.qkv.weight[:rows].mul_(factor)
             if mod.qkv.bias is not None:
                 mod.qkv.bias[:rows].mul_(factor)
+
+
+def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
+    """Add scale * N(0, 1) to every bias, LayerNorm gain, token (cls / reg / dist / pos) and LayerScale gamma.
+
+    timm initialises Linear biases and LayerNorm shifts to 0 and gains to 1, so seeded weights alone cannot show
+    an export that drops or misplaces one of them; real checkpoints have them all. In place; returns `model`."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if (
+                leaf in ("bias", "gamma")
+                or (leaf == "weight" and "norm" in name)
+                or "token" in name
+                or "pos_embed" in name
+            ):
+                p.add_(scale * torch.randn(p.shape, generator=gen))
+    return model
 
 
 def _create(model_name: str, pretrained: bool, img_size: int | None, kwargs: dict[str, Any]) -> VisionTransformer:

@@ -9,6 +9,7 @@
 #   e2e       scripts/bench_e2e.py (end-to-end pruned ViT benchmark)
 #   graph     scripts/check_cuda_graph.py (CUDA-graph replay of a static-shape export == per-node run)
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
+#   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
 # Everything lands in /tmp/res, packed into $OUT/res.tgz (the device returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,19 @@ for stage in "$@"; do
       done
       done
       grep -E "PASS|FAIL|max" "$RES/validate.log" | tail -8;;
+    vckpt)  # seeded weights have zero biases: validate exports of a checkpoint that has them all
+      rc=0
+      timeout 120 python3 scripts/perturbed_checkpoint.py deit_base_patch16_224 /tmp/pb.safetensors >> "$RES/vckpt.log" 2>&1 || rc=1
+      for dt in ${CKDTYPES:-fp32 fp16-all}; do
+      for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9"; do
+        name=deit_base_biased_${dt}_${pol%% *}
+        timeout 150 python3 -m raggedvit.cli export deit_base_patch16_224 --checkpoint /tmp/pb.safetensors --dtype $dt \
+          --policy $pol -o /tmp/$name.onnx >> "$RES/vckpt.log" 2>&1 &&
+        timeout 150 python3 -m raggedvit.cli validate /tmp/$name.onnx --device cuda --sample-images \
+          --report "$RES/validate_$name" >> "$RES/vckpt.log" 2>&1 || rc=1
+      done
+      done
+      grep -E "raggedvit validation|^\| 7 " "$RES/vckpt.log" | tail -8;;
     memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
       timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --kernel-name kns=_ragged \
         --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \

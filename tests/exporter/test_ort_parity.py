@@ -9,7 +9,7 @@ from torch import nn
 
 from raggedvit.exporter import build_model
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.weights import load_vit
+from raggedvit.weights import load_vit, perturb_biases_and_norms_
 
 SPECS = [
     PruneSpec(),
@@ -74,21 +74,6 @@ def test_other_vit_variants(images, ort_session, name, kwargs, spec):
     _compare(ort_session(build_model(vit, spec)), vit, spec, images[:3])
 
 
-def _perturb_biases_and_norms_(vit: nn.Module, seed: int = 0, scale: float = 0.1) -> nn.Module:
-    """Random biases, LayerNorm gains/shifts, cls/pos/reg tokens and LayerScale gammas, in place.
-
-    timm initialises every Linear bias and LayerNorm shift to 0 and every gain to 1, so seeded weights alone
-    would not notice an export that drops or misplaces one of them (qkv bias in RaggedAttention, BiasGelu and
-    SkipLayerNormalization biases, the patch bias folded into pos_embed, ...)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in vit.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf in ("bias", "gamma") or (leaf == "weight" and "norm" in name) or "token" in name:
-                p.add_(scale * torch.randn(p.shape, generator=gen))
-    return vit
-
-
 @pytest.mark.parametrize(
     "name,kwargs,spec",
     [
@@ -106,7 +91,7 @@ def _perturb_biases_and_norms_(vit: nn.Module, seed: int = 0, scale: float = 0.1
 )
 def test_nonzero_biases_and_norm_shifts(images, ort_session, name, kwargs, spec):
     vit, _ = load_vit(name, seed=1, model_kwargs=kwargs)
-    _perturb_biases_and_norms_(vit)
+    perturb_biases_and_norms_(vit)
     assert float(vit.blocks[0].attn.qkv.bias.detach().abs().max()) > 0.05
     _compare(ort_session(build_model(vit, spec)), vit, spec, images[:3])
 
@@ -116,7 +101,7 @@ def test_fp16_exports_with_nonzero_biases(images, ort_session, dtype):
     """The fp16 recipes' bias paths (RaggedAttention bias, BiasGelu, SkipLayerNormalization) against the fp32
     reference: fp16 rounding moves deit_tiny's logits by ~1e-3; a dropped or misplaced bias by far more."""
     vit, _ = load_vit("deit_tiny_patch16_224", seed=1, model_kwargs={"depth": 6})
-    _perturb_biases_and_norms_(vit)
+    perturb_biases_and_norms_(vit)
     spec = PruneSpec("topk-l2", (2, 4))
     logits, counts = ort_session(build_model(vit, spec, dtype=dtype)).run(None, {"images": images[:3].numpy()})
     with torch.no_grad():
