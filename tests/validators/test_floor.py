@@ -77,11 +77,13 @@ def test_fp16_report_carries_the_floor(exported, images):
         "weights_max_abs_diff",
         "torch_max_abs_diff",
         "images",
+        "export_other_counts",
         "weights_other_counts",
         "torch_other_counts",
         "within_torch_fp16",
     }
     assert summary["images"] == 3 and summary["weights_other_counts"] == summary["torch_other_counts"] == 0
+    assert summary["export_other_counts"] == 0
     assert summary["export_max_abs_diff"] == pytest.approx(report.max_abs_diff)  # no near-ties here
     md = report.to_markdown()
     assert "precision floor of fp16" in md and "| floor: weights | floor: torch |" in md

@@ -81,25 +81,29 @@ def test_floor_summary_leaves_out_ties_and_runs_with_other_counts():
         dataclasses.replace(_row(0, 5e-3), floor_weights=3e-3, floor_torch=6e-3),
         dataclasses.replace(_row(1, 4e-3), floor_weights=2e-3, floor_torch=0.4, floor_torch_same_counts=False),
         dataclasses.replace(_row(2, 0.3, tie=True), floor_weights=0.28, floor_torch=5e-3),
+        # the export moved a cut (counts differ): a different selection, left out of the export's max
+        dataclasses.replace(_row(3, 0.2, counts=([98], [99])), floor_weights=0.19, floor_torch=4e-3),
     ]
     rep = _report(rows)
     fl = rep.to_dict()["summary"]["precision_floor"]
     assert fl == {
         "export_max_abs_diff": 5e-3,
-        "weights_max_abs_diff": 3e-3,
+        "weights_max_abs_diff": 0.19,  # the weights run kept the reference's counts on image 3
         "torch_max_abs_diff": 6e-3,
-        "images": 2,
+        "images": 3,
+        "export_other_counts": 1,
         "weights_other_counts": 0,
         "torch_other_counts": 1,
-        "within_torch_fp16": True,
+        "within_torch_fp16": True,  # compared on image 0 only (image 1: torch ≠, image 3: export ✗)
     }
     md = rep.to_markdown()
     assert "a |Δlogit| failure here is fp16 rounding, not an export fault" in md
     assert "| 4.000e-01 ≠ |" in md and "1 of the fp16 runs kept other token counts" in md
+    assert "1 of the export's images and 1 of the fp16 runs" in md
     assert _report([_row(0)]).to_dict()["summary"]["precision_floor"] is None
     far = _report([dataclasses.replace(_row(0, 9e-3), floor_weights=3e-3, floor_torch=6e-3)])
     assert far.to_dict()["summary"]["precision_floor"]["within_torch_fp16"] is False
-    assert "look for an export or kernel fault" in far.to_markdown()
+    assert "check the worst one for an export or kernel fault" in far.to_markdown()
 
 
 def test_relative_logit_tolerance_scales_with_the_reference_logits():
