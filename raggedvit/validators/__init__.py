@@ -25,7 +25,7 @@ _EXPORTS = {
     "cut_gaps": "ties",
     "find_near_ties": "ties",
     "run_onnx": "compare",
-    "run_reference": "compare",
+    "run_reference": "reference",
     "validate": "compare",
 }
 

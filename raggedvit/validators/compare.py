@@ -10,14 +10,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning import PruneSpec
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
+from raggedvit.validators.reference import run_reference
 from raggedvit.validators.report import Failure, ImageRow, Thresholds, ValidationReport
 from raggedvit.validators.session import open_session
 from raggedvit.validators.ties import find_near_ties
 
-__all__ = ["run_onnx", "run_reference", "validate"]
+__all__ = ["run_onnx", "validate"]
 
 
 def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool = False):
@@ -28,19 +29,6 @@ def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool
         lg, tc = session.run(["logits", "token_counts"], {"images": images[s : s + batch_size].numpy()})
         logits.append(lg)
         counts.append(tc)
-    return np.concatenate(logits), np.concatenate(counts)
-
-
-@torch.no_grad()
-def run_reference(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_size: int = 16, progress: bool = False):
-    """The PyTorch fp32 packed reference on CPU: (logits [N, classes], token_counts [N, stages]) numpy."""
-    model = PrunedViT(vit, spec)
-    logits, counts = [], []
-    chunks = range(0, images.shape[0], batch_size)
-    for s in tqdm(chunks, desc="pytorch reference", disable=None if progress else True, leave=False):
-        out = model(images[s : s + batch_size])
-        logits.append(out.logits.float().numpy())
-        counts.append(out.token_counts.numpy())
     return np.concatenate(logits), np.concatenate(counts)
 
 

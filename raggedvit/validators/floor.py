@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning import PruneSpec
+from raggedvit.validators.reference import run_reference
 
 __all__ = ["FLOOR_DTYPES", "PrecisionFloor", "precision_floor"]
 
@@ -47,14 +48,6 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> list[float]:
     return [float(np.nanmax(row)) if row.size else 0.0 for row in d]
 
 
-@torch.no_grad()
-def _run(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """images [N, 3, S, S] (in the model's dtype) -> (logits [N, classes] float32, token_counts [N, stages]) numpy."""
-    model = PrunedViT(vit, spec)
-    outs = [model(images[s : s + batch_size]) for s in range(0, images.shape[0], batch_size)]
-    return np.concatenate([o.logits.float().numpy() for o in outs]), np.concatenate([o.token_counts for o in outs])
-
-
 def precision_floor(
     vit: nn.Module,
     spec: PruneSpec,
@@ -76,9 +69,9 @@ def precision_floor(
     rounded = copy.deepcopy(vit).eval()
     for p in rounded.parameters():
         p.data = p.data.to(low).to(p.dtype)
-    lg_w, tc_w = _run(rounded, spec, images, batch_size)
+    lg_w, tc_w = run_reference(rounded, spec, images, batch_size)
     del rounded
-    lg_t, tc_t = _run(copy.deepcopy(vit).eval().to(low), spec, images.to(low), batch_size)
+    lg_t, tc_t = run_reference(copy.deepcopy(vit).eval().to(low), spec, images.to(low), batch_size)
     return PrecisionFloor(
         dtype=dtype,
         weights=_max_abs(lg_w, logits_reference),

@@ -1,16 +1,22 @@
-"""Rebuild the PyTorch reference (timm ViT + PruneSpec) from an exported model's recipe."""
+"""Rebuild the PyTorch reference (timm ViT + PruneSpec) from an exported model's recipe, and run it."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from raggedvit.exporter.metadata import read_recipe
 from raggedvit.validators.errors import ValidationInputError
 
-__all__ = ["load_recipe", "load_reference"]
+if TYPE_CHECKING:  # torch stays unimported until a reference is built (fail-fast input checks)
+    import torch
+    from torch import nn
+
+    from raggedvit.pruning import PruneSpec
+
+__all__ = ["load_recipe", "load_reference", "run_reference"]
 
 
 def load_recipe(model_path: str | Path) -> dict[str, Any]:
@@ -70,3 +76,24 @@ def load_reference(recipe: dict[str, Any], *, checkpoint: str | Path | None = No
             "the reference cannot be rebuilt from this recipe"
         )
     return vit.float().eval(), spec
+
+
+def run_reference(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_size: int = 16, progress: bool = False):
+    """PrunedViT(vit, spec) on images [N, 3, S, S] (CPU, in the model's dtype), in batches:
+    (logits [N, classes] float32, token_counts [N, stages] int64) numpy. The validator's fp32 reference, and the
+    precision floor's fp16 runs."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from raggedvit.pruning import PrunedViT
+
+    model = PrunedViT(vit, spec)
+    logits, counts = [], []
+    chunks = range(0, images.shape[0], batch_size)
+    with torch.no_grad():
+        for s in tqdm(chunks, desc="pytorch reference", disable=None if progress else True, leave=False):
+            out = model(images[s : s + batch_size])
+            logits.append(out.logits.float().numpy())
+            counts.append(out.token_counts.numpy())
+    return np.concatenate(logits), np.concatenate(counts)
