@@ -43,12 +43,7 @@ def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
     n0 = tokens_per_image(vit)
     f32 = np.float32
     x, bias_left = patch_embed(g, vit.patch_embed, images)  # [B, N, C]
-    pe_norm = getattr(vit.patch_embed, "norm", None)
-    bias = vit.patch_embed.proj.bias
-    if bias_left and not (pe_norm is None or isinstance(pe_norm, nn.Identity)):  # the bias goes before the norm
-        x = g.op("Add", [x, g.weight(bias, "patch_embed.proj.bias", dtype=f32)], hint="patch_embed")
-        bias_left = False
-    x = maybe_layer_norm(g, x, pe_norm, "patch_embed.norm")
+    x = maybe_layer_norm(g, x, getattr(vit.patch_embed, "norm", None), "patch_embed.norm")
 
     batch = g.op("Shape", [images], hint="batch", start=0, end=1)  # [1] int64, the only Shape in the graph
     prefix = []
@@ -58,7 +53,7 @@ def embed(g: GraphBuilder, vit: nn.Module, images: str) -> Packed:
         prefix.append(g.op("Expand", [tok, shape], hint=f"{attr}.expand"))
     pos_t = vit.pos_embed.detach().float().clone()  # [1, n, C]
     if bias_left:  # fold the patch projection's bias into the patch rows of the position embedding
-        pos_t[:, pos_t.shape[1] - int(vit.patch_embed.num_patches) :] += bias.detach().float()
+        pos_t[:, pos_t.shape[1] - int(vit.patch_embed.num_patches) :] += vit.patch_embed.proj.bias.detach().float()
     pos = g.weight(pos_t, "pos_embed", dtype=f32)
     if getattr(vit, "no_embed_class", False):
         x = g.op("Add", [x, pos], hint="pos_add")
@@ -82,8 +77,9 @@ def patch_embed(g: GraphBuilder, pe: nn.Module, images: str) -> tuple[str, bool]
     Non-overlapping patches (stride == kernel) are cut out with Reshape + Transpose and projected by one
     float32 MatMul [B, N, Cin*ph*pw] @ [Cin*ph*pw, C]: a cuBLAS GEMM (TF32 where the session enables it, as the
     Conv was), without cuDNN's NCHW->NHWC copies and its slow fp32 implicit-GEMM conv (0.37 of 2.6 ms GPU time
-    at deit_base B=32 on the H200). Overlapping patches keep the Conv. Returns (x, bias_folded): a bias not
-    added here must be added to the patch rows by the caller (embed folds it into the position embedding)."""
+    at deit_base B=32 on the H200). Overlapping patches keep the Conv. Returns (x, bias_left): True when the
+    projection bias was not added here and the caller must add it to the patch rows (embed folds it into the
+    position embedding); a patch embedding with its own norm gets the bias here, before that norm."""
     proj = pe.proj
     f32 = np.float32
     C, cin = int(proj.out_channels), int(proj.in_channels)
@@ -99,7 +95,11 @@ def patch_embed(g: GraphBuilder, pe: nn.Module, images: str) -> tuple[str, bool]
     x = g.op("Transpose", [x], hint="patch_embed.patches", perm=[0, 2, 4, 1, 3, 5])  # [B, gh, gw, Cin, ph, pw]
     x = g.op("Reshape", [x, g.const([0, gh * gw, cin * ph * pw], np.int64)], hint="patch_embed.rows")
     w = g.weight(proj.weight.reshape(C, cin * ph * pw), "patch_embed.proj.weight_t", transpose=True, dtype=f32)
-    return g.op("MatMul", [x, w], hint="patch_embed.proj.mm"), proj.bias is not None  # [B, N, C]
+    x = g.op("MatMul", [x, w], hint="patch_embed.proj.mm")  # [B, N, C]
+    norm = getattr(pe, "norm", None)
+    if proj.bias is None or norm is None or isinstance(norm, nn.Identity):
+        return x, proj.bias is not None
+    return g.op("Add", [x, g.weight(proj.bias, "patch_embed.proj.bias", dtype=f32)], hint="patch_embed"), False
 
 
 def cu_from_counts(g: GraphBuilder, counts: str, hint: str) -> str:
