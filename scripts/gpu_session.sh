@@ -17,6 +17,21 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/root/ortgpu:$PWD
 RES=/tmp/res; rm -rf "$RES"; mkdir -p "$RES"
 KB_FLAGS=${KB_FLAGS:---check}
 pack() { tar czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; }
+# validate_exports PREFIX "DTYPES" LOG WEIGHT_ARGS...: export deit_base_patch16_224 with WEIGHT_ARGS for each dtype and
+# both issue policies, then `raggedvit validate --device cuda` each into $RES/validate_PREFIX_<dtype>_<policy>.*
+validate_exports() {
+  local prefix=$1 dtypes=$2 log=$3 bad=0 dt pol name; shift 3
+  for dt in $dtypes; do
+  for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9"; do
+    name=${prefix}_${dt}_${pol%% *}
+    timeout 150 python3 -m raggedvit.cli export deit_base_patch16_224 "$@" --dtype $dt --policy $pol \
+      -o /tmp/$name.onnx >> "$log" 2>&1 &&
+    timeout 150 python3 -m raggedvit.cli validate /tmp/$name.onnx --device cuda --sample-images \
+      --report "$RES/validate_$name" >> "$log" 2>&1 || bad=1
+  done
+  done
+  return $bad
+}
 trap pack EXIT
 { nvidia-smi; python3 -c "import torch, triton, onnxruntime as o; print(torch.__version__, triton.__version__, o.__version__, o.get_available_providers())"; } > "$RES/env.txt" 2>&1
 cat "$RES/env.txt" | tail -3
@@ -30,29 +45,12 @@ for stage in "$@"; do
     graph) timeout ${GT:-120} python3 scripts/check_cuda_graph.py --out "$RES" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 scripts/bench_e2e.py --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
     validate)  # issue 5/6: fp16 CUDA-EP exports of deit_base pass `raggedvit validate --device cuda`
-      rc=0
-      for dt in ${VDTYPES:-fp16}; do
-      for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9"; do
-        name=deit_base_${dt}_${pol%% *}
-        timeout 150 python3 -m raggedvit.cli export deit_base_patch16_224 --seed 0 --dtype $dt --policy $pol \
-          -o /tmp/$name.onnx >> "$RES/validate.log" 2>&1 &&
-        timeout 150 python3 -m raggedvit.cli validate /tmp/$name.onnx --device cuda --sample-images \
-          --report "$RES/validate_$name" >> "$RES/validate.log" 2>&1 || rc=1
-      done
-      done
+      rc=0; validate_exports deit_base "${VDTYPES:-fp16}" "$RES/validate.log" --seed 0 || rc=1
       grep -E "PASS|FAIL|max" "$RES/validate.log" | tail -8;;
     vckpt)  # seeded weights have zero biases: validate exports of a checkpoint that has them all
       rc=0
       timeout 120 python3 scripts/perturbed_checkpoint.py deit_base_patch16_224 /tmp/pb.safetensors >> "$RES/vckpt.log" 2>&1 || rc=1
-      for dt in ${CKDTYPES:-fp32 fp16-all}; do
-      for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9"; do
-        name=deit_base_biased_${dt}_${pol%% *}
-        timeout 150 python3 -m raggedvit.cli export deit_base_patch16_224 --checkpoint /tmp/pb.safetensors --dtype $dt \
-          --policy $pol -o /tmp/$name.onnx >> "$RES/vckpt.log" 2>&1 &&
-        timeout 150 python3 -m raggedvit.cli validate /tmp/$name.onnx --device cuda --sample-images \
-          --report "$RES/validate_$name" >> "$RES/vckpt.log" 2>&1 || rc=1
-      done
-      done
+      validate_exports deit_base_biased "${CKDTYPES:-fp32 fp16-all}" "$RES/vckpt.log" --checkpoint /tmp/pb.safetensors || rc=1
       grep -E "raggedvit validation|^\| 7 " "$RES/vckpt.log" | tail -8;;
     memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
       timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --kernel-name kns=_ragged \
