@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from raggedvit.exporter import export_onnx
 from raggedvit.images import preprocess, sample_images
-from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.validators import ValidationInputError, load_recipe, load_reference, precision_floor, validate
+from raggedvit.pruning import PruneSpec
+from raggedvit.validators import (
+    ValidationInputError,
+    load_recipe,
+    load_reference,
+    precision_floor,
+    run_reference,
+    validate,
+)
 from raggedvit.weights import load_vit
 
 SPEC = PruneSpec("topk-l2", (4,), keep=0.5)
@@ -28,20 +34,14 @@ def images(tiny):
     return preprocess(sample_images()[:3], tiny[0])
 
 
-def _reference(vit, x) -> tuple[np.ndarray, np.ndarray]:
-    with torch.no_grad():
-        out = PrunedViT(vit, SPEC)(x)
-    return out.logits.numpy(), out.token_counts.numpy()
-
-
 def test_no_floor_for_fp32(tiny, images):
-    assert precision_floor(tiny[0], SPEC, images, *_reference(tiny[0], images), "fp32") is None
+    assert precision_floor(tiny[0], SPEC, images, *run_reference(tiny[0], SPEC, images), "fp32") is None
 
 
 def test_fp16_floor_measures_rounded_weights_and_half_forward(tiny, images):
     vit, _ = tiny
     before = [p.detach().clone() for p in vit.parameters()]
-    fl = precision_floor(vit, SPEC, images, *_reference(vit, images), "fp16")
+    fl = precision_floor(vit, SPEC, images, *run_reference(vit, SPEC, images), "fp16")
     assert fl is not None and fl.dtype == "fp16" and len(fl.weights) == len(fl.torch) == 3
     # fp16 rounding moves the logits, but only by fp16-sized amounts (deit_tiny logits are ~1)
     assert all(1e-6 < w < 2e-2 for w in fl.weights), fl
