@@ -1,4 +1,4 @@
-"""Explicit ONNX export of token-pruned timm ViTs with com.raggedvit::RaggedAttention nodes.
+"""ONNX export of token-pruned timm ViTs by tracing PrunedViT, with com.raggedvit::RaggedAttention nodes.
 
 Names are imported lazily (PEP 562): reading a recipe or checking a graph does not import torch.
 """
@@ -13,10 +13,10 @@ _EXPORTS = {
     "OPSET": "export",
     "build_model": "export",
     "export_onnx": "export",
+    "output_names": "export",
+    "save_model": "export",
     "RECIPE_KEY": "metadata",
     "read_recipe": "metadata",
-    "UnsupportedModelError": "support",
-    "check_supported": "support",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,142 +1,157 @@
-"""Pruned timm ViT -> ONNX, built explicitly node by node from the module's weights (no tracing)."""
+"""Pruned timm ViT -> ONNX by tracing PrunedViT (torch.export + torch.onnx), then named rewrite rules.
+
+PrunedViT is the one definition of the pruned forward; this module only chooses the outputs, the dtype recipe
+(raggedvit.pruning.precision), the translations of raggedvit's torch ops (translations.py) and the fusions
+ONNX Runtime does not find by itself (rewrites.py), and writes the recipe into the metadata.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import os
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
+import onnx_ir as ir
 import torch
-from onnx import TensorProto
 from torch import nn
 
 import raggedvit
-from raggedvit.exporter._builder import GraphBuilder
-from raggedvit.exporter._io import atomic_write
-from raggedvit.exporter.blocks import RAGGED_DOMAIN, block
-from raggedvit.exporter.embed import embed
-from raggedvit.exporter.head import head
-from raggedvit.exporter.metadata import write_recipe
-from raggedvit.exporter.prune import l2_scores, prune_stage
-from raggedvit.exporter.support import check_supported, tokens_per_image
+from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
+from raggedvit.exporter.rewrites import fuse_for_ort
+from raggedvit.exporter.translations import TRANSLATIONS
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning.precision import DTYPES, apply_dtype
 
-__all__ = ["DTYPES", "OPSET", "build_model", "export_onnx", "stage_blocks"]
+__all__ = ["DTYPES", "IR_VERSION", "OPSET", "build_model", "export_onnx", "output_names", "save_model"]
 
-OPSET = 17
-# export dtype -> (GEMM / attention dtype, residual-stream dtype); layers.py documents the recipes
-_DTYPES = {"fp32": (np.float32, np.float32), "fp16": (np.float16, np.float32), "fp16-all": (np.float16, np.float16)}
-DTYPES = tuple(_DTYPES)
-_CLS_ATTN_POLICIES = ("evit", "cls-mass")
+OPSET = 20  # ONNX Gelu (opset 20) lets rewrites.bias_gelu see the MLP's activation as one node
+IR_VERSION = 10  # onnxruntime 1.31 rejects IR 14
+EXTERNAL_DATA_BYTES = 1 << 30  # models with more initializer bytes keep their weights in a .data file beside them
+_MAX_BATCH = 1 << 16
 
 
-def stage_blocks(spec: Any, depth: int) -> tuple[int, ...]:
-    """The sorted prune_at indices of `spec` ( () for policy none ); each must lie in 1..depth-1."""
-    if spec.policy == "none":
-        return ()
-    at = tuple(sorted(int(i) for i in spec.prune_at))
-    if not at:
-        raise ValueError(f"policy {spec.policy!r} needs at least one prune_at block index")
-    if len(set(at)) != len(at) or at[0] < 1 or at[-1] > depth - 1:
-        raise ValueError(f"prune_at {list(spec.prune_at)} must be distinct block indices in 1..{depth - 1}")
-    return at
+def output_names(vit: nn.Module, spec: PruneSpec, *, diagnostics: bool = False) -> list[str]:
+    """The graph outputs: `logits` [batch, classes] (`features` [batch, C] for a headless model), `token_counts`
+    [batch, stages]; with diagnostics, per stage s: `token_index_s` [T_s] and `cu_seqlens_s` [batch+1]."""
+    first = "features" if int(getattr(vit, "num_classes", 1)) == 0 else "logits"
+    names = [first, "token_counts"]
+    if diagnostics:
+        for s in range(spec.num_stages):
+            names += [f"token_index_{s}", f"cu_seqlens_{s}"]
+    return names
+
+
+class _Outputs(nn.Module):
+    """PrunedViT with its outputs flattened to the graph outputs of `output_names` (nothing else is computed)."""
+
+    def __init__(self, model: PrunedViT, diagnostics: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.diagnostics = diagnostics
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(images)
+        flat = [out.logits, out.token_counts]
+        if self.diagnostics:
+            for index, cu in zip(out.token_index, out.cu_seqlens):
+                flat += [index, cu]
+        return tuple(flat)
 
 
 def build_model(
-    vit: nn.Module, spec: Any, *, dtype: str = "fp32", recipe: dict[str, Any] | None = None
-) -> onnx.ModelProto:
-    """The ONNX graph of `vit` pruned by `spec`.
+    vit: nn.Module,
+    spec: PruneSpec,
+    *,
+    dtype: str = "fp32",
+    recipe: dict[str, Any] | None = None,
+    diagnostics: bool = False,
+) -> ir.Model:
+    """The ONNX model (onnx_ir) of PrunedViT(vit, spec) in the export recipe `dtype`.
 
-    Inputs: images [batch, 3, S, S] float32 (already normalised). Outputs: logits [batch, classes]
-    float32 and token_counts [batch, stages] int64 (tokens per image after each stage; [batch, 0]
-    for policy none). `dtype` "fp16" runs the block GEMMs, attention and GELU in float16; the residual
-    stream, LayerNorms, pruning scores and head stay float32. "fp16-all" also keeps the residual stream and its
-    LayerNorms in float16 (no Casts in the blocks; embedding, scores and head stay float32). layers.py has both.
+    Input: images [batch, 3, H, W] float32 (normalised). Outputs: see `output_names`. The recipe dict (plus the
+    prune spec, dtype, sizes and version) is stored under the metadata key RECIPE_KEY.
     """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-    check_supported(vit)
-    depth = len(vit.blocks)
-    stages = stage_blocks(spec, depth)
-    p = int(vit.num_prefix_tokens)
-    g = GraphBuilder(*_DTYPES[dtype])
-    images = g.add_input("images", TensorProto.FLOAT, ["batch", 3, *vit.patch_embed.img_size])
-    logits_name, counts_name = g.name("logits"), g.name("token_counts")
-
-    with torch.no_grad():
-        state = embed(g, vit, images)
-        counts0 = state.counts
-        stage_counts: list[str] = []
-        cls_attn: str | None = None
-        normed: str | None = None  # norm1 of the next block, from the previous block's fused tail
-        for i, blk in enumerate(vit.blocks):
-            if i in stages:
-                k = stages.index(i)
-                scores = (
-                    l2_scores(g, state.x, int(vit.embed_dim), f"stage{k}.l2") if spec.policy == "topk-l2" else cls_attn
-                )
-                state = prune_stage(
-                    g,
-                    state,
-                    scores,
-                    policy=spec.policy,
-                    keep=float(spec.keep),
-                    mass=float(spec.mass),
-                    fuse=bool(spec.fuse) and spec.policy == "evit",
-                    num_prefix=p,
-                    hint=f"stage{k}",
-                )
-                stage_counts.append(state.counts)
-            # fuse this block's tail with the next block's norm1 unless a prune stage (which gathers rows) or the
-            # head (which normalises the class rows only) comes next
-            nxt = vit.blocks[i + 1] if i + 1 < depth and (i + 1) not in stages else None
-            x, cls_attn, normed = block(
-                g,
-                blk,
-                state,
-                i,
-                want_cls_attn=(i + 1) in stages and spec.policy in _CLS_ATTN_POLICIES,
-                normed=normed,
-                next_block=nxt,
-            )
-            state = dataclasses.replace(state, x=x)
-        logits = head(g, vit, state, num_prefix=p)
-
-    g.op("Identity", [logits], outputs=[logits_name])  # the head is float32 in every export
-    cols = [g.op("Unsqueeze", [c, g.const([1], np.int64)], hint="token_counts.col") for c in stage_counts]
-    if cols:
-        g.op("Concat", cols, outputs=[counts_name], axis=1)
-    else:
-        col0 = g.op("Unsqueeze", [counts0, g.const([1], np.int64)], hint="token_counts.col")
-        g.op(
-            "Slice",
-            [col0, g.const([0], np.int64), g.const([0], np.int64), g.const([1], np.int64)],
-            outputs=[counts_name],
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    model = PrunedViT(apply_dtype(vit.float().eval(), dtype), spec)  # checks the model and the spec
+    h, w = (int(s) for s in vit.patch_embed.img_size)
+    example = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
+    batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
+    names = output_names(vit, spec, diagnostics=diagnostics)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.export's notes on the data-dependent counts (nonzero)
+        program = torch.onnx.export(
+            _Outputs(model, diagnostics),
+            (example,),
+            dynamo=True,
+            input_names=["images"],
+            output_names=names,
+            dynamic_shapes=({0: batch},),
+            custom_translation_table=TRANSLATIONS,
+            opset_version=OPSET,
+            optimize=True,
+            verbose=False,
         )
-    g.add_output(logits_name, TensorProto.FLOAT, ["batch", int(vit.head.out_features)])
-    g.add_output(counts_name, TensorProto.INT64, ["batch", len(stages)])
-
-    model = g.build("raggedvit", {"": OPSET, RAGGED_DOMAIN: 1, "com.microsoft": 1})
+    ir_model = fuse_for_ort(program.model)
+    ir_model.ir_version = IR_VERSION
+    ir_model.opset_imports.setdefault(RAGGED_DOMAIN, 1)
+    ir_model.producer_name = "raggedvit"
+    ir_model.producer_version = raggedvit.__version__
     full = {
         **(recipe or {}),
         "prune": spec.to_dict(),
         "dtype": dtype,
-        "img_size": int(vit.patch_embed.img_size[0]),
-        "num_prefix_tokens": p,
-        "tokens_per_image": tokens_per_image(vit),
-        "depth": depth,
+        "img_size": h,
+        "num_prefix_tokens": int(vit.num_prefix_tokens),
+        "tokens_per_image": int(vit.patch_embed.num_patches) + int(vit.num_prefix_tokens),
+        "depth": len(vit.blocks),
+        "outputs": names,
         "raggedvit_version": raggedvit.__version__,
     }
-    write_recipe(model, full)
-    return model
+    write_recipe_ir(ir_model, full)
+    return ir_model
+
+
+def save_model(model: ir.Model, path: str | Path) -> Path:
+    """Check (onnx.checker, full) and write `model` to `path` atomically; weights over EXTERNAL_DATA_BYTES go to
+    `path`.data beside it. Nothing is left at `path` (or beside it) if anything fails."""
+    path = Path(path)
+    size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+    data_name = f"{path.name}.data" if size > EXTERNAL_DATA_BYTES else None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        staged = tmp / path.name
+        ir.save(model, staged, external_data=data_name)
+        onnx.checker.check_model(str(staged), full_check=True)
+        mode = 0o666 & ~_umask()
+        for f in tmp.iterdir():
+            os.chmod(f, mode)
+        if data_name is not None:
+            os.replace(tmp / data_name, path.parent / data_name)
+        os.replace(staged, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
 
 
 def export_onnx(
-    vit: nn.Module, spec: Any, path: str | Path, *, dtype: str = "fp32", recipe: dict[str, Any] | None = None
+    vit: nn.Module,
+    spec: PruneSpec,
+    path: str | Path,
+    *,
+    dtype: str = "fp32",
+    recipe: dict[str, Any] | None = None,
+    diagnostics: bool = False,
 ) -> Path:
-    """Build, check (onnx.checker full_check) and write the model atomically to `path`; returns the path."""
-    model = build_model(vit, spec, dtype=dtype, recipe=recipe)
-    onnx.checker.check_model(model, full_check=True)
-    atomic_write(path, model.SerializeToString())
-    return Path(path)
+    """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
+    return save_model(build_model(vit, spec, dtype=dtype, recipe=recipe, diagnostics=diagnostics), path)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -8,7 +8,7 @@ from typing import Any
 
 import onnx
 
-__all__ = ["RAGGED_DOMAIN", "RECIPE_KEY", "read_recipe", "write_recipe"]
+__all__ = ["RAGGED_DOMAIN", "RECIPE_KEY", "read_recipe", "write_recipe", "write_recipe_ir"]
 
 RECIPE_KEY = "raggedvit.recipe"
 RAGGED_DOMAIN = "com.raggedvit"  # custom op domain of RaggedAttention (DESIGN.md section 3)
@@ -32,3 +32,8 @@ def read_recipe(model: onnx.ModelProto | str | Path) -> dict[str, Any]:
         if p.key == RECIPE_KEY:
             return json.loads(p.value)
     raise KeyError(f"no '{RECIPE_KEY}' metadata: not exported by raggedvit")
+
+
+def write_recipe_ir(model: Any, recipe: dict[str, Any]) -> None:
+    """Store `recipe` as JSON under RECIPE_KEY in an onnx_ir Model's metadata_props."""
+    model.metadata_props[RECIPE_KEY] = json.dumps(recipe, sort_keys=True)

@@ -31,8 +31,11 @@ def ragged_attention_cpu(
     num_heads: int,
     scale: float,
     return_cls_attn: bool,
+    *,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qkv [T, 3*H*D] contiguous, cu_seqlens [B+1] (host) -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
+    """qkv [T, 3*H*D] contiguous, cu_seqlens [B+1] (host) (, bias [3*H*D] qkv's dtype: attention of qkv + bias)
+    -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
 
     Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] = T).
     """
@@ -42,6 +45,8 @@ def ragged_attention_cpu(
     cu = cu_seqlens.to(torch.int64)
     if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:16]}")
+    if bias is not None:
+        qkv = qkv + bias
     compute = torch.float32 if qkv.dtype in (torch.float16, torch.bfloat16) else qkv.dtype
     out = qkv.new_empty((T, H * D))
     cls_attn = torch.zeros(T if return_cls_attn else 0, dtype=torch.float32)

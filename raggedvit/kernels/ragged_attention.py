@@ -17,7 +17,7 @@ _CU_DTYPES = (torch.int32, torch.int64)
 _MAX_TRITON_D = 256
 
 
-def _check(qkv: torch.Tensor, cu_seqlens: torch.Tensor, num_heads: int) -> int:
+def _check(qkv: torch.Tensor, cu_seqlens: torch.Tensor, num_heads: int, bias: torch.Tensor | None) -> int:
     """Validate shapes, dtypes and devices (never reads tensor data); returns the head dim D."""
     if qkv.dim() != 2:
         raise ValueError(f"qkv must be 2-D [T, 3*H*D], got shape {tuple(qkv.shape)}")
@@ -36,6 +36,11 @@ def _check(qkv: torch.Tensor, cu_seqlens: torch.Tensor, num_heads: int) -> int:
         raise ValueError(f"cu_seqlens dtype must be int32 or int64, got {cu_seqlens.dtype}")
     if cu_seqlens.device != qkv.device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but qkv is on {qkv.device}")
+    if bias is not None and (bias.shape != (width,) or bias.dtype != qkv.dtype or bias.device != qkv.device):
+        raise ValueError(
+            f"bias must be [{width}] {qkv.dtype} on {qkv.device} (qkv shape {tuple(qkv.shape)}), "
+            f"got {tuple(bias.shape)} {bias.dtype} on {bias.device}"
+        )
     D = width // (3 * num_heads)
     if qkv.is_cuda and D > _MAX_TRITON_D:
         raise ValueError(f"head dim D={D} (qkv shape {tuple(qkv.shape)}, H={num_heads}) exceeds 256 (Triton path)")
@@ -50,6 +55,7 @@ def ragged_attention(
     scale: float | None = None,
     max_seqlen: int | None = None,
     return_cls_attn: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Bidirectional attention within each packed sequence (inference only, no autograd).
 
@@ -61,6 +67,8 @@ def ragged_attention(
         scale: softmax scale, default 1/sqrt(D).
         max_seqlen: optional hint (unused: the kernel grid depends on T and H only).
         return_cls_attn: also return cls_attn.
+        bias: optional [3*H*D] in qkv's dtype, the qkv Linear's bias: the result is attention of qkv + bias
+            (the kernels add it on load; the exported graph passes it to RaggedAttention instead of an Add).
 
     Returns:
         out [T, H*D] in qkv.dtype, or (out, cls_attn [T] float32) where cls_attn[t] is the mean over
@@ -70,22 +78,22 @@ def ragged_attention(
     under torch.compile / torch.export (or with fake/functional tensors) the call goes through
     `torch.ops.raggedvit.ragged_attention`.
     """
-    D = _check(qkv, cu_seqlens, num_heads)
+    D = _check(qkv, cu_seqlens, num_heads, bias)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     scale = float(scale)
     if torch.compiler.is_compiling() or type(qkv) is not torch.Tensor or type(cu_seqlens) is not torch.Tensor:
-        out, cls_attn = ragged_attention_op(qkv, cu_seqlens, num_heads, scale, return_cls_attn)
+        out, cls_attn = ragged_attention_op(qkv, cu_seqlens, bias, num_heads, scale, return_cls_attn)
     elif qkv.is_cuda:
         if not qkv.is_contiguous():
             qkv = qkv.contiguous()
         if not cu_seqlens.is_contiguous():
             cu_seqlens = cu_seqlens.contiguous()
         if qkv.get_device() == torch.cuda.current_device():
-            out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn)
+            out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn, bias=bias)
         else:
             with torch.cuda.device(qkv.device):
-                out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn)
+                out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn, bias=bias)
     else:
-        out, cls_attn = ragged_attention_cpu(qkv.contiguous(), cu_seqlens, num_heads, scale, return_cls_attn)
+        out, cls_attn = ragged_attention_cpu(qkv.contiguous(), cu_seqlens, num_heads, scale, return_cls_attn, bias=bias)
     return (out, cls_attn) if return_cls_attn else out

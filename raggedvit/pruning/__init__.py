@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from raggedvit.pruning.packed import PackedState, PrunedOutput, PrunedViT, packed_prune_stage
+from raggedvit.pruning.packed import (
+    PackedState,
+    PrunedOutput,
+    PrunedViT,
+    StageTrace,
+    packed_prune_stage,
+    stage_scores,
+    uniform_prune_stage,
+)
 from raggedvit.pruning.packed_block import packed_block_forward
 from raggedvit.pruning.padded import padded_block_forward, padded_reference_forward
-from raggedvit.pruning.select import Selection, pad_scores, select_tokens
+from raggedvit.pruning.select import Selection, pad_scores, select_tokens, uniform_topk
 from raggedvit.pruning.spec import POLICIES, PruneSpec
 
 __all__ = [
@@ -15,10 +23,14 @@ __all__ = [
     "PrunedOutput",
     "PrunedViT",
     "Selection",
+    "StageTrace",
     "packed_block_forward",
     "packed_prune_stage",
     "pad_scores",
     "padded_block_forward",
     "padded_reference_forward",
     "select_tokens",
+    "stage_scores",
+    "uniform_prune_stage",
+    "uniform_topk",
 ]

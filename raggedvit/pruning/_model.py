@@ -1,10 +1,14 @@
-"""What the pruned forwards need from a timm VisionTransformer: support checks, embedding, classifier head."""
+"""What the pruned forwards need from a timm VisionTransformer: the support check, embedding, classifier head."""
 
 from __future__ import annotations
 
 import torch
-from timm.layers import Attention
+import torch.nn.functional as F
+from timm.layers import Attention, PatchEmbed
 from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
+
+from raggedvit.pruning.packed_block import module_dtype
 
 __all__ = ["POOLS", "check_supported", "embed_tokens", "is_distilled", "classify"]
 
@@ -33,9 +37,47 @@ def check_supported(vit: torch.nn.Module) -> None:
             raise ValueError(f"block {i} attention is {type(blk.attn).__name__}; only timm's Attention is supported")
 
 
+def _matmul_patches(pe: nn.Module, images: torch.Tensor) -> bool:
+    """True when timm's PatchEmbed cuts non-overlapping patches: its Conv is then one GEMM over patch rows."""
+    proj = getattr(pe, "proj", None)
+    return (
+        type(pe) is PatchEmbed
+        and type(proj) is nn.Conv2d
+        and tuple(proj.stride) == tuple(proj.kernel_size)
+        and tuple(proj.padding) == (0, 0)
+        and tuple(proj.dilation) == (1, 1)
+        and proj.groups == 1
+        and not pe.dynamic_img_pad
+        and (pe.flatten or pe.output_fmt.value == "NHWC")
+        and images.shape[2] % proj.kernel_size[0] == 0
+        and images.shape[3] % proj.kernel_size[1] == 0
+    )
+
+
+def patch_embed(pe: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """timm's patch_embed(images), with non-overlapping patches as Reshape + Transpose + one MatMul.
+
+    images [B, Cin, H, W] -> [B, N, C] (or [B, gh, gw, C] for NHWC output, dynamic_img_size models). The GEMM
+    form is what the exported graph runs: cuDNN runs the Conv as an implicit GEMM with NCHW->NHWC copies."""
+    images = images.to(module_dtype(pe, images.dtype))
+    if not _matmul_patches(pe, images):
+        return pe(images)
+    proj = pe.proj
+    B, cin, H, W = images.shape
+    (ph, pw), C = tuple(proj.kernel_size), proj.out_channels
+    gh, gw = H // ph, W // pw
+    if pe.img_size is not None and pe.strict_img_size and (H, W) != tuple(pe.img_size):
+        raise ValueError(f"input size {(H, W)} does not match the model's {tuple(pe.img_size)}")
+    rows = images.reshape(B, cin, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, cin * ph * pw)
+    x = F.linear(rows, proj.weight.reshape(C, cin * ph * pw), proj.bias)  # [B, N, C]
+    if not pe.flatten:  # NHWC
+        x = x.reshape(B, gh, gw, C)
+    return pe.norm(x)
+
+
 def embed_tokens(vit: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
     """images [B, 3, S, S] -> tokens [B, N, C] (patch_embed, _pos_embed, patch_drop, norm_pre), N = p + patches."""
-    x = vit.patch_embed(images)
+    x = patch_embed(vit.patch_embed, images)
     x = vit._pos_embed(x)
     x = vit.patch_drop(x)
     return vit.norm_pre(x)

@@ -1,4 +1,8 @@
-"""The pruned ViT on packed tokens: every block runs on [T, C] rows with the ragged attention op."""
+"""The pruned ViT on packed tokens: every block runs on [T, C] rows with the ragged attention op.
+
+This module is the one definition of a pruned forward and of its stages (DESIGN.md section 4): PyTorch runs it,
+the exporter traces it, the validator reads its stage diagnostics.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +13,41 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from raggedvit.pruning._model import check_supported, classify, embed_tokens, is_distilled
-from raggedvit.pruning.packed_block import AttentionFn, packed_block_forward
-from raggedvit.pruning.select import pad_scores, select_tokens
-from raggedvit.pruning.spec import PruneSpec
+from raggedvit.pruning.packed_block import AttentionFn, module_dtype, packed_block_forward
+from raggedvit.pruning.select import pad_scores, select_tokens, uniform_topk
+from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
 
-__all__ = ["EVIT_FUSE_EPS", "PackedState", "PrunedOutput", "PrunedViT", "packed_prune_stage"]
+__all__ = [
+    "PackedState",
+    "PrunedOutput",
+    "PrunedViT",
+    "StageTrace",
+    "packed_prune_stage",
+    "stage_scores",
+    "uniform_prune_stage",
+]
 
-EVIT_FUSE_EPS = 1e-12  # floor of the dropped-attention sum in evit's fused token
+
+class StageTrace(NamedTuple):
+    """What one stage decided on: scores [B, W] float32 (padded, -inf off patch slots), n [B] int64 tokens per
+    image before the stage, k [B] int64 patch tokens kept. The validator measures near-ties from these."""
+
+    scores: torch.Tensor
+    n: torch.Tensor
+    k: torch.Tensor
 
 
 class PrunedOutput(NamedTuple):
-    """logits [B, classes]; token_counts [B, stages] int64 (tokens per image after each stage, prefix and fused
-    token included); token_index: per stage, [T_s] int64 original token index of each kept packed row (-1 for
-    an evit fused token); cu_seqlens: per stage, [B+1] int64 of the packed rows after that stage."""
+    """logits [B, classes] float32 (headless models: the pooled features [B, C]); token_counts [B, stages] int64
+    (tokens per image after each stage, prefix and fused token included); per stage: token_index [T_s] int64
+    (original token index of each kept packed row, -1 for an evit fused token), cu_seqlens [B+1] int64 of the
+    packed rows after that stage, and the StageTrace."""
 
     logits: torch.Tensor
     token_counts: torch.Tensor
     token_index: tuple[torch.Tensor, ...] = ()
     cu_seqlens: tuple[torch.Tensor, ...] = ()
+    stages: tuple[StageTrace, ...] = ()
 
 
 class PackedState(NamedTuple):
@@ -40,6 +61,16 @@ class PackedState(NamedTuple):
     token_index: torch.Tensor
 
 
+def stage_scores(x: torch.Tensor, cls_attn: torch.Tensor | None, spec: PruneSpec) -> torch.Tensor:
+    """scores [T] float32 of the rows x [T, C]: topk-l2 ranks the squared L2 norm (the norm's order, no sqrt);
+    evit and cls-mass the previous block's cls_attn."""
+    if spec.policy == "topk-l2":
+        xf = x.float()
+        return (xf * xf).sum(dim=-1)
+    assert cls_attn is not None
+    return cls_attn
+
+
 def packed_prune_stage(
     state: PackedState,
     scores: torch.Tensor,
@@ -47,8 +78,8 @@ def packed_prune_stage(
     width: int,
     num_prefix: int,
     spec: PruneSpec,
-) -> tuple[PackedState, torch.Tensor]:
-    """One prune stage (DESIGN.md section 4) on packed rows.
+) -> tuple[PackedState, StageTrace]:
+    """One prune stage (DESIGN.md section 4) on packed rows, any per-image counts (data-dependent: nonzero).
 
     Args:
         state: packed rows after the previous block.
@@ -59,14 +90,15 @@ def packed_prune_stage(
         spec: the policy.
 
     Returns:
-        (new state with T' rows, n' [B] int64 tokens per image).
+        (new state with T' rows, the stage's StageTrace).
     """
     x, cu, seq_id, pos, token_index = state
     B = cu.shape[0] - 1
     T, C = x.shape
     n = cu[1:] - cu[:-1]
-    S = pad_scores(scores, seq_id, pos, B, width, num_prefix)
-    keep = select_tokens(S, n, num_prefix, spec).keep  # [B, W]
+    S = pad_scores(scores, cu, width, num_prefix)
+    sel = select_tokens(S, n, num_prefix, spec)
+    keep = sel.keep  # [B, W]
     x_src, index_src = x, token_index
     if spec.fuse:
         assert cls_attn is not None
@@ -91,14 +123,43 @@ def packed_prune_stage(
     cu_new = torch.cat((torch.zeros(1, dtype=torch.int64, device=x.device), torch.cumsum(n_new, dim=0)))
     pos_new = (torch.cumsum(keep.to(torch.int64), dim=1) - 1)[b, i]
     new = PackedState(x_src[src], cu_new, b, pos_new, index_src[src])
-    return new, n_new
+    return new, StageTrace(S, n, sel.k)
+
+
+def uniform_prune_stage(
+    state: PackedState, scores: torch.Tensor, n: int, num_prefix: int, keep: float, steps: torch.Tensor
+) -> tuple[PackedState, StageTrace]:
+    """topk-l2 / evit (no fuse) stage of a uniform state (every image has n rows): static shapes, no nonzero.
+
+    Keeps the same rows in the same order as `packed_prune_stage` (select.uniform_topk); the new state is
+    uniform again with m = p + k rows per image. steps: [B+1] int64 = 0..B (its cu is steps * m)."""
+    slots = uniform_topk(scores, n, num_prefix, keep)  # [B, m]
+    B, m = slots.shape
+    base = state.cu[:-1].unsqueeze(1)  # [B, 1] = b * n
+    src = (base + slots).reshape(-1)
+    cu = steps * m
+    new = PackedState(
+        state.x[src],
+        cu,
+        state.seq_id.reshape(-1, n)[:, :m].reshape(-1),
+        state.pos.reshape(-1, n)[:, :m].reshape(-1),  # uniform rows: positions 0..m-1 in every image
+        state.token_index[src],
+    )
+    slot = torch.arange(n, device=scores.device)
+    S = torch.where(slot >= num_prefix, scores.to(torch.float32).reshape(-1, n), float("-inf"))
+    counts = state.cu[1:] - state.cu[:-1]
+    return new, StageTrace(S, counts, counts * 0 + (m - num_prefix))
 
 
 class PrunedViT(nn.Module):
     """A timm VisionTransformer with token pruning stages, run on packed variable-length rows.
 
     forward(images [B, 3, S, S]) -> PrunedOutput. No host reads: data-dependent sizes come from nonzero, so the
-    module is torch.export-able with a data-dependent token count.
+    module is torch.export-able with a data-dependent token count; stages whose counts are known before the data
+    (topk-l2, evit without fuse, on equal counts per image) have static shapes.
+
+    Each submodule runs in its own dtype (see raggedvit.pruning.precision for the export recipes): the
+    embedding output is cast to the residual stream's dtype (blocks[0].norm1), the head's input to the head's.
 
     `attention` replaces raggedvit's ragged attention op in every block by a callable with the signature and
     semantics of `raggedvit.kernels.ragged_attention` (a benchmark peer, for instance); None keeps the op.
@@ -122,28 +183,31 @@ class PrunedViT(nn.Module):
         tokens = embed_tokens(vit, images)  # [B, N, C]
         B, N, C = tokens.shape
         dev = tokens.device
+        stream = module_dtype(vit.blocks[0].norm1, tokens.dtype) if len(vit.blocks) else tokens.dtype
         rows = torch.arange(B * N, device=dev)
-        state = PackedState(
-            tokens.reshape(B * N, C), torch.arange(B + 1, device=dev) * N, rows // N, rows % N, rows % N
-        )
-        width = N
+        steps = torch.arange(B + 1, device=dev)  # uniform states have cu = steps * rows per image
+        state = PackedState(tokens.to(stream).reshape(B * N, C), steps * N, rows // N, rows % N, rows % N)
+        width, uniform = N, N  # static max rows per image; rows of every image while all are equal, else None
         stages = set(spec.prune_at)
         counts: list[torch.Tensor] = []
         kept_index: list[torch.Tensor] = []
         kept_cu: list[torch.Tensor] = []
+        traces: list[StageTrace] = []
         cls_attn: torch.Tensor | None = None
         for bi, blk in enumerate(vit.blocks):
             if bi in stages:
-                if spec.policy == "topk-l2":
-                    scores = torch.linalg.vector_norm(state.x.float(), dim=-1)
+                scores = stage_scores(state.x, cls_attn, spec)
+                if uniform is not None and spec.static_shapes:
+                    state, trace = uniform_prune_stage(state, scores, uniform, p, spec.keep, steps)
+                    uniform = width = p + uniform_keep(uniform, p, spec.keep)
                 else:
-                    assert cls_attn is not None
-                    scores = cls_attn
-                state, n_new = packed_prune_stage(state, scores, cls_attn, width, p, spec)
-                width += int(spec.fuse)
-                counts.append(n_new)
+                    state, trace = packed_prune_stage(state, scores, cls_attn, width, p, spec)
+                    uniform = None
+                    width += int(spec.fuse)
+                counts.append(state.cu[1:] - state.cu[:-1])
                 kept_index.append(state.token_index)
                 kept_cu.append(state.cu)
+                traces.append(trace)
             need_cls = spec.needs_cls_attn and (bi + 1) in stages
             out = packed_block_forward(
                 blk, state.x, state.cu, max_seqlen=width, return_cls_attn=need_cls, attention=self.attention
@@ -155,21 +219,21 @@ class PrunedViT(nn.Module):
             state = state._replace(x=x)
         logits = self._head(state, B)
         token_counts = torch.stack(counts, dim=1) if counts else torch.zeros(B, 0, dtype=torch.int64, device=dev)
-        return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu))
+        return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces))
 
     def _head(self, state: PackedState, batch: int) -> torch.Tensor:
-        """Final norm, pooling per image, classifier -> logits [B, classes]."""
+        """Final norm, pooling per image, classifier -> logits [B, classes] float32 (features when headless)."""
         vit = self.vit
-        x = vit.norm(state.x)
+        dtype = module_dtype(vit.norm, module_dtype(vit.head, torch.float32))
         starts = state.cu[:-1]
-        first = x[starts]
-        second = x[starts + 1] if is_distilled(vit) else None
-        pooled = None
-        if vit.global_pool != "token":
-            C = x.shape[1]
-            include = state.pos >= (0 if vit.pool_include_prefix else self.num_prefix)  # [T]
-            pooled = _packed_pool(x, state.seq_id, include, batch, C, vit.global_pool)
-        return classify(vit, first, second, pooled)
+        if vit.global_pool == "token":  # the norm is per row: normalise only the rows the head reads
+            first = vit.norm(state.x[starts].to(dtype))
+            second = vit.norm(state.x[starts + 1].to(dtype)) if is_distilled(vit) else None
+            return classify(vit, first, second, None).float()
+        x = vit.norm(state.x.to(dtype))
+        include = state.pos >= (0 if vit.pool_include_prefix else self.num_prefix)  # [T]
+        pooled = _packed_pool(x, state.seq_id, include, batch, x.shape[1], vit.global_pool)
+        return classify(vit, pooled, None, pooled).float()
 
 
 def _packed_pool(x: torch.Tensor, seq_id: torch.Tensor, include: torch.Tensor, batch: int, C: int, pool: str):

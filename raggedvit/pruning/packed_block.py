@@ -5,17 +5,29 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 from torch import nn
 
 from raggedvit.kernels import ragged_attention
 
-__all__ = ["AttentionFn", "block_tail", "packed_block_forward"]
+__all__ = ["AttentionFn", "block_tail", "module_dtype", "packed_block_forward"]
 
 # Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
 # (qkv [T, 3*H*D], cu_seqlens [B+1], num_heads, *, scale, max_seqlen, return_cls_attn)
 #   -> out [T, H*D] or (out, cls_attn [T] float32)
 AttentionFn = Callable[..., "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
+
+
+def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype of `module`'s first floating parameter (`default` for parameter-free modules).
+
+    Export recipes (raggedvit.pruning.precision) give submodules different dtypes; the forwards cast each
+    module's input to its dtype, so one forward serves fp32, fp16 and fp16-all (a same-dtype cast is no op)."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return default
 
 
 def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, heads: int, dim: int) -> torch.Tensor:
@@ -38,13 +50,13 @@ def packed_block_forward(
 
     Args:
         block: a timm `Block` whose attention is timm's `Attention` (eval mode).
-        x: [T, C] packed rows; sequence b is rows [cu[b], cu[b+1]).
+        x: [T, C] packed rows (the residual stream, in norm1's dtype); sequence b is rows [cu[b], cu[b+1]).
         cu_seqlens: [B+1] int64.
         max_seqlen: static upper bound of the sequence lengths.
         return_cls_attn: also return cls_attn [T] float32 (attention each sequence's first row pays to each row,
             mean over heads).
         attention: another implementation of `ragged_attention` (same signature and semantics), e.g. a
-            benchmark peer; None uses raggedvit's op.
+            benchmark peer; None uses raggedvit's op, which also takes the qkv bias (no separate add).
 
     Returns:
         x' [T, C] (and cls_attn [T] float32).
@@ -53,18 +65,18 @@ def packed_block_forward(
         raise TypeError(f"packed_block_forward supports timm's Block only, got {type(block).__name__}")
     attn = block.attn
     h = block.norm1(x)
-    qkv = attn.qkv(h)
-    if not (isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)):
-        qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
-    attention_fn = ragged_attention if attention is None else attention
-    res = attention_fn(
-        qkv.contiguous(),
-        cu_seqlens,
-        attn.num_heads,
-        scale=attn.scale,
-        max_seqlen=max_seqlen,
-        return_cls_attn=return_cls_attn,
-    )
+    hc = h.to(attn.qkv.weight.dtype)
+    qk_norm = not (isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity))
+    kwargs = {"scale": attn.scale, "max_seqlen": max_seqlen, "return_cls_attn": return_cls_attn}
+    if attention is None and not qk_norm:
+        # the qkv bias rides into the op (added on load): one elementwise pass over [T, 3C] fewer
+        qkv = F.linear(hc, attn.qkv.weight)
+        res = ragged_attention(qkv, cu_seqlens, attn.num_heads, bias=attn.qkv.bias, **kwargs)
+    else:
+        qkv = attn.qkv(hc)
+        if qk_norm:
+            qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
+        res = (attention or ragged_attention)(qkv.contiguous(), cu_seqlens, attn.num_heads, **kwargs)
     o, cls_attn = res if return_cls_attn else (res, None)
     x = block_tail(block, x, h, o)
     return (x, cls_attn) if return_cls_attn else x
@@ -73,12 +85,14 @@ def packed_block_forward(
 def block_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """The rest of timm's Block after attention, for any row layout ([T, C] packed or [B, W, C] padded).
 
-    x: the block input; h: norm1(x) (the attention gate reads it); o: attention output, heads merged ([..., H*D]).
-    """
+    x: the block input (residual stream dtype); h: norm1(x) (the attention gate reads it); o: attention output,
+    heads merged ([..., H*D], in the attention's dtype). Each submodule runs in its own dtype (module_dtype)."""
     attn = block.attn
     o = attn.norm(o)
     if getattr(attn, "gate", None) is not None:
-        o = o * attn.gate(h).sigmoid()
+        o = o * attn.gate(h.to(o.dtype)).sigmoid()
     o = attn.proj_drop(attn.proj(o))
-    x = x + block.drop_path1(block.ls1(o))
-    return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+    x = x + block.drop_path1(block.ls1(o.to(x.dtype)))
+    h2 = block.norm2(x)
+    m = block.mlp(h2.to(module_dtype(block.mlp, h2.dtype)))
+    return x + block.drop_path2(block.ls2(m.to(x.dtype)))

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Block, VisionTransformer
 
 from raggedvit.pruning._model import check_supported, classify, embed_tokens, is_distilled
-from raggedvit.pruning.packed import EVIT_FUSE_EPS, PrunedOutput
+from raggedvit.pruning.packed import PrunedOutput
 from raggedvit.pruning.packed_block import block_tail
 from raggedvit.pruning.select import select_tokens
-from raggedvit.pruning.spec import PruneSpec
+from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec
 
 __all__ = ["padded_block_forward", "padded_prune_stage", "padded_reference_forward"]
 

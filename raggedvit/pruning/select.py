@@ -1,7 +1,8 @@
-"""Token selection on the padded score layout, shared by the packed forward and the padded reference.
+"""Token selection of one pruning stage (DESIGN.md section 4 steps 2-4): the one implementation.
 
-This is the one implementation of DESIGN.md section 4 steps 3-4; the ONNX exporter mirrors it op by op
-(TopK-style stable descending sort, CumSum, ScatterElements, comparisons).
+`select_tokens` is the general selection on the padded score layout (any per-image counts, every policy);
+`uniform_topk` is the same decision when every image has the same export-time-known count and the policy's k
+depends on that count only (topk-l2, evit without fuse): static shapes, so a traced graph needs no NonZero.
 """
 
 from __future__ import annotations
@@ -10,11 +11,9 @@ from typing import NamedTuple
 
 import torch
 
-from raggedvit.pruning.spec import PruneSpec, f32
+from raggedvit.pruning.spec import CLS_MASS_EPS, PruneSpec, f32, uniform_keep
 
-__all__ = ["CLS_MASS_EPS", "Selection", "pad_scores", "select_tokens"]
-
-CLS_MASS_EPS = 1e-30  # floor of a row's patch-score sum before normalising (cls-mass)
+__all__ = ["Selection", "pad_scores", "select_tokens", "uniform_topk"]
 
 
 class Selection(NamedTuple):
@@ -27,11 +26,15 @@ class Selection(NamedTuple):
     k: torch.Tensor
 
 
-def pad_scores(scores: torch.Tensor, seq_id: torch.Tensor, pos: torch.Tensor, batch: int, width: int, num_prefix: int):
-    """Scatter packed scores [T] into the padded layout S [B, width] float32 (-inf at prefix and padding)."""
-    s = torch.where(pos >= num_prefix, scores.to(torch.float32), float("-inf"))
-    S = torch.full((batch, width), float("-inf"), dtype=torch.float32, device=scores.device)
-    return S.index_put((seq_id, pos), s)
+def pad_scores(scores: torch.Tensor, cu: torch.Tensor, width: int, num_prefix: int) -> torch.Tensor:
+    """Packed scores [T] -> padded S [B, width] float32: slot j of image b holds row cu[b] + j; -inf at prefix
+    slots (j < p) and padding (j >= n_b). A gather (no scatter): every slot reads at most one row."""
+    n = (cu[1:] - cu[:-1]).unsqueeze(1)  # [B, 1]
+    slot = torch.arange(width, device=scores.device, dtype=torch.int64).unsqueeze(0)  # [1, W]
+    valid = slot < n
+    rows = torch.where(valid, cu[:-1].unsqueeze(1) + slot, 0)  # [B, W]
+    s = scores.to(torch.float32)[rows]
+    return torch.where(valid & (slot >= num_prefix), s, float("-inf"))
 
 
 def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: PruneSpec) -> Selection:
@@ -65,3 +68,19 @@ def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: Prune
     in_image = idx.unsqueeze(0) < n.unsqueeze(1)
     keep = in_image & ((idx.unsqueeze(0) < num_prefix) | (rank < k.unsqueeze(1)))
     return Selection(keep, rank, k)
+
+
+def uniform_topk(scores: torch.Tensor, n: int, num_prefix: int, keep: float) -> torch.Tensor:
+    """Kept slots of a uniform state: scores [B*n] (n rows per image) -> slots [B, p + k] int64 ascending.
+
+    The prefix slots 0..p-1, then the k = uniform_keep(n, p, keep) best patch slots in ascending position;
+    among equal scores the lower position wins. Same rows as `select_tokens` on this state (tested)."""
+    p = num_prefix
+    k = uniform_keep(n, p, keep)
+    S = scores.to(torch.float32).reshape(-1, n)[:, p:]  # [B, n - p]
+    best = torch.sort(S, dim=1, descending=True, stable=True).indices[:, :k]  # [B, k]
+    patches = torch.sort(best, dim=1).values + p  # ascending positions
+    if p == 0:
+        return patches
+    prefix = torch.arange(p, device=scores.device, dtype=torch.int64).expand(patches.shape[0], p)
+    return torch.cat((prefix, patches), dim=1)

@@ -8,15 +8,24 @@ from typing import Any
 
 import torch
 
-__all__ = ["POLICIES", "PruneSpec", "f32"]
+__all__ = ["CLS_MASS_EPS", "EVIT_FUSE_EPS", "POLICIES", "PruneSpec", "f32", "uniform_keep"]
 
 POLICIES = ("none", "topk-l2", "evit", "cls-mass")
 _CLS_POLICIES = ("evit", "cls-mass")
+CLS_MASS_EPS = 1e-30  # floor of a row's patch-score sum before normalising (cls-mass)
+EVIT_FUSE_EPS = 1e-12  # floor of the dropped-attention sum in evit's fused token
 
 
 def f32(value: float) -> float:
     """`value` rounded to the nearest float32 (the precision every stage computes in)."""
     return float(torch.tensor(value, dtype=torch.float32))
+
+
+def uniform_keep(n: int, num_prefix: int, keep: float) -> int:
+    """Patch rows kept of an image with n rows by topk-l2 / evit: clamp(ceil(f32(keep) * f32(n - p)), 1, n - p)."""
+    patches = n - num_prefix
+    k = int(torch.ceil(torch.tensor(patches, dtype=torch.float32) * torch.tensor(keep, dtype=torch.float32)))
+    return min(max(k, 1), patches)
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,12 @@ class PruneSpec:
     @property
     def needs_cls_attn(self) -> bool:
         return self.policy in _CLS_POLICIES
+
+    @property
+    def static_shapes(self) -> bool:
+        """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): the traced graph
+        has static shapes at a given batch size (no NonZero) and runs as a CUDA graph."""
+        return self.policy in ("none", "topk-l2") or (self.policy == "evit" and not self.fuse)
 
     @classmethod
     def from_strings(

@@ -1,0 +1,142 @@
+"""Graph rewrites on the traced model: the fusions ONNX Runtime does not find by itself in a traced ViT.
+
+Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md section 5):
+
+1. `split_gemm_bias`: Gemm(x, W, b) -> Add(Gemm(x, W), b), so the bias can join the node after it.
+2. `bias_gelu`: Gelu(Add(y, b)) -> com.microsoft::BiasGelu(y, b) (exact GELU).
+3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->
+   com.microsoft::SkipLayerNormalization(y, residual, gamma, beta, b) (outputs: normalised, sum); the
+   `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
+   stream), with the bias added in float32.
+4. `merge_gemm_bias`: what is left of (1) goes back into the Gemm.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript import optimizer
+from onnxscript.rewriter import pattern, rewrite
+
+__all__ = ["RULES", "fuse_for_ort"]
+
+_MS = "com.microsoft"
+
+
+def _rank1_const(value: ir.Value) -> bool:
+    return value.const_value is not None and len(value.const_value.shape) == 1
+
+
+def _plain_gemm(node: ir.Node) -> bool:
+    a = node.attributes
+    return (
+        a.get_float("alpha", 1.0) == 1.0
+        and a.get_float("beta", 1.0) == 1.0
+        and a.get_int("transA", 0) == 0
+        and a.get_int("transB", 0) == 1
+    )
+
+
+class SplitGemmBias(pattern.RewriteRuleClassBase):
+    def pattern(self, op, x, w, b):
+        return op.Gemm(x, w, b, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, w, b, y, **_):
+        ok = pattern.MatchResult()
+        if not _plain_gemm(y.producer()) or not _rank1_const(b):
+            return ok.fail("not a Linear with a constant 1-D bias")
+        return ok
+
+    def rewrite(self, op, x, w, b, **_):
+        return op.Add(op.Gemm(x, w, transB=1), b)
+
+
+class BiasGelu(pattern.RewriteRuleClassBase):
+    def pattern(self, op, y, b):
+        return op.Gelu(op.Add(y, b), _allow_other_attributes=True, _outputs=["g"])
+
+    def check(self, context, y, b, g, **_):
+        ok = pattern.MatchResult()
+        if g.producer().attributes.get_string("approximate", "none") != "none":
+            return ok.fail("tanh GELU")
+        if not _rank1_const(b):
+            return ok.fail("bias is not a constant 1-D tensor")
+        return ok
+
+    def rewrite(self, op, y, b, **_):
+        return op.BiasGelu(y, b, _domain=_MS)
+
+
+class SkipLayerNorm(pattern.RewriteRuleClassBase):
+    def __init__(self, name: str, *, cast: bool, residual_first: bool) -> None:
+        super().__init__(name)
+        self._cast, self._residual_first = cast, residual_first
+
+    def pattern(self, op, y, b, residual, gamma, beta):
+        branch = op.Add(y, b)
+        if self._cast:
+            branch = op.Cast(branch, _allow_other_attributes=True, _outputs=["branch"])
+        total = op.Add(residual, branch) if self._residual_first else op.Add(branch, residual)
+        normed = op.LayerNormalization(total, gamma, beta, _allow_other_attributes=True, _outputs=["ln"])
+        return normed, total
+
+    def check(self, context, y, b, residual, gamma, beta, ln, **_):
+        ok = pattern.MatchResult()
+        attrs = ln.producer().attributes
+        if attrs.get_int("axis", -1) not in (-1, (residual.shape.rank() - 1) if residual.shape else -1):
+            return ok.fail("LayerNormalization not over the last axis")
+        if attrs.get_int("stash_type", 1) != 1:
+            return ok.fail("stash_type != 1")
+        if not (_rank1_const(b) and _rank1_const(gamma) and _rank1_const(beta)):
+            return ok.fail("bias / gamma / beta are not constant 1-D tensors")
+        if residual.dtype != gamma.dtype or residual.dtype != beta.dtype:
+            return ok.fail("residual and LayerNorm weights differ in dtype")
+        return ok
+
+    def rewrite(self, op, y, b, residual, gamma, beta, ln, **_):
+        eps = ln.producer().attributes.get_float("epsilon", 1e-5)
+        if self._cast:  # the GEMM output joins the stream's dtype first; its bias is added in that dtype
+            to = residual.dtype
+            y = op.Cast(y, to=to)
+            b = op.initializer(ir.tensor(b.const_value.numpy().astype(to.numpy())), name=f"{b.name}_{to.name}")
+        normed, _mean, _inv_std, total = op.SkipLayerNormalization(
+            y, residual, gamma, beta, b, epsilon=eps, _domain=_MS, _outputs=4
+        )
+        return normed, total
+
+
+class MergeGemmBias(pattern.RewriteRuleClassBase):
+    def pattern(self, op, x, w, b):
+        return op.Add(op.Gemm(x, w, _allow_other_attributes=True, _outputs=["y"]), b)
+
+    def check(self, context, x, w, b, y, **_):
+        ok = pattern.MatchResult()
+        if not _plain_gemm(y.producer()) or not _rank1_const(b):
+            return ok.fail("not a bias-free Linear plus a constant 1-D bias")
+        if len(y.uses()) != 1:
+            return ok.fail("the Gemm output has other uses")
+        return ok
+
+    def rewrite(self, op, x, w, b, **_):
+        return op.Gemm(x, w, b, transB=1)
+
+
+RULES: tuple[pattern.RewriteRuleSet, ...] = (
+    pattern.RewriteRuleSet([SplitGemmBias.rule("split_gemm_bias")]),
+    pattern.RewriteRuleSet([*BiasGelu.rule("bias_gelu").commute()]),
+    pattern.RewriteRuleSet(
+        [
+            SkipLayerNorm.rule(f"skip_layer_norm{'_cast' if cast else ''}", cast=cast, residual_first=first)
+            for cast in (False, True)
+            for first in (True, False)
+        ]
+    ),
+    pattern.RewriteRuleSet([*MergeGemmBias.rule("merge_gemm_bias").commute()]),
+)
+
+
+def fuse_for_ort(model: ir.Model) -> ir.Model:
+    """Apply RULES in order to `model`, then drop dead nodes and initializers; returns the model."""
+    for rules in RULES:
+        model = rewrite(model, pattern_rewrite_rules=rules)
+    optimizer.remove_unused_nodes(model)
+    return model

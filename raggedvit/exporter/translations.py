@@ -1,0 +1,86 @@
+"""ONNX translations of the torch ops PrunedViT calls that torch.onnx has none (or no exact one) for.
+
+`torch.ops.raggedvit.ragged_attention` -> `com.raggedvit::RaggedAttention` (DESIGN.md section 3), and
+`aten.sort` -> ONNX TopK over the whole axis: ONNX TopK orders equal values by ascending index, which is the
+stable sort PrunedViT asks for (ties: the lower position first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+import onnxscript
+import torch
+from onnx.defs import OpSchema
+from onnxscript import opset18 as op
+
+import raggedvit.kernels  # noqa: F401  (registers torch.ops.raggedvit.ragged_attention)
+from raggedvit.exporter.metadata import RAGGED_DOMAIN
+
+__all__ = ["RAGGED_ATTENTION_SCHEMA", "TRANSLATIONS", "ragged_attention", "sort"]
+
+_P = OpSchema.FormalParameter
+_OPTIONAL = OpSchema.FormalParameterOption.Optional
+RAGGED_ATTENTION_SCHEMA = OpSchema(
+    "RaggedAttention",
+    RAGGED_DOMAIN,
+    1,
+    inputs=[_P("qkv", "T"), _P("cu_seqlens", "I"), _P("bias", "T", param_option=_OPTIONAL)],
+    outputs=[_P("out", "T"), _P("cls_attn", "F", param_option=_OPTIONAL)],
+    type_constraints=[
+        ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "qkv, bias and out"),
+        ("I", ["tensor(int32)", "tensor(int64)"], "cu_seqlens"),
+        ("F", ["tensor(float)"], "cls_attn"),
+    ],
+    attributes=[
+        OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "H", required=True),
+        OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "softmax scale (default 1/sqrt(D))", required=False),
+        OpSchema.Attribute("max_seqlen", OpSchema.AttrType.INT, "hint, unused by the kernels", required=False),
+    ],
+)
+_EMPTY_F32 = onnx.helper.make_tensor("empty", onnx.TensorProto.FLOAT, [0], [])
+_RAGGED = onnxscript.values.Opset(RAGGED_DOMAIN, 1)
+_RAGGED_ATTENTION = onnxscript.values.Op(_RAGGED, "RaggedAttention", RAGGED_ATTENTION_SCHEMA)
+
+
+def ragged_attention(qkv, cu_seqlens, bias=None, num_heads: int = 1, scale: float = 1.0, return_cls_attn=False):
+    """raggedvit::ragged_attention(qkv [T, 3HD], cu [B+1], bias [3HD]?) -> (out [T, HD], cls_attn [T] or [0])."""
+    inputs = [qkv, cu_seqlens] + ([bias] if bias is not None else [])
+    attrs = {"num_heads": int(num_heads), "scale": float(scale)}
+    if return_cls_attn:
+        out, cls_attn = _RAGGED_ATTENTION(*inputs, **attrs, _outputs=2)
+        return out, cls_attn
+    out = _RAGGED_ATTENTION(*inputs, **attrs, _outputs=1)
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return out, op.Constant(value=_EMPTY_F32)  # the unrequested cls_attn: [0], unused
+
+
+def sort(self, stable=None, dim: int = -1, descending: bool = False):
+    """aten.sort(.stable) -> TopK(k = the axis length, sorted): ties in ascending index order (stable)."""
+    shape = self.shape
+    rank = len(shape) if shape is not None else None
+    axis = dim if dim >= 0 or rank is None else dim + rank
+    size = shape[axis] if shape is not None else None
+    if isinstance(size, int):
+        k = op.Constant(value_ints=[size])
+    else:
+        k = op.Shape(self, start=axis, end=axis + 1)
+    values, indices = op.TopK(self, k, axis=axis, largest=1 if descending else 0, sorted=1)
+    return values, indices
+
+
+def _sort_default(self, dim: int = -1, descending: bool = False):
+    return sort(self, None, dim, descending)
+
+
+def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
+    return sort(self, stable, dim, descending)
+
+
+TRANSLATIONS: dict[Callable, Callable] = {
+    torch.ops.raggedvit.ragged_attention.default: ragged_attention,
+    torch.ops.aten.sort.default: _sort_default,
+    torch.ops.aten.sort.stable: _sort_stable,
+}
