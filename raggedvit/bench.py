@@ -73,10 +73,13 @@ def bench_onnx(
         raise ValueError("cuda_graph needs device='cuda'")
     recipe = read_recipe(path)
     img_size = int(recipe["img_size"])
-    sess = None if cuda_graph else create_session(path, device, tf32=device == "cuda" and tf32_for(recipe))
+    tf32 = device == "cuda" and tf32_for(recipe)
+    sess = None if cuda_graph or device == "cuda" else create_session(path, device)
     results = []
     for batch in batches:
         x = _inputs(img_size, batch)
+        if device == "cuda" and not cuda_graph:  # the batch fixed: its shape arithmetic folds into constants
+            sess = create_session(path, device, tf32=tf32, batch=batch)
         if cuda_graph:
             import torch
 

@@ -88,7 +88,15 @@ def main() -> None:
     default="fp32",
     help="fp32; fp16: fp16 GEMMs/attention, float32 residual stream and LayerNorms; fp16-all: the stream too.",
 )
-def export(model, output, checkpoint, pretrained, seed, img_size, policy, keep, mass, prune_at, fuse, dtype) -> None:
+@click.option(
+    "--diagnostics",
+    is_flag=True,
+    default=False,
+    help="Also output each stage's kept token indices and cu_seqlens (token_index_S, cu_seqlens_S).",
+)
+def export(
+    model, output, checkpoint, pretrained, seed, img_size, policy, keep, mass, prune_at, fuse, dtype, diagnostics
+) -> None:
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm
 
@@ -110,21 +118,22 @@ def export(model, output, checkpoint, pretrained, seed, img_size, policy, keep, 
     steps.set_postfix_str("loading weights")
     vit, info = _load_vit(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
     steps.update()
-    from raggedvit.exporter import UnsupportedModelError, export_onnx
+    from raggedvit.exporter import export_onnx
+    from raggedvit.pruning._model import check_supported
 
+    try:
+        check_supported(vit)
+    except ValueError as e:
+        raise CliError(f"unsupported model {model}: {e}") from None
     try:
         spec.check_model(depth=len(vit.blocks), has_class_token=getattr(vit, "cls_token", None) is not None)
     except ValueError as e:
         raise CliError(f"bad pruning parameters for {model}: {e}") from None
-    weights = info.to_dict()
-    if checkpoint is not None:
-        weights["checkpoint_path"] = str(Path(checkpoint).resolve())
+    weights = info.to_dict()  # the checkpoint's file name and sha256, never a local path
     recipe = {"model": model, "weights": weights}
     steps.set_postfix_str("building graph")
     try:
-        path = export_onnx(vit, spec, output, dtype=dtype, recipe=recipe)
-    except UnsupportedModelError as e:
-        raise CliError(f"unsupported model {model}: {e}") from None
+        path = export_onnx(vit, spec, output, dtype=dtype, recipe=recipe, diagnostics=diagnostics)
     except OSError as e:
         raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None
     steps.update(2)

@@ -102,9 +102,13 @@ def create_session(
     options: ort.SessionOptions | None = None,
     cuda_graph: bool = False,
     tf32: bool | None = None,
+    batch: int | None = None,
 ) -> ort.InferenceSession:
     """InferenceSession of `model` (path or serialized bytes) with the RaggedAttention library registered.
 
+    batch: fix the exports' symbolic `batch` dimension (ORT's free-dimension override): the batch-size shape
+    arithmetic of a traced graph then folds into constants at session creation, which keeps every node on the
+    CUDA EP (no Memcpy) and is required for cuda_graph.
     cuda_graph (device "cuda"): ORT captures the run as a CUDA graph; only for graphs with static shapes at a
     given input shape (raggedvit exports of topk-l2 / evit without fuse; see GraphRunner).
     tf32 (device "cuda"): None = from the model's raggedvit recipe: on for fp16 exports (their float32 patch
@@ -113,6 +117,10 @@ def create_session(
     if cuda_graph and device != "cuda":
         raise ValueError("cuda_graph needs device='cuda'")
     so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)
+    if batch is not None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        so.add_free_dimension_override_by_name("batch", int(batch))
     no_fallback = _config_entry(so, "session.disable_cpu_ep_fallback") == "1"
     if tf32 is None:  # (parses the model once more: callers holding the recipe pass tf32_for(recipe))
         tf32 = device == "cuda" and tf32_for(_recipe(model))
@@ -244,19 +252,22 @@ class GraphRunner:
                 f"{model}: policy {recipe.get('prune', {}).get('policy')!r} keeps data-dependent token counts; "
                 "its graph cannot be captured as a CUDA graph (use create_session + run_with_iobinding)"
             )
-        self.session = create_session(model, "cuda", device_id=device_id, cuda_graph=True, tf32=tf32_for(recipe))
+        self.session = create_session(
+            model, "cuda", device_id=device_id, cuda_graph=True, tf32=tf32_for(recipe), batch=batch
+        )
         dev = torch.device("cuda", device_id)
         s = int(recipe["img_size"])
         stages = (
             len(recipe.get("prune", {}).get("prune_at", ())) if recipe.get("prune", {}).get("policy") != "none" else 0
         )
-        classes = int(self.session.get_outputs()[0].shape[1])
+        first = self.session.get_outputs()[0]  # logits (features for headless models)
+        classes = int(first.shape[1])
         self.images = torch.zeros(batch, 3, s, s, dtype=torch.float32, device=dev)
         self.logits = torch.empty(batch, classes, dtype=torch.float32, device=dev)
         self.token_counts = torch.empty(batch, stages, dtype=torch.int64, device=dev)
         self.binding = self.session.io_binding()
         bind_tensor(self.binding, "images", self.images)
-        bind_tensor(self.binding, "logits", self.logits, output=True)
+        bind_tensor(self.binding, first.name, self.logits, output=True)
         bind_tensor(self.binding, "token_counts", self.token_counts, output=True)
         for _ in range(warmup):  # regular runs, then the capture
             self.replay()

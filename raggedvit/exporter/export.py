@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import raggedvit
+from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rewrites import fuse_for_ort
 from raggedvit.exporter.translations import TRANSLATIONS
@@ -28,7 +29,6 @@ from raggedvit.pruning.precision import DTYPES, apply_dtype
 
 __all__ = ["DTYPES", "IR_VERSION", "OPSET", "build_model", "export_onnx", "output_names", "save_model"]
 
-OPSET = 20  # ONNX Gelu (opset 20) lets rewrites.bias_gelu see the MLP's activation as one node
 IR_VERSION = 10  # onnxruntime 1.31 rejects IR 14
 EXTERNAL_DATA_BYTES = 1 << 30  # models with more initializer bytes keep their weights in a .data file beside them
 _MAX_BATCH = 1 << 16

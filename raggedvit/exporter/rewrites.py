@@ -9,12 +9,14 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
    stream), with the bias added in float32.
 4. `merge_gemm_bias`: what is left of (1) goes back into the Gemm.
+5. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
+   Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript import optimizer
+from onnx_ir.passes import common
 from onnxscript.rewriter import pattern, rewrite
 
 __all__ = ["RULES", "fuse_for_ort"]
@@ -120,6 +122,46 @@ class MergeGemmBias(pattern.RewriteRuleClassBase):
         return op.Gemm(x, w, b, transB=1)
 
 
+def _rank(value: ir.Value) -> int | None:
+    return value.shape.rank() if value.shape is not None else None
+
+
+def _const_ints(value: ir.Value) -> list[int] | None:
+    if value.const_value is None:
+        return None
+    return [int(v) for v in value.const_value.numpy().reshape(-1)]
+
+
+class FlatReshape(pattern.RewriteRuleClassBase):
+    def pattern(self, op, x, shape):
+        return op.Reshape(x, shape, _allow_other_attributes=True)
+
+    def check(self, context, x, shape, **_):
+        ok = pattern.MatchResult()
+        if _rank(x) != 1 or _const_ints(shape) != [-1]:
+            return ok.fail("not a flattening of a 1-D tensor")
+        return ok
+
+    def rewrite(self, op, x, shape, **_):
+        return op.Identity(x)
+
+
+class Gather1d(pattern.RewriteRuleClassBase):
+    def pattern(self, op, x, i, axes):
+        return op.GatherND(x, op.Unsqueeze(i, axes), _allow_other_attributes=True, _outputs=["g"])
+
+    def check(self, context, x, i, axes, g, **_):
+        ok = pattern.MatchResult()
+        if _rank(x) != 1 or _rank(i) is None or _const_ints(axes) not in ([-1], [_rank(i)]):
+            return ok.fail("not a 1-D lookup")
+        if g.producer().attributes.get_int("batch_dims", 0) != 0:
+            return ok.fail("batch_dims != 0")
+        return ok
+
+    def rewrite(self, op, x, i, axes, **_):
+        return op.Gather(x, i, axis=0)
+
+
 RULES: tuple[pattern.RewriteRuleSet, ...] = (
     pattern.RewriteRuleSet([SplitGemmBias.rule("split_gemm_bias")]),
     pattern.RewriteRuleSet([*BiasGelu.rule("bias_gelu").commute()]),
@@ -131,6 +173,12 @@ RULES: tuple[pattern.RewriteRuleSet, ...] = (
         ]
     ),
     pattern.RewriteRuleSet([*MergeGemmBias.rule("merge_gemm_bias").commute()]),
+    pattern.RewriteRuleSet(
+        [
+            FlatReshape.rule("flat_reshape"),
+            Gather1d.rule("gather_1d"),
+        ]
+    ),
 )
 
 
@@ -138,5 +186,11 @@ def fuse_for_ort(model: ir.Model) -> ir.Model:
     """Apply RULES in order to `model`, then drop dead nodes and initializers; returns the model."""
     for rules in RULES:
         model = rewrite(model, pattern_rewrite_rules=rules)
-    optimizer.remove_unused_nodes(model)
+    for cleanup in (
+        common.IdentityEliminationPass(),
+        common.CommonSubexpressionEliminationPass(),
+        common.RemoveUnusedNodesPass(),
+        common.RemoveUnusedOpsetsPass(),
+    ):
+        model = cleanup(model).model
     return model

@@ -30,11 +30,13 @@ __all__ = [
 
 class StageTrace(NamedTuple):
     """What one stage decided on: scores [B, W] float32 (padded, -inf off patch slots), n [B] int64 tokens per
-    image before the stage, k [B] int64 patch tokens kept. The validator measures near-ties from these."""
+    image before the stage, k [B] int64 patch tokens kept, kept [B] int64 tokens per image after the stage
+    (prefix and fused token included). The validator measures near-ties from these."""
 
     scores: torch.Tensor
     n: torch.Tensor
     k: torch.Tensor
+    kept: torch.Tensor
 
 
 class PrunedOutput(NamedTuple):
@@ -96,7 +98,7 @@ def packed_prune_stage(
     B = cu.shape[0] - 1
     T, C = x.shape
     n = cu[1:] - cu[:-1]
-    S = pad_scores(scores, cu, width, num_prefix)
+    S = pad_scores(scores, cu, n, width, num_prefix)
     sel = select_tokens(S, n, num_prefix, spec)
     keep = sel.keep  # [B, W]
     x_src, index_src = x, token_index
@@ -111,19 +113,19 @@ def packed_prune_stage(
         keep = torch.cat((keep, torch.ones(B, 1, dtype=torch.bool, device=x.device)), dim=1)  # slot W = fused
         x_src = torch.cat((x, fused), dim=0)
         index_src = torch.cat((token_index, torch.full((B,), -1, dtype=token_index.dtype, device=x.device)))
-    nz = torch.nonzero(keep)  # [T', 2] row-major: image by image, position order kept
-    t_new = nz.shape[0]
+    nz = torch.nonzero(keep).t()  # [2, T'] row-major: image by image, position order kept (ONNX NonZero's layout)
+    b, i = nz[0], nz[1]
+    t_new = nz.shape[1]
     torch._check(t_new >= B)
     torch._check(t_new <= B * keep.shape[1])
-    b, i = nz[:, 0], nz[:, 1]
-    src = cu[b] + i
+    src = cu.index_select(0, b) + i
     if spec.fuse:
         src = torch.where(i == width, T + b, src)
     n_new = keep.sum(dim=1)
     cu_new = torch.cat((torch.zeros(1, dtype=torch.int64, device=x.device), torch.cumsum(n_new, dim=0)))
     pos_new = (torch.cumsum(keep.to(torch.int64), dim=1) - 1)[b, i]
-    new = PackedState(x_src[src], cu_new, b, pos_new, index_src[src])
-    return new, StageTrace(S, n, sel.k)
+    new = PackedState(x_src.index_select(0, src), cu_new, b, pos_new, index_src.index_select(0, src))
+    return new, StageTrace(S, n, sel.k, n_new)
 
 
 def uniform_prune_stage(
@@ -139,16 +141,16 @@ def uniform_prune_stage(
     src = (base + slots).reshape(-1)
     cu = steps * m
     new = PackedState(
-        state.x[src],
+        state.x.index_select(0, src),
         cu,
         state.seq_id.reshape(-1, n)[:, :m].reshape(-1),
         state.pos.reshape(-1, n)[:, :m].reshape(-1),  # uniform rows: positions 0..m-1 in every image
-        state.token_index[src],
+        state.token_index.index_select(0, src),
     )
     slot = torch.arange(n, device=scores.device)
     S = torch.where(slot >= num_prefix, scores.to(torch.float32).reshape(-1, n), float("-inf"))
     counts = state.cu[1:] - state.cu[:-1]
-    return new, StageTrace(S, counts, counts * 0 + (m - num_prefix))
+    return new, StageTrace(S, counts, counts * 0 + (m - num_prefix), counts * 0 + m)
 
 
 class PrunedViT(nn.Module):
@@ -204,7 +206,7 @@ class PrunedViT(nn.Module):
                     state, trace = packed_prune_stage(state, scores, cls_attn, width, p, spec)
                     uniform = None
                     width += int(spec.fuse)
-                counts.append(state.cu[1:] - state.cu[:-1])
+                counts.append(trace.kept)
                 kept_index.append(state.token_index)
                 kept_cu.append(state.cu)
                 traces.append(trace)
@@ -227,8 +229,8 @@ class PrunedViT(nn.Module):
         dtype = module_dtype(vit.norm, module_dtype(vit.head, torch.float32))
         starts = state.cu[:-1]
         if vit.global_pool == "token":  # the norm is per row: normalise only the rows the head reads
-            first = vit.norm(state.x[starts].to(dtype))
-            second = vit.norm(state.x[starts + 1].to(dtype)) if is_distilled(vit) else None
+            first = vit.norm(state.x.index_select(0, starts).to(dtype))
+            second = vit.norm(state.x.index_select(0, starts + 1).to(dtype)) if is_distilled(vit) else None
             return classify(vit, first, second, None).float()
         x = vit.norm(state.x.to(dtype))
         include = state.pos >= (0 if vit.pool_include_prefix else self.num_prefix)  # [T]

@@ -26,14 +26,13 @@ class Selection(NamedTuple):
     k: torch.Tensor
 
 
-def pad_scores(scores: torch.Tensor, cu: torch.Tensor, width: int, num_prefix: int) -> torch.Tensor:
+def pad_scores(scores: torch.Tensor, cu: torch.Tensor, n: torch.Tensor, width: int, num_prefix: int) -> torch.Tensor:
     """Packed scores [T] -> padded S [B, width] float32: slot j of image b holds row cu[b] + j; -inf at prefix
-    slots (j < p) and padding (j >= n_b). A gather (no scatter): every slot reads at most one row."""
-    n = (cu[1:] - cu[:-1]).unsqueeze(1)  # [B, 1]
+    slots (j < p) and padding (j >= n_b). cu [B+1], n [B] = cu[1:] - cu[:-1]. A gather (no scatter)."""
     slot = torch.arange(width, device=scores.device, dtype=torch.int64).unsqueeze(0)  # [1, W]
-    valid = slot < n
+    valid = slot < n.unsqueeze(1)
     rows = torch.where(valid, cu[:-1].unsqueeze(1) + slot, 0)  # [B, W]
-    s = scores.to(torch.float32)[rows]
+    s = torch.take(scores.to(torch.float32), rows)
     return torch.where(valid & (slot >= num_prefix), s, float("-inf"))
 
 
@@ -53,7 +52,7 @@ def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: Prune
     idx = torch.arange(W, device=S.device, dtype=torch.int64)
     patches = n.to(torch.int64) - num_prefix  # P_b
     order_vals, order = torch.sort(S, dim=1, descending=True, stable=True)  # ties: lower position first
-    rank = torch.zeros_like(order).scatter(1, order, idx.unsqueeze(0).expand(B, W))
+    rank = order.scatter(1, order, idx.expand_as(order))  # inverse permutation (every slot is written)
     if spec.policy in ("topk-l2", "evit"):
         k = torch.ceil(patches.to(torch.float32) * f32(spec.keep)).to(torch.int64)
     elif spec.policy == "cls-mass":

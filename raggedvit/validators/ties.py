@@ -1,7 +1,7 @@
 """Near-ties at pruning cuts, recomputed from the PyTorch reference's own scores.
 
-Replays the packed forward of `raggedvit.pruning.PrunedViT` (same primitives) and, at every stage,
-measures how far each image is from a different cut: the gap between its last kept and first dropped
+Reads the stage decisions of `raggedvit.pruning.PrunedViT`'s forward (its StageTrace per stage) and, at every
+stage, measures how far each image is from a different cut: the gap between its last kept and first dropped
 sorted score relative to the last kept score (scores differ in scale: L2 norms ~10, cls attention ~1/N),
 and for cls-mass the distance of the exclusive cumulative mass to `mass` at the cut.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from raggedvit.pruning import PackedState, PruneSpec, packed_block_forward, packed_prune_stage, pad_scores
-from raggedvit.pruning._model import embed_tokens
-from raggedvit.pruning.select import CLS_MASS_EPS, select_tokens
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning.spec import CLS_MASS_EPS
 from raggedvit.validators.report import NearTie
 
 __all__ = ["cut_gaps", "find_near_ties"]
@@ -54,33 +53,19 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
 
 @torch.no_grad()
 def find_near_ties(vit: torch.nn.Module, spec: PruneSpec, images: torch.Tensor, eps: float) -> list[NearTie]:
-    """Near-ties (< eps) of every image at every stage; images [B, 3, S, S] float32 on CPU."""
+    """Near-ties (< eps) of every image at every stage; images [B, 3, S, S] float32 on CPU.
+
+    The scores, counts and cuts are the ones PrunedViT's own forward decided on (PrunedOutput.stages)."""
     if spec.policy == "none":
         return []
     p = int(vit.num_prefix_tokens)
-    tokens = embed_tokens(vit, images)
-    B, N, C = tokens.shape
-    rows = torch.arange(B * N)
-    state = PackedState(tokens.reshape(B * N, C), torch.arange(B + 1) * N, rows // N, rows % N, rows % N)
-    width, stages, ties = N, list(spec.prune_at), []
-    cls_attn = None
-    for bi, blk in enumerate(vit.blocks):
-        if bi in stages:
-            scores = torch.linalg.vector_norm(state.x.float(), dim=-1) if spec.policy == "topk-l2" else cls_attn
-            n = state.cu[1:] - state.cu[:-1]
-            S = pad_scores(scores, state.seq_id, state.pos, B, width, p)
-            k = select_tokens(S, n, p, spec).k
-            score_gap, mass_gap = cut_gaps(S, n, k, p, spec)
-            stage = stages.index(bi)
-            for b in range(B):
-                if score_gap[b] < eps:
-                    ties.append(NearTie(b, stage, bi, "score", float(score_gap[b])))
-                if mass_gap[b] < eps:
-                    ties.append(NearTie(b, stage, bi, "mass", float(mass_gap[b])))
-            state, _ = packed_prune_stage(state, scores, cls_attn, width, p, spec)
-            width += int(spec.fuse)
-        need_cls = spec.needs_cls_attn and (bi + 1) in stages
-        out = packed_block_forward(blk, state.x, state.cu, max_seqlen=width, return_cls_attn=need_cls)
-        x, cls_attn = out if need_cls else (out, None)
-        state = state._replace(x=x)
+    out = PrunedViT(vit, spec)(images)
+    ties = []
+    for stage, (block, trace) in enumerate(zip(spec.prune_at, out.stages)):
+        score_gap, mass_gap = cut_gaps(trace.scores, trace.n, trace.k, p, spec)
+        for b in range(images.shape[0]):
+            if score_gap[b] < eps:
+                ties.append(NearTie(b, stage, block, "score", float(score_gap[b])))
+            if mass_gap[b] < eps:
+                ties.append(NearTie(b, stage, block, "mass", float(mass_gap[b])))
     return ties

@@ -57,8 +57,8 @@ def _state(n: list[int], C: int = 3) -> PackedState:
 
 def test_packed_stage_equal_scores_keep_first_patches() -> None:
     state = _state([5, 4])
-    new, n_new = packed_prune_stage(state, torch.ones(9), None, 5, 1, PruneSpec("topk-l2", (1,), keep=0.5))
-    assert n_new.tolist() == [3, 3]  # prefix + ceil(0.5 * 4) = 2, prefix + ceil(0.5 * 3) = 2
+    new, trace = packed_prune_stage(state, torch.ones(9), None, 5, 1, PruneSpec("topk-l2", (1,), keep=0.5))
+    assert trace.kept.tolist() == [3, 3]  # prefix + ceil(0.5 * 4) = 2, prefix + ceil(0.5 * 3) = 2
     assert new.cu.tolist() == [0, 3, 6]
     assert new.token_index.tolist() == [0, 1, 2, 0, 1, 2]
     assert new.seq_id.tolist() == [0, 0, 0, 1, 1, 1]
@@ -69,12 +69,12 @@ def test_packed_stage_equal_scores_keep_first_patches() -> None:
 def test_packed_stage_evit_fuse_token() -> None:
     state = _state([5, 3])
     cls_attn = torch.tensor([0.5, 0.1, 0.2, 0.15, 0.05, 0.6, 0.3, 0.1])
-    new, n_new = packed_prune_stage(state, cls_attn, cls_attn, 6, 1, PruneSpec("evit", (1,), keep=0.5, fuse=True))
-    assert n_new.tolist() == [4, 3]
+    new, trace = packed_prune_stage(state, cls_attn, cls_attn, 6, 1, PruneSpec("evit", (1,), keep=0.5, fuse=True))
+    assert trace.kept.tolist() == [4, 3]
     assert new.token_index.tolist() == [0, 2, 3, -1, 0, 1, -1]
     x = state.x
     fused0 = (0.1 * x[1] + 0.05 * x[4]) / 0.15
     torch.testing.assert_close(new.x[3], fused0)
     torch.testing.assert_close(new.x[6], x[7])  # one dropped row: the fused token is that row
-    S = pad_scores(cls_attn, state.seq_id, state.pos, 2, 6, 1)
+    S = pad_scores(cls_attn, state.cu, torch.tensor([5, 3]), 6, 1)
     assert S[0, 0] == -INF and S[1, 3:].eq(-INF).all() and S[1, 1] == 0.3
