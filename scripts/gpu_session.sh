@@ -10,10 +10,11 @@
 #   graph     scripts/check_cuda_graph.py (CUDA-graph replay of a static-shape export == per-node run)
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
 #   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
+#   speed     benchmarks.traced_vs_builder: traced exports vs the graph builder's (source tarball $BUILDER_TGZ)
 # Everything lands in /tmp/res, packed into $OUT/res.tgz (the device returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH=/root/ortgpu:$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=/root/ortgpu:$PWD${PYTHONPATH:+:$PYTHONPATH}
 RES=/tmp/res; rm -rf "$RES"; mkdir -p "$RES"
 KB_FLAGS=${KB_FLAGS:---check}
 pack() { tar czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; }
@@ -57,6 +58,11 @@ for stage in "$@"; do
         --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \
         > "$RES/memcheck_fuzz.log" 2>&1; rc=$?
       grep -v "No registered" "$RES/memcheck_fuzz.log" | tail -4; grep -h "ERROR SUMMARY" "$RES/memcheck.log" | tail -1;;
+    speed)  # issue 11: traced exports keep >= 0.97x the hand-built graph's img/s
+      rm -rf /tmp/builder && mkdir -p /tmp/builder && tar xzf "${BUILDER_TGZ:-.device/builder.tgz}" -C /tmp/builder &&
+        cp raggedvit/custom_ops/libraggedvit_ort.so /tmp/builder/raggedvit/custom_ops/
+      timeout ${ST:-400} python3 -m benchmarks.traced_vs_builder --builder-src /tmp/builder \
+        --out "$RES/traced_vs_builder.json" ${SPEED_FLAGS:-} > "$RES/speed.log" 2>&1; rc=$?; tail -30 "$RES/speed.log";;
     *) echo "unknown stage $stage"; rc=2;;
   esac
   echo "### stage $stage rc=$rc $(( $(date +%s) - t0 ))s"

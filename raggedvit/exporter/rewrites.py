@@ -7,7 +7,8 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
 3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->
    com.microsoft::SkipLayerNormalization(y, residual, gamma, beta, b) (outputs: normalised, sum); the
    `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
-   stream), with the bias added in float32.
+   stream), with the bias added in float32; `skip_layer_norm_plain` fuses LayerNormalization(Add(a, b)) of two
+   equally shaped [T, C] rows without a bias (a zero bias that torch.onnx's optimizer dropped, or LayerScale).
 4. `merge_gemm_bias`: what is left of (1) goes back into the Gemm.
 5. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
    Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).
@@ -106,6 +107,33 @@ class SkipLayerNorm(pattern.RewriteRuleClassBase):
         return normed, total
 
 
+class PlainSkipLayerNorm(pattern.RewriteRuleClassBase):
+    def pattern(self, op, a, b, gamma, beta):
+        total = op.Add(a, b)
+        normed = op.LayerNormalization(total, gamma, beta, _allow_other_attributes=True, _outputs=["ln"])
+        return normed, total
+
+    def check(self, context, a, b, gamma, beta, ln, **_):
+        ok = pattern.MatchResult()
+        attrs = ln.producer().attributes
+        if attrs.get_int("axis", -1) not in (-1, 1) or attrs.get_int("stash_type", 1) != 1:
+            return ok.fail("not a float32-stash LayerNormalization over the last axis")
+        if a.const_value is not None or b.const_value is not None or _rank(a) != 2 or _rank(b) != 2:
+            return ok.fail("not a sum of two [T, C] rows")
+        if a.shape[1] != b.shape[1] or a.dtype != b.dtype or a.dtype != gamma.dtype:
+            return ok.fail("the rows differ in width or dtype")
+        if not (_rank1_const(gamma) and _rank1_const(beta)):
+            return ok.fail("gamma / beta are not constant 1-D tensors")
+        return ok
+
+    def rewrite(self, op, a, b, gamma, beta, ln, **_):
+        eps = ln.producer().attributes.get_float("epsilon", 1e-5)
+        normed, _mean, _inv_std, total = op.SkipLayerNormalization(
+            a, b, gamma, beta, epsilon=eps, _domain=_MS, _outputs=4
+        )
+        return normed, total
+
+
 class MergeGemmBias(pattern.RewriteRuleClassBase):
     def pattern(self, op, x, w, b):
         return op.Add(op.Gemm(x, w, _allow_other_attributes=True, _outputs=["y"]), b)
@@ -171,6 +199,7 @@ RULES: tuple[pattern.RewriteRuleSet, ...] = (
             for cast in (False, True)
             for first in (True, False)
         ]
+        + [PlainSkipLayerNorm.rule("skip_layer_norm_plain")]
     ),
     pattern.RewriteRuleSet([*MergeGemmBias.rule("merge_gemm_bias").commute()]),
     pattern.RewriteRuleSet(

@@ -35,7 +35,23 @@ def ort_session():
     def make(model):
         opts = ort.SessionOptions()
         opts.register_custom_ops_library(lib)
-        data = model if isinstance(model, str) else model.SerializeToString()
+        data = model if isinstance(model, str) else to_proto(model).SerializeToString()
         return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
     return make
+
+
+def to_proto(model):
+    """onnx.ModelProto of an exporter result (onnx_ir Model) or a proto."""
+    import onnx_ir as ir
+
+    return ir.to_proto(model) if isinstance(model, ir.Model) else model
+
+
+@pytest.fixture(scope="session")
+def deit_tiny_d6():
+    """Seeded DeiT-Tiny with 6 blocks, random biases / norm shifts / tokens (every bias path is exercised)."""
+    from raggedvit.weights import perturb_biases_and_norms_
+
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=1, model_kwargs={"depth": 6})
+    return perturb_biases_and_norms_(vit)

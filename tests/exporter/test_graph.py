@@ -1,99 +1,152 @@
-"""Structure of the exported graph: IR version, opsets, RaggedAttention per block, checker, metadata."""
+"""Structure of the traced graph: opsets, fusions per block, RaggedAttention, stages, outputs, metadata, files."""
 
 from __future__ import annotations
 
-import copy
+from collections import Counter
 
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper
-from torch import nn
 
-from raggedvit.exporter import UnsupportedModelError, build_model, check_graph, export_onnx, read_recipe
-from raggedvit.pruning import PruneSpec
+from raggedvit.exporter import build_model, check_graph, export_onnx, read_recipe
+from raggedvit.exporter import export as export_module
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.weights import load_vit
+
+from .conftest import to_proto
+
+SPECS = [PruneSpec(), PruneSpec("topk-l2", (2, 4)), PruneSpec("cls-mass", (3,)), PruneSpec("evit", (2, 4), fuse=True)]
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [PruneSpec(), PruneSpec("topk-l2", (3, 6, 9)), PruneSpec("cls-mass", (4,)), PruneSpec("evit", (3, 6), fuse=True)],
-    ids=lambda s: f"{s.policy}-{len(s.prune_at)}",
-)
-def test_graph_structure(deit_tiny, spec):
-    recipe = {"model": "deit_tiny_patch16_224", "weights": {"source": "seeded", "seed": 0}}
-    model = build_model(deit_tiny, spec, recipe=recipe)
+def _ops(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.policy}-{len(s.prune_at)}{'-fuse' if s.fuse else ''}")
+def test_graph_structure(deit_tiny_d6, spec):
+    recipe = {"model": "deit_tiny_patch16_224", "weights": {"source": "seeded", "seed": 1}}
+    model = to_proto(build_model(deit_tiny_d6, spec, recipe=recipe))
     onnx.checker.check_model(model, full_check=True)
     assert check_graph(model) == []
-    assert model.ir_version == 10
+    assert model.ir_version == 10 and model.producer_name == "raggedvit"
     opsets = {o.domain: o.version for o in model.opset_import}
-    assert opsets[""] == 17 and opsets["com.raggedvit"] == 1
+    assert opsets[""] == 20 and opsets["com.raggedvit"] == 1
+    ops = _ops(model)
+    depth = len(deit_tiny_d6.blocks)
     attn = [n for n in model.graph.node if n.op_type == "RaggedAttention"]
-    assert len(attn) == len(deit_tiny.blocks) == 12
-    # the qkv bias is the op's third input (no Add after the qkv MatMul)
-    assert all(len(a.input) == 3 and a.input[2].endswith(".attn.qkv.bias") for a in attn)
+    assert len(attn) == depth
+    # the qkv bias is the op's third input: no Add between the bias-free qkv GEMM and the op
     producers = {o: n for n in model.graph.node for o in n.output}
-    assert all(producers[a.input[0]].op_type == "MatMul" for a in attn)
-    heads = {a.name: helper.get_attribute_value(a) for a in attn[0].attribute}
-    assert heads["num_heads"] == 3 and heads["max_seqlen"] == 197
-    assert heads["scale"] == pytest.approx(deit_tiny.blocks[0].attn.scale)
+    assert all(len(a.input) == 3 and producers[a.input[0]].op_type == "Gemm" for a in attn)
+    assert all(len(producers[a.input[0]].input) == 2 for a in attn)
+    attrs = {a.name: helper.get_attribute_value(a) for a in attn[0].attribute}
+    assert attrs["num_heads"] == 3 and attrs["scale"] == pytest.approx(deit_tiny_d6.blocks[0].attn.scale)
     # cls_attn is requested exactly from the blocks before a stage of evit / cls-mass
     with_cls = [i for i, a in enumerate(attn) if len(a.output) == 2 and a.output[1]]
     assert with_cls == ([i - 1 for i in spec.prune_at] if spec.needs_cls_attn else [])
-    ops = {n.op_type for n in model.graph.node}
-    if spec.policy in ("cls-mass",) or spec.fuse:  # data-dependent counts: the general stage
-        assert {"TopK", "NonZero", "CumSum", "ScatterElements"} <= ops
-        # one host synchronisation (NonZero) per stage; evit fuse needs one more for its row coordinates
-        nonzero = sum(n.op_type == "NonZero" for n in model.graph.node)
-        assert nonzero == len(spec.prune_at) * (2 if spec.fuse else 1)
-        assert spec.fuse or "ScatterND" not in ops
-    elif spec.policy != "none":  # export-time counts: the uniform stage, static shapes (CUDA-graph capturable)
-        assert "TopK" in ops and not ops & {"NonZero", "ScatterND", "ScatterElements"}
-    assert not ops & {"Loop", "If", "Scan", "Range", "Size"}
-    assert sum(n.op_type == "Shape" for n in model.graph.node) == 1
-    out = {o.name: o for o in model.graph.output}
-    dims = [d.dim_param or d.dim_value for d in out["token_counts"].type.tensor_type.shape.dim]
-    assert dims == ["batch", len(spec.prune_at)]
+    # the fusions: one BiasGelu per block; proj + res1 + norm2 always, fc2 + res2 + the next norm1 unless a stage
+    # (which gathers rows first) or the head follows
+    assert ops["BiasGelu"] == depth and "Gelu" not in ops
+    assert ops["SkipLayerNormalization"] == depth + (depth - 1 - len(spec.prune_at))
+    if spec.static_shapes:  # export-time counts: static shapes at a given batch, CUDA-graph capturable
+        assert "NonZero" not in ops and (spec.policy == "none" or "TopK" in ops)
+    else:  # one host synchronisation (NonZero) per stage
+        assert ops["NonZero"] == len(spec.prune_at)
+    assert not set(ops) & {"Loop", "If", "Scan", "ScatterND"} or spec.fuse
+    out = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
+    assert out == {"logits": ["batch", 1000], "token_counts": ["batch", len(spec.prune_at)]}
     r = read_recipe(model)
-    assert PruneSpec.from_dict(r["prune"]) == spec
-    assert r["model"] == "deit_tiny_patch16_224" and r["weights"]["seed"] == 0
+    assert PruneSpec.from_dict(r["prune"]) == spec and r["outputs"] == ["logits", "token_counts"]
+    assert r["model"] == "deit_tiny_patch16_224" and r["weights"]["seed"] == 1
     assert (r["num_prefix_tokens"], r["tokens_per_image"], r["img_size"], r["dtype"]) == (1, 197, 224, "fp32")
 
 
-def test_fp16_graph_stores_fp16_weights(deit_tiny):
-    model = build_model(deit_tiny, PruneSpec("evit", (4,), fuse=True), dtype="fp16")
+def test_diagnostics_outputs(deit_tiny_d6, images, ort_session):
+    spec = PruneSpec("cls-mass", (2, 4), mass=0.8)
+    model = build_model(deit_tiny_d6, spec, diagnostics=True)
+    names = ["logits", "token_counts", "token_index_0", "cu_seqlens_0", "token_index_1", "cu_seqlens_1"]
+    assert [o.name for o in to_proto(model).graph.output] == names
+    x = images[:3]
+    got = ort_session(model).run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        ref = PrunedViT(deit_tiny_d6, spec)(x)
+    for s in range(2):
+        np.testing.assert_array_equal(got[2 + 2 * s], ref.token_index[s].numpy())
+        np.testing.assert_array_equal(got[3 + 2 * s], ref.cu_seqlens[s].numpy())
+
+
+def test_headless_model_outputs_features(images, ort_session):
+    vit, _ = load_vit("vit_small_patch16_224", seed=0, model_kwargs={"depth": 2, "num_classes": 0})
+    spec = PruneSpec("topk-l2", (1,))
+    model = build_model(vit, spec)
+    assert [o.name for o in to_proto(model).graph.output] == ["features", "token_counts"]
+    feats, counts = ort_session(model).run(None, {"images": images[:2].numpy()})
+    with torch.no_grad():
+        ref = PrunedViT(vit, spec)(images[:2])
+    assert feats.shape == (2, 384)
+    np.testing.assert_allclose(feats, ref.logits.numpy(), atol=1e-4)
+
+
+def test_fp16_graph_stores_fp16_block_weights(deit_tiny_d6):
+    model = to_proto(build_model(deit_tiny_d6, PruneSpec("evit", (2,), fuse=True), dtype="fp16"))
     assert check_graph(model) == []
-    floats = [t for t in model.graph.initializer if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)]
-    big = [t for t in floats if np.prod(t.dims) > 1000]
-    gemm = [t for t in big if t.name.startswith("blocks.")]  # the block GEMMs: fp16
-    assert gemm and all(t.data_type == TensorProto.FLOAT16 for t in gemm)
-    assert all(t.data_type == TensorProto.FLOAT for t in big if t not in gemm)  # embedding, head: fp32
+    big = {t.name: t.data_type for t in model.graph.initializer if np.prod(t.dims) > 10000}
+    blocks = {k: v for k, v in big.items() if ".blocks." in k}
+    assert blocks and set(blocks.values()) == {TensorProto.FLOAT16}  # the block GEMMs
+    assert {v for k, v in big.items() if k not in blocks} == {TensorProto.FLOAT}  # embedding, head
     assert model.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
 
 
-def test_check_graph_reports_problems(deit_tiny):
-    model = build_model(deit_tiny, PruneSpec("topk-l2", (4,)))
+def test_check_graph_reports_problems(deit_tiny_d6):
+    model = to_proto(build_model(deit_tiny_d6, PruneSpec("topk-l2", (2,))))
     model.ir_version = 14
-    model.graph.node.append(helper.make_node("Size", ["images"], ["size_out"]))
+    model.graph.node.append(helper.make_node("Loop", ["images"], ["loop_out"]))
     model.graph.node.remove(next(n for n in model.graph.node if n.op_type == "RaggedAttention"))
     problems = check_graph(model)
     assert any("IR version 14" in p for p in problems)
-    assert any("Size" in p for p in problems)
-    assert any("11 RaggedAttention nodes" in p for p in problems)
+    assert any("Loop" in p for p in problems)
+    assert any("5 RaggedAttention nodes" in p for p in problems)
 
 
-def test_export_writes_atomically(deit_tiny, tmp_path):
-    path = export_onnx(deit_tiny, PruneSpec("cls-mass", (4,)), tmp_path / "m.onnx", recipe={"model": "x"})
+def test_export_writes_atomically(deit_tiny_d6, tmp_path, monkeypatch):
+    path = export_onnx(deit_tiny_d6, PruneSpec("cls-mass", (4,)), tmp_path / "m.onnx", recipe={"model": "x"})
     assert read_recipe(path)["prune"]["policy"] == "cls-mass"
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
 
+    def broken(*args, **kwargs):
+        raise onnx.checker.ValidationError("broken")
 
-def test_unsupported_model_is_rejected(deit_tiny):
-    vit = copy.deepcopy(deit_tiny)
-    vit.blocks[2].mlp.act = nn.ReLU()
-    with pytest.raises(UnsupportedModelError, match="block 2: activation"):
+    monkeypatch.setattr(onnx.checker, "check_model", broken)
+    with pytest.raises(onnx.checker.ValidationError):
+        export_onnx(deit_tiny_d6, PruneSpec(), tmp_path / "n.onnx")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
+def test_large_models_use_external_data(deit_tiny_d6, images, ort_session, tmp_path, monkeypatch):
+    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1 << 20)
+    spec = PruneSpec("topk-l2", (2,))
+    path = export_onnx(deit_tiny_d6, spec, tmp_path / "m.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    assert path.stat().st_size < 1 << 20
+    logits, _ = ort_session(str(path)).run(None, {"images": images[:2].numpy()})
+    with torch.no_grad():
+        ref = PrunedViT(deit_tiny_d6, spec)(images[:2])
+    np.testing.assert_allclose(logits, ref.logits.numpy(), atol=1e-4)
+
+
+def test_unsupported_model_is_rejected(deit_tiny_d6):
+    import copy
+
+    from torch import nn
+
+    vit = copy.deepcopy(deit_tiny_d6)
+    vit.blocks[2] = nn.Identity()
+    with pytest.raises(ValueError, match="block 2 is Identity"):
         build_model(vit, PruneSpec())
 
 
-def test_prune_index_out_of_range(deit_tiny):
-    with pytest.raises(ValueError, match="1..11"):
-        build_model(deit_tiny, PruneSpec("topk-l2", (12,)))
+def test_prune_index_out_of_range(deit_tiny_d6):
+    with pytest.raises(ValueError, match="1..5"):
+        build_model(deit_tiny_d6, PruneSpec("topk-l2", (6,)))

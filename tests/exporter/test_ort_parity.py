@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from raggedvit.exporter import build_model
+from raggedvit.exporter import build_model, save_model
 from raggedvit.pruning import PruneSpec
 from raggedvit.weights import load_vit, perturb_biases_and_norms_
 
@@ -40,10 +40,19 @@ def test_deit_tiny_matches_torch(deit_tiny, images, ort_session, spec):
     _compare(session, deit_tiny, spec, images)
 
 
+def test_policy_none_equals_timm(deit_tiny, images, ort_session):
+    import torch
+
+    logits, _ = ort_session(build_model(deit_tiny, PruneSpec())).run(None, {"images": images.numpy()})
+    with torch.no_grad():
+        ref = deit_tiny(images).numpy()
+    assert abs(logits - ref).max() < 1e-4 * max(1.0, abs(ref).max())
+
+
 def test_dynamic_batch_same_file(deit_tiny, images, ort_session, tmp_path):
     spec = PruneSpec("cls-mass", (3, 6, 9))
     path = tmp_path / "m.onnx"
-    path.write_bytes(build_model(deit_tiny, spec).SerializeToString())
+    save_model(build_model(deit_tiny, spec), path)
     session = ort_session(str(path))
     for batch in (1, 5):
         _compare(session, deit_tiny, spec, images[:batch])
