@@ -3,7 +3,8 @@
 Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md section 5):
 
 1. `split_gemm_bias`: Gemm(x, W, b) -> Add(Gemm(x, W), b), so the bias can join the node after it.
-2. `bias_gelu`: Gelu(Add(y, b)) -> com.microsoft::BiasGelu(y, b) (exact GELU).
+2. `bias_gelu`: Gelu(Add(y, b)) -> com.microsoft::BiasGelu(y, b) (exact GELU); `contrib_gelu`: the other
+   exact Gelus -> com.microsoft::Gelu (the kernel every ONNX Runtime EP of raggedvit's has for fp32 and fp16).
 3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->
    com.microsoft::SkipLayerNormalization(y, residual, gamma, beta, b) (outputs: normalised, sum); the
    `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
@@ -67,6 +68,20 @@ class BiasGelu(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, y, b, **_):
         return op.BiasGelu(y, b, _domain=_MS)
+
+
+class ContribGelu(pattern.RewriteRuleClassBase):
+    def pattern(self, op, x):
+        return op.Gelu(x, _allow_other_attributes=True, _outputs=["g"])
+
+    def check(self, context, x, g, **_):
+        ok = pattern.MatchResult()
+        if g.producer().attributes.get_string("approximate", "none") != "none":
+            return ok.fail("tanh GELU")
+        return ok
+
+    def rewrite(self, op, x, **_):
+        return op.Gelu(x, _domain=_MS)
 
 
 class SkipLayerNorm(pattern.RewriteRuleClassBase):
@@ -193,6 +208,7 @@ class Gather1d(pattern.RewriteRuleClassBase):
 RULES: tuple[pattern.RewriteRuleSet, ...] = (
     pattern.RewriteRuleSet([SplitGemmBias.rule("split_gemm_bias")]),
     pattern.RewriteRuleSet([*BiasGelu.rule("bias_gelu").commute()]),
+    pattern.RewriteRuleSet([ContribGelu.rule("contrib_gelu")]),
     pattern.RewriteRuleSet(
         [
             SkipLayerNorm.rule(f"skip_layer_norm{'_cast' if cast else ''}", cast=cast, residual_first=first)

@@ -224,18 +224,19 @@ class PrunedViT(nn.Module):
         return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces))
 
     def _head(self, state: PackedState, batch: int) -> torch.Tensor:
-        """Final norm, pooling per image, classifier -> logits [B, classes] float32 (features when headless)."""
+        """Final norm, pooling per image, classifier -> logits [B, classes] in the head's dtype (features [B, C]
+        for headless models)."""
         vit = self.vit
         dtype = module_dtype(vit.norm, module_dtype(vit.head, torch.float32))
         starts = state.cu[:-1]
         if vit.global_pool == "token":  # the norm is per row: normalise only the rows the head reads
             first = vit.norm(state.x.index_select(0, starts).to(dtype))
             second = vit.norm(state.x.index_select(0, starts + 1).to(dtype)) if is_distilled(vit) else None
-            return classify(vit, first, second, None).float()
+            return classify(vit, first, second, None)
         x = vit.norm(state.x.to(dtype))
         include = state.pos >= (0 if vit.pool_include_prefix else self.num_prefix)  # [T]
         pooled = _packed_pool(x, state.seq_id, include, batch, x.shape[1], vit.global_pool)
-        return classify(vit, pooled, None, pooled).float()
+        return classify(vit, pooled, None, pooled)
 
 
 def _packed_pool(x: torch.Tensor, seq_id: torch.Tensor, include: torch.Tensor, batch: int, C: int, pool: str):
