@@ -264,7 +264,9 @@ class GraphRunner:
         classes = int(first.shape[1])
         self.images = torch.zeros(batch, 3, s, s, dtype=torch.float32, device=dev)
         self.logits = torch.empty(batch, classes, dtype=torch.float32, device=dev)
-        self.token_counts = torch.empty(batch, stages, dtype=torch.int64, device=dev)
+        # host memory: with the batch fixed, a static-shape export's counts fold into a constant, which ORT copies
+        # into the output on every run; a copy into device memory would break the graph capture
+        self.token_counts = torch.empty(batch, stages, dtype=torch.int64)
         self.binding = self.session.io_binding()
         bind_tensor(self.binding, "images", self.images)
         bind_tensor(self.binding, first.name, self.logits, output=True)
@@ -278,7 +280,7 @@ class GraphRunner:
 
     def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """images [batch, 3, S, S] (any device/dtype) -> (logits [batch, classes] float32,
-        token_counts [batch, stages])."""
+        token_counts [batch, stages] int64 on the host)."""
         import torch
 
         if tuple(images.shape) != tuple(self.images.shape):
