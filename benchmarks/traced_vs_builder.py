@@ -107,6 +107,32 @@ def _time(run: _Run, seconds: float) -> float:
     return statistics.median(times)
 
 
+def profile_kernels(run: _Run, forwards: int = 20, top: int = 25) -> dict[str, Any]:
+    """CUDA kernels of `forwards` runs (torch.profiler's CUPTI trace sees ONNX Runtime's kernels too): kernels and
+    GPU microseconds per forward, and the `top` kernels by total time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    run.run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(forwards):
+            run.run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    rows = sorted(((sum(v), len(v), k) for k, v in by_name.items()), reverse=True)
+    return {
+        "kernels_per_forward": len(kernels) / forwards,
+        "gpu_us_per_forward": sum(e.device_time for e in kernels) / forwards,
+        "top": [
+            {"kernel": k[:160], "us_per_forward": t / forwards, "calls_per_forward": n / forwards} for t, n, k in rows[:top]
+        ],
+    }
+
+
 def _node_count(path: Path) -> dict[str, Any]:
     import onnx
 
@@ -123,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,4,32,128")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=0.25, help="timed seconds per variant per round")
+    ap.add_argument("--profile-batch", type=int, default=32, help="profile each export's kernels at this batch")
     ap.add_argument("--work", type=Path, default=Path("/tmp/traced_vs_builder"))
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -145,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "exports": {},
         "results": [],
         "checks": [],
+        "profiles": [],
     }
     for policy in POLICIES:
         t0 = time.perf_counter()
@@ -174,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                 order = list(runs) if i % 2 == 0 else list(reversed(runs))
                 for name in order:
                     rounds[name].append(_time(runs[name], args.seconds))
+            if batch == args.profile_batch:
+                for name, r in runs.items():
+                    result["profiles"].append({"policy": policy, "exporter": name, "batch": batch, **profile_kernels(r)})
             for name, ms in rounds.items():
                 med = statistics.median(ms)
                 result["results"].append(
@@ -204,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['policy']:9s} {r['mode']:13s} B={r['batch']:4d} {r['exporter']:8s} {r['img_s']:10,.0f}")
     for policy, by_batch in ratios.items():
         print(f"  {policy}: " + "  ".join(f"B={b} {v:.3f}x" for b, v in by_batch.items()))
+    for p in result["profiles"]:
+        print(f"  profile {p['policy']} {p['exporter']} B={p['batch']}: {p['kernels_per_forward']:.0f} kernels, "
+              f"{p['gpu_us_per_forward']:.0f} us GPU per forward")  # fmt: skip
+        for k in p["top"][:8]:
+            print(f"      {k['us_per_forward']:8.1f} us {k['calls_per_forward']:5.1f}x {k['kernel'][:90]}")
     for c in result["checks"]:
         print(f"  check {c['policy']} B={c['batch']}: max|dlogit| {c['max_abs_logit_diff']:.2e}, "
               f"counts equal {c['token_counts_equal']}")  # fmt: skip

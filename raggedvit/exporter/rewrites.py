@@ -2,7 +2,9 @@
 
 Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md section 5):
 
-1. `split_gemm_bias`: Gemm(x, W, b) -> Add(Gemm(x, W), b), so the bias can join the node after it.
+1. `gemm_to_matmul` (a pass, not a pattern): torch.onnx writes a Linear as Gemm(x, W, b, transB=1); it becomes
+   MatMul(x, W^T) with the weight transposed once in the file (+ Add(b)), the layout the builder-era graphs ran
+   fastest with on the CUDA EP, and a bias Add the next rules can fuse.
 2. `bias_gelu`: Gelu(Add(y, b)) -> com.microsoft::BiasGelu(y, b) (exact GELU); `contrib_gelu`: the other
    exact Gelus -> com.microsoft::Gelu (the kernel every ONNX Runtime EP of raggedvit's has for fp32 and fp16).
 3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->
@@ -10,13 +12,14 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
    stream), with the bias added in float32; `skip_layer_norm_plain` fuses LayerNormalization(Add(a, b)) of two
    equally shaped [T, C] rows without a bias (a zero bias that torch.onnx's optimizer dropped, or LayerScale).
-4. `merge_gemm_bias`: what is left of (1) goes back into the Gemm.
+4. (MatMul + Add left over, before a stage or the head, is fused by ONNX Runtime itself into a Gemm.)
 5. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
    Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes import common
 from onnxscript.rewriter import pattern, rewrite
@@ -38,20 +41,6 @@ def _plain_gemm(node: ir.Node) -> bool:
         and a.get_int("transA", 0) == 0
         and a.get_int("transB", 0) == 1
     )
-
-
-class SplitGemmBias(pattern.RewriteRuleClassBase):
-    def pattern(self, op, x, w, b):
-        return op.Gemm(x, w, b, _allow_other_attributes=True, _outputs=["y"])
-
-    def check(self, context, x, w, b, y, **_):
-        ok = pattern.MatchResult()
-        if not _plain_gemm(y.producer()) or not _rank1_const(b):
-            return ok.fail("not a Linear with a constant 1-D bias")
-        return ok
-
-    def rewrite(self, op, x, w, b, **_):
-        return op.Add(op.Gemm(x, w, transB=1), b)
 
 
 class BiasGelu(pattern.RewriteRuleClassBase):
@@ -149,22 +138,6 @@ class PlainSkipLayerNorm(pattern.RewriteRuleClassBase):
         return normed, total
 
 
-class MergeGemmBias(pattern.RewriteRuleClassBase):
-    def pattern(self, op, x, w, b):
-        return op.Add(op.Gemm(x, w, _allow_other_attributes=True, _outputs=["y"]), b)
-
-    def check(self, context, x, w, b, y, **_):
-        ok = pattern.MatchResult()
-        if not _plain_gemm(y.producer()) or not _rank1_const(b):
-            return ok.fail("not a bias-free Linear plus a constant 1-D bias")
-        if len(y.uses()) != 1:
-            return ok.fail("the Gemm output has other uses")
-        return ok
-
-    def rewrite(self, op, x, w, b, **_):
-        return op.Gemm(x, w, b, transB=1)
-
-
 def _rank(value: ir.Value) -> int | None:
     return value.shape.rank() if value.shape is not None else None
 
@@ -206,7 +179,6 @@ class Gather1d(pattern.RewriteRuleClassBase):
 
 
 RULES: tuple[pattern.RewriteRuleSet, ...] = (
-    pattern.RewriteRuleSet([SplitGemmBias.rule("split_gemm_bias")]),
     pattern.RewriteRuleSet([*BiasGelu.rule("bias_gelu").commute()]),
     pattern.RewriteRuleSet([ContribGelu.rule("contrib_gelu")]),
     pattern.RewriteRuleSet(
@@ -217,7 +189,6 @@ RULES: tuple[pattern.RewriteRuleSet, ...] = (
         ]
         + [PlainSkipLayerNorm.rule("skip_layer_norm_plain")]
     ),
-    pattern.RewriteRuleSet([*MergeGemmBias.rule("merge_gemm_bias").commute()]),
     pattern.RewriteRuleSet(
         [
             FlatReshape.rule("flat_reshape"),
@@ -227,8 +198,38 @@ RULES: tuple[pattern.RewriteRuleSet, ...] = (
 )
 
 
+def gemm_to_matmul(model: ir.Model) -> int:
+    """Every Gemm(x, W[, b]) with a constant 2-D W, transB=1 (alpha = beta = 1, transA = 0) -> MatMul(x, W^T)
+    [+ Add(b)], W^T a new initializer (shared by Gemms of the same W). Returns the number of Gemms replaced."""
+    graph = model.graph
+    transposed: dict[str, ir.Value] = {}
+    done = 0
+    for node in list(graph):
+        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx") or not _plain_gemm(node):
+            continue
+        x, w = node.inputs[0], node.inputs[1]
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if w is None or w.const_value is None or len(w.const_value.shape) != 2:
+            continue
+        if w.name not in transposed:
+            wt = ir.Value(name=f"{w.name}_t", const_value=ir.tensor(np.ascontiguousarray(w.const_value.numpy().T)))
+            wt.shape, wt.type = wt.const_value.shape, ir.TensorType(wt.const_value.dtype)
+            graph.register_initializer(wt)
+            transposed[w.name] = wt
+        mm = ir.node("MatMul", [x, transposed[w.name]])
+        new = [mm]
+        if c is not None:
+            new.append(ir.node("Add", [mm.outputs[0], c]))
+        out = new[-1].outputs[0]
+        out.shape, out.type = node.outputs[0].shape, node.outputs[0].type
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new, [node.outputs[0]], [out])
+        done += 1
+    return done
+
+
 def fuse_for_ort(model: ir.Model) -> ir.Model:
-    """Apply RULES in order to `model`, then drop dead nodes and initializers; returns the model."""
+    """gemm_to_matmul, then RULES in order, then drop dead nodes and initializers; returns the model."""
+    gemm_to_matmul(model)
     for rules in RULES:
         model = rewrite(model, pattern_rewrite_rules=rules)
     for cleanup in (
