@@ -5,8 +5,9 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
 1. `gemm_to_matmul` (a pass, not a pattern): torch.onnx writes a Linear as Gemm(x, W, b, transB=1); it becomes
    MatMul(x, W^T) with the weight transposed once in the file (+ Add(b)), the layout the builder-era graphs ran
    fastest with on the CUDA EP, and a bias Add the next rules can fuse.
-2. `bias_gelu`: Gelu(Add(y, b)) -> com.microsoft::BiasGelu(y, b) (exact GELU); `contrib_gelu`: the other
-   exact Gelus -> com.microsoft::Gelu (the kernel every ONNX Runtime EP of raggedvit's has for fp32 and fp16).
+2. `bias_gelu`: Gelu(Add(y, b)) -> com.microsoft::BiasGelu(y, b) (exact GELU); `zero_bias_gelu`: the other
+   exact Gelus -> BiasGelu(x, 0): ONNX Runtime's CUDA BiasGelu kernel is vectorised, its Gelu kernels are not
+   (twice the time on the H200 profile in benchmarks/results/traced_vs_builder_*.json).
 3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->
    com.microsoft::SkipLayerNormalization(y, residual, gamma, beta, b) (outputs: normalised, sum); the
    `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
@@ -59,7 +60,7 @@ class BiasGelu(pattern.RewriteRuleClassBase):
         return op.BiasGelu(y, b, _domain=_MS)
 
 
-class ContribGelu(pattern.RewriteRuleClassBase):
+class ZeroBiasGelu(pattern.RewriteRuleClassBase):
     def pattern(self, op, x):
         return op.Gelu(x, _allow_other_attributes=True, _outputs=["g"])
 
@@ -67,10 +68,14 @@ class ContribGelu(pattern.RewriteRuleClassBase):
         ok = pattern.MatchResult()
         if g.producer().attributes.get_string("approximate", "none") != "none":
             return ok.fail("tanh GELU")
+        if x.shape is None or not isinstance(x.shape[-1], int) or x.dtype is None:
+            return ok.fail("last dimension or dtype unknown")
         return ok
 
     def rewrite(self, op, x, **_):
-        return op.Gelu(x, _domain=_MS)
+        zeros = np.zeros(x.shape[-1], dtype=x.dtype.numpy())
+        bias = op.initializer(ir.tensor(zeros), name=f"{x.name}_zero_bias")
+        return op.BiasGelu(x, bias, _domain=_MS)
 
 
 class SkipLayerNorm(pattern.RewriteRuleClassBase):
@@ -180,7 +185,7 @@ class Gather1d(pattern.RewriteRuleClassBase):
 
 RULES: tuple[pattern.RewriteRuleSet, ...] = (
     pattern.RewriteRuleSet([*BiasGelu.rule("bias_gelu").commute()]),
-    pattern.RewriteRuleSet([ContribGelu.rule("contrib_gelu")]),
+    pattern.RewriteRuleSet([ZeroBiasGelu.rule("zero_bias_gelu")]),
     pattern.RewriteRuleSet(
         [
             SkipLayerNorm.rule(f"skip_layer_norm{'_cast' if cast else ''}", cast=cast, residual_first=first)
@@ -227,9 +232,41 @@ def gemm_to_matmul(model: ir.Model) -> int:
     return done
 
 
+def drop_unused_outputs(model: ir.Model, op_type: str = "RaggedAttention") -> int:
+    """Trailing optional outputs nobody reads are removed from `op_type` nodes (a RaggedAttention with a cls_attn
+    output computes it: a second kernel per block). Returns the number of nodes changed."""
+    graph = model.graph
+    graph_outputs = set(graph.outputs)
+    done = 0
+    for node in list(graph):
+        if node.op_type != op_type:
+            continue
+        keep = len(node.outputs)
+        while keep > 1 and not node.outputs[keep - 1].uses() and node.outputs[keep - 1] not in graph_outputs:
+            keep -= 1
+        if keep == len(node.outputs):
+            continue
+        new = ir.node(
+            node.op_type,
+            list(node.inputs),
+            {a.name: a for a in node.attributes.values()},
+            domain=node.domain,
+            num_outputs=keep,
+            name=node.name,
+        )
+        for old, value in zip(node.outputs[:keep], new.outputs):
+            value.name, value.shape, value.type = old.name, old.shape, old.type
+        ir.convenience.replace_nodes_and_values(
+            graph, node, [node], [new], list(node.outputs[:keep]), list(new.outputs)
+        )
+        done += 1
+    return done
+
+
 def fuse_for_ort(model: ir.Model) -> ir.Model:
-    """gemm_to_matmul, then RULES in order, then drop dead nodes and initializers; returns the model."""
+    """gemm_to_matmul, drop_unused_outputs, then RULES in order, then drop dead nodes and initializers."""
     gemm_to_matmul(model)
+    drop_unused_outputs(model)
     for rules in RULES:
         model = rewrite(model, pattern_rewrite_rules=rules)
     for cleanup in (
