@@ -14,7 +14,7 @@ from torch import nn
 
 from raggedvit.pruning._model import check_supported, classify, embed_tokens, is_distilled
 from raggedvit.pruning.packed_block import AttentionFn, module_dtype, packed_block_forward
-from raggedvit.pruning.select import pad_scores, select_tokens, uniform_topk
+from raggedvit.pruning.select import pad_rows, pad_scores, padded_slots, select_tokens, uniform_topk
 from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
 
 __all__ = [
@@ -104,12 +104,13 @@ def packed_prune_stage(
     x_src, index_src = x, token_index
     if spec.fuse:
         assert cls_attn is not None
+        rows, valid = padded_slots(cu, n, width)
         idx = torch.arange(width, device=x.device)
-        dropped = (~keep) & (idx < n.unsqueeze(1)) & (idx >= num_prefix)  # [B, W]
-        w = cls_attn.to(torch.float32) * dropped[seq_id, pos].to(torch.float32)  # [T]
-        num = torch.zeros(B, C, dtype=torch.float32, device=x.device).index_add(0, seq_id, w.unsqueeze(1) * x.float())
-        den = torch.zeros(B, dtype=torch.float32, device=x.device).index_add(0, seq_id, w)
-        fused = (num / den.clamp_min(EVIT_FUSE_EPS).unsqueeze(1)).to(x.dtype)  # [B, C]
+        dropped = (~keep) & valid & (idx >= num_prefix)  # [B, W]
+        w = torch.where(dropped, torch.take(cls_attn.to(torch.float32), rows), 0.0)  # [B, W]
+        num = torch.bmm(w.unsqueeze(1), pad_rows(x, rows).float()).squeeze(1)  # [B, C]
+        den = w.sum(dim=1, keepdim=True)
+        fused = (num / den.clamp_min(EVIT_FUSE_EPS)).to(x.dtype)  # [B, C]
         keep = torch.cat((keep, torch.ones(B, 1, dtype=torch.bool, device=x.device)), dim=1)  # slot W = fused
         x_src = torch.cat((x, fused), dim=0)
         index_src = torch.cat((token_index, torch.full((B,), -1, dtype=token_index.dtype, device=x.device)))
@@ -219,11 +220,11 @@ class PrunedViT(nn.Module):
             else:
                 x = out
             state = state._replace(x=x)
-        logits = self._head(state, B)
+        logits = self._head(state, width)
         token_counts = torch.stack(counts, dim=1) if counts else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces))
 
-    def _head(self, state: PackedState, batch: int) -> torch.Tensor:
+    def _head(self, state: PackedState, width: int) -> torch.Tensor:
         """Final norm, pooling per image, classifier -> logits [B, classes] in the head's dtype (features [B, C]
         for headless models)."""
         vit = self.vit
@@ -234,23 +235,24 @@ class PrunedViT(nn.Module):
             second = vit.norm(state.x.index_select(0, starts + 1).to(dtype)) if is_distilled(vit) else None
             return classify(vit, first, second, None)
         x = vit.norm(state.x.to(dtype))
-        include = state.pos >= (0 if vit.pool_include_prefix else self.num_prefix)  # [T]
-        pooled = _packed_pool(x, state.seq_id, include, batch, x.shape[1], vit.global_pool)
+        n = state.cu[1:] - state.cu[:-1]
+        rows, valid = padded_slots(state.cu, n, width)
+        slot = torch.arange(width, device=x.device)
+        include = valid & (slot >= (0 if vit.pool_include_prefix else self.num_prefix))  # [B, W]
+        pooled = _padded_pool(pad_rows(x, rows), include, vit.global_pool)
         return classify(vit, pooled, None, pooled)
 
 
-def _packed_pool(x: torch.Tensor, seq_id: torch.Tensor, include: torch.Tensor, batch: int, C: int, pool: str):
-    """Per-image mean / max over included rows: x [T, C] -> [B, C]."""
+def _padded_pool(x: torch.Tensor, include: torch.Tensor, pool: str) -> torch.Tensor:
+    """Per-image mean / max over the included slots: x [B, W, C], include [B, W] -> [B, C] in x's dtype
+    (mean summed in float32)."""
+    m = include.unsqueeze(2)
     out = []
-    if pool in ("avg", "avgmax"):  # sums in float32 (half inputs), result in x.dtype
-        w = include.to(torch.float32)
-        total = torch.zeros(batch, C, dtype=torch.float32, device=x.device).index_add(0, seq_id, x.float() * w[:, None])
-        count = torch.zeros(batch, dtype=torch.float32, device=x.device).index_add(0, seq_id, w)
-        out.append((total / count.unsqueeze(1)).to(x.dtype))
+    if pool in ("avg", "avgmax"):
+        total = torch.where(m, x.float(), 0.0).sum(dim=1)
+        out.append((total / include.sum(dim=1, keepdim=True).to(torch.float32)).to(x.dtype))
     if pool in ("max", "avgmax"):
-        src = torch.where(include.unsqueeze(1), x, float("-inf"))
-        init = torch.full((batch, C), float("-inf"), dtype=x.dtype, device=x.device)
-        out.append(init.scatter_reduce(0, seq_id.unsqueeze(1).expand(-1, C), src, reduce="amax"))
+        out.append(x.masked_fill(~m, float("-inf")).amax(dim=1))
     if pool == "avgmax":
         return 0.5 * (out[1] + out[0])
     return out[0]

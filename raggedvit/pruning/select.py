@@ -13,7 +13,7 @@ import torch
 
 from raggedvit.pruning.spec import CLS_MASS_EPS, PruneSpec, f32, uniform_keep
 
-__all__ = ["Selection", "pad_scores", "select_tokens", "uniform_topk"]
+__all__ = ["Selection", "pad_rows", "pad_scores", "padded_slots", "select_tokens", "uniform_topk"]
 
 
 class Selection(NamedTuple):
@@ -26,12 +26,28 @@ class Selection(NamedTuple):
     k: torch.Tensor
 
 
+def padded_slots(cu: torch.Tensor, n: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The padded layout of packed rows: (rows [B, width] int64: the packed row of slot j of image b, cu[b] + j,
+    0 for padding; valid [B, width] bool: j < n_b). cu [B+1], n [B] = cu[1:] - cu[:-1]."""
+    slot = torch.arange(width, device=cu.device, dtype=torch.int64).unsqueeze(0)  # [1, W]
+    valid = slot < n.unsqueeze(1)
+    return torch.where(valid, cu[:-1].unsqueeze(1) + slot, 0), valid
+
+
+def pad_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Packed rows x [T, C] -> padded [B, W, C] by `padded_slots` rows (padding slots repeat row 0: mask them).
+
+    Per-image reductions read this layout (a gather, no scatter-add: ONNX Runtime's CPU ScatterND with an add
+    reduction races on repeated indices)."""
+    B, W = rows.shape
+    return x.index_select(0, rows.reshape(-1)).reshape(B, W, x.shape[1])
+
+
 def pad_scores(scores: torch.Tensor, cu: torch.Tensor, n: torch.Tensor, width: int, num_prefix: int) -> torch.Tensor:
     """Packed scores [T] -> padded S [B, width] float32: slot j of image b holds row cu[b] + j; -inf at prefix
     slots (j < p) and padding (j >= n_b). cu [B+1], n [B] = cu[1:] - cu[:-1]. A gather (no scatter)."""
-    slot = torch.arange(width, device=scores.device, dtype=torch.int64).unsqueeze(0)  # [1, W]
-    valid = slot < n.unsqueeze(1)
-    rows = torch.where(valid, cu[:-1].unsqueeze(1) + slot, 0)  # [B, W]
+    rows, valid = padded_slots(cu, n, width)
+    slot = torch.arange(width, device=scores.device, dtype=torch.int64).unsqueeze(0)
     s = torch.take(scores.to(torch.float32), rows)
     return torch.where(valid & (slot >= num_prefix), s, float("-inf"))
 

@@ -39,7 +39,7 @@ def test_graph_structure(deit_tiny_d6, spec):
     assert len(attn) == depth
     # the qkv bias is the op's third input: no Add between the bias-free qkv GEMM and the op
     producers = {o: n for n in model.graph.node for o in n.output}
-    assert all(len(a.input) == 3 and producers[a.input[0]].op_type == "Gemm" for a in attn)
+    assert all(len(a.input) == 3 and producers[a.input[0]].op_type == "MatMul" for a in attn)
     assert all(len(producers[a.input[0]].input) == 2 for a in attn)
     attrs = {a.name: helper.get_attribute_value(a) for a in attn[0].attribute}
     assert attrs["num_heads"] == 3 and attrs["scale"] == pytest.approx(deit_tiny_d6.blocks[0].attn.scale)
