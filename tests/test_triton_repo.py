@@ -77,20 +77,20 @@ def _check_tensors(entries, ort_args, batched: bool) -> None:
         assert list(entry.dims) == (shape[1:] if batched else shape), arg
 
 
-@pytest.mark.parametrize("kind", ["gpu", "cpu"])
-def test_config_matches_the_model(exported, tmp_path, kind):
+def test_config_matches_the_model(exported, tmp_path):
     repo = tmp_path / "models"
-    res = cli("triton-repo", str(exported), str(repo), "--name", "deit", "--kind", kind, "--instances", "2")
-    assert res.returncode == 0, res.stderr
-    assert f"wrote {repo / 'deit'}" in res.stdout
-    config = parse_config(repo / "deit" / "config.pbtxt")
+    for name, kind in (("deit", "gpu"), ("deit_cpu", "cpu")):
+        res = cli("triton-repo", str(exported), str(repo), "--name", name, "--kind", kind, "--instances", "2")
+        assert res.returncode == 0, res.stderr
+        assert f"wrote {repo / name}" in res.stdout
+        config = parse_config(repo / name / "config.pbtxt")
+        assert [(g.count, _schema().ModelInstanceGroup.Kind.Name(g.kind)) for g in config.instance_group] == [
+            (2, f"KIND_{kind.upper()}")
+        ]
     model_dir = repo / "deit"
-
+    config = parse_config(model_dir / "config.pbtxt")
     assert config.name == "deit" and config.platform == "onnxruntime_onnx"
     assert config.max_batch_size == 32 and config.HasField("dynamic_batching")
-    assert [(g.count, _schema().ModelInstanceGroup.Kind.Name(g.kind)) for g in config.instance_group] == [
-        (2, f"KIND_{kind.upper()}")
-    ]
     # the library is named by its absolute path on the server: /models <-> repo
     (library,) = config.model_operations.op_library_filename
     assert library == f"/models/deit/{LIBRARY_NAME}"
@@ -157,7 +157,10 @@ def test_strict_parse_rejects_unknown_fields(tmp_path):
         parse_config(bad)
 
 
-def test_cli_errors(exported, tmp_path):
+def test_cli_errors(tmp_path):
+    exported = tmp_path / "m.onnx"
+    _identity_model(exported, ["n", 4])
+
     def error(*args: str) -> str:
         res = cli("triton-repo", *args)
         lines = res.stderr.strip().splitlines()
@@ -170,6 +173,6 @@ def test_cli_errors(exported, tmp_path):
     assert "must be absolute" in error(str(exported), str(tmp_path / "r"), "--server-repo", "models")
     assert "not a folder name" in error(str(exported), str(tmp_path / "r"), "--name", "a/b")
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())  # nothing half-written
-    (tmp_path / "r" / "deit_tiny").mkdir(parents=True)
+    (tmp_path / "r" / "m").mkdir(parents=True)
     assert "already exists" in error(str(exported), str(tmp_path / "r"))
     assert "Invalid value for '--kind'" in error(str(exported), str(tmp_path / "r"), "--kind", "tpu")
