@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["ElfNeeds", "elf_needs", "manylinux_platform", "wheel_platform"]
@@ -34,12 +35,12 @@ _LEVELS = ((17, 19), (24, 22), (27, 24), (28, 24), (31, 28), (34, 29), (35, 30),
 _OLDEST_CXXABI = (1, 3, 7)  # CXXABI_1.3.7 is the newest that manylinux_2_17 allows
 
 
+@dataclass(frozen=True)
 class ElfNeeds:
     """What a shared library asks of the system: NEEDED libraries and versioned symbol sets (GLIBC_2.34 ...)."""
 
-    def __init__(self, libraries: set[str], versions: set[str]) -> None:
-        self.libraries = libraries
-        self.versions = versions
+    libraries: frozenset[str]
+    versions: frozenset[str]
 
     def newest(self, prefix: str) -> tuple[int, ...]:
         """Newest version with `prefix` (e.g. "GLIBC_" -> (2, 34)); () if none."""
@@ -81,7 +82,7 @@ def elf_needs(path: str | Path) -> ElfNeeds:
                     versions.add(string(link, name))
                     apos += next_aux
                 pos += next_need
-    return ElfNeeds(libraries, versions)
+    return ElfNeeds(frozenset(libraries), frozenset(versions))
 
 
 def manylinux_platform(needs: ElfNeeds, arch: str) -> str | None:

@@ -14,7 +14,7 @@ BASE = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x
 
 
 def needs(*versions: str, libraries: set[str] = BASE) -> ElfNeeds:
-    return ElfNeeds(set(libraries), set(versions))
+    return ElfNeeds(frozenset(libraries), frozenset(versions))
 
 
 @pytest.mark.parametrize(
