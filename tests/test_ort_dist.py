@@ -83,3 +83,20 @@ def test_info_without_runtime(no_onnxruntime):
     assert res.returncode == 0, res.stderr
     line = next(x for x in res.stdout.splitlines() if x.startswith("onnxruntime"))
     assert "import onnxruntime` fails" in line and "ORT providers" not in res.stdout
+
+
+def test_info_warns_when_both_are_installed(tmp_path):
+    """A second distribution's metadata on the path (as an onnxruntime-gpu unpacked beside the CPU one)."""
+    import onnxruntime
+
+    meta = tmp_path / "onnxruntime_gpu-9.9.9.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 9.9.9\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(
+        [sys.executable, "-m", "raggedvit.cli", "info"], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert res.returncode == 0, res.stderr
+    assert "and onnxruntime-gpu 9.9.9 are installed" in res.stderr and "the one installed last wins" in res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.startswith("onnxruntime"))
+    assert line.split(None, 1)[1] == f"{onnxruntime.__version__} (onnxruntime; also installed: onnxruntime-gpu 9.9.9)"
