@@ -1,4 +1,4 @@
-"""raggedvit command line: export | validate | bench | info (thin click commands over the library).
+"""raggedvit command line: export | validate | bench | info | triton-repo (thin click commands over the library).
 
 Exit codes: 0 success / validation passed, 1 validation failed numerically, 2 usage or input error
 (one line "error: ..." on stderr, no partial output file), 3 unexpected internal error
@@ -219,6 +219,7 @@ def validate(
 
     Exit 0 if it passes, 1 on a numerical failure, 2 on a usage or input error.
     """
+    _require_onnxruntime()
     if sum([image_dir is not None, sample_images, random_n is not None]) > 1:
         raise CliError("give at most one of --images, --sample-images, --random")
     if image_dir is not None and not Path(image_dir).is_dir():
@@ -311,11 +312,14 @@ def info() -> None:
     click.echo(f"raggedvit     {raggedvit.__version__}")
     for dist in ("torch", "triton", "timm", "onnx"):
         click.echo(f"{dist:<13} {version(dist)}")
-    ort_dist = "onnxruntime-gpu" if version("onnxruntime-gpu") != "not installed" else "onnxruntime"
-    click.echo(f"{'onnxruntime':<13} {version(ort_dist)} ({ort_dist})")
-    import onnxruntime as ort
+    from raggedvit.ort_dist import status
 
-    click.echo(f"ORT providers {', '.join(ort.get_available_providers())}")
+    ort = status()
+    click.echo(f"{'onnxruntime':<13} {ort.describe()}")
+    if ort.warning:
+        click.echo(f"warning: {ort.warning}", err=True)
+    if ort.version is not None:
+        click.echo(f"ORT providers {', '.join(ort.providers)}")
     import torch
 
     if torch.cuda.is_available():
@@ -340,6 +344,16 @@ def info() -> None:
         click.echo(f"  {key:<16} {', '.join(map(str, value)) or '-' if isinstance(value, list) else value}")
 
 
+def _require_onnxruntime() -> None:
+    """CliError (exit 2) naming the install command when `import onnxruntime` fails."""
+    from raggedvit.ort_dist import OnnxRuntimeMissing, require_onnxruntime
+
+    try:
+        require_onnxruntime()
+    except OnnxRuntimeMissing as e:
+        raise CliError(str(e)) from None
+
+
 @main.command()
 @click.argument("onnx_file", metavar="MODEL.onnx", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="ONNX Runtime execution provider.")
@@ -354,6 +368,8 @@ def info() -> None:
 def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path: Path | None, cuda_graph: bool) -> None:
     """Images per second of an exported model in ONNX Runtime (sample photos, io binding on CUDA)."""
     import json
+
+    _require_onnxruntime()
 
     if not onnx_file.is_file():
         raise CliError(f"no such file: {onnx_file}")
@@ -388,6 +404,41 @@ def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path:
         tmp = json_path.with_name(json_path.name + ".tmp")
         tmp.write_text(json.dumps(payload, indent=2))
         os.replace(tmp, json_path)
+
+
+# ---- triton-repo ----------------------------------------------------------------------------------
+@main.command("triton-repo")
+@click.argument("onnx_file", metavar="MODEL.onnx", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("repo_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", default=None, help="Model name and folder under DIR (default: the file name's stem).")
+@click.option("--max-batch-size", type=click.IntRange(min=0), default=32, help="Largest batch Triton forms.")
+@click.option("--instances", type=click.IntRange(min=1), default=1, help="Model instances (per GPU for gpu).")
+@click.option("--kind", type=click.Choice(["gpu", "cpu"]), default="gpu", help="Instance kind: CUDA EP or CPU EP.")
+@click.option(
+    "--server-repo",
+    default="/models",
+    help="Absolute path of DIR as the server sees it (the config names the op library by its absolute path).",
+)
+def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, server_repo) -> None:
+    """Write a Triton Inference Server model repository DIR/NAME for MODEL.onnx (config.pbtxt, 1/model.onnx, the
+    op library)."""
+    from raggedvit.triton_repo import write_model_repository
+
+    try:
+        repo = write_model_repository(
+            onnx_file,
+            repo_dir,
+            name=name,
+            max_batch_size=max_batch_size,
+            instances=instances,
+            kind=kind,
+            server_repo=server_repo,
+        )
+    except (ValueError, OSError) as e:  # bad model or arguments, op library not built, unwritable DIR
+        raise CliError(str(e)) from None
+    batching = f"batches up to {repo.max_batch_size}" if repo.max_batch_size else "fixed batch: max_batch_size 0"
+    click.echo(f"wrote {repo.model_dir} (config.pbtxt, 1/model.onnx, {repo.library.name}; {batching})")
+    click.echo(f"serve with: tritonserver --model-repository={server_repo} (DIR mounted at {server_repo})")
 
 
 if __name__ == "__main__":
