@@ -119,7 +119,7 @@ def validate(
 def _moved_cut_note(margins: list[NearTie], stage: int, moved_by: int, spec: PruneSpec, th: Thresholds) -> str:
     """Why a cut the export moved by `moved_by` tokens at `stage` is not a tie (see ties.precision_tie)."""
     block = spec.prune_at[stage] if stage < len(spec.prune_at) else "?"
-    where = f"stage {stage} (block {block}) by {moved_by:+d} tokens"
+    where = f"stage {stage} (block {block}) by {moved_by:+d} token{'' if abs(moved_by) == 1 else 's'}"
     if spec.policy != "cls-mass":
         return f"{where}: {spec.policy} keeps ceil(P x keep) tokens whatever the scores, so no rounding moves a count"
     mass = [t.gap for t in margins if t.stage == stage and t.kind == "mass"]
