@@ -166,4 +166,6 @@ def _failures(
         if agree < th.min_top1:
             bad = [r.index for r in judged if not r.top1_agree]
             out.append(Failure("top1", None, f"top-1 agreement {agree:.1%} < {th.min_top1:.0%} (images {bad})"))
+    elif rows:  # every image excused: nothing was compared, which must not read as a pass
+        out.append(Failure("none_judged", None, f"no image judged: all {len(rows)} are near-ties or precision ties"))
     return out

@@ -12,7 +12,7 @@ from raggedvit.validators.rules import Thresholds
 
 __all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "ValidationReport"]
 
-FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite"]
+FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,7 @@ class ValidationReport:
                 "token_counts_agreement": self.counts_agreement,
                 "near_ties": len(self.near_ties),
                 "precision_ties": len(self.precision_ties),
+                "judged_images": len(self.judged),
                 "reference_max_abs_logit": self.ref_max_abs_logit,
                 "precision_floor": self.floor_summary(),
             },
@@ -186,11 +187,12 @@ class ValidationReport:
         lines += _floor_lines(self.floor_summary(), r.get("dtype", "?"))
         lines += [
             "",
-            "| images | max abs Δlogit | mean abs Δlogit | top-1 agreement | token_counts agreement | near-ties "
-            "| precision ties |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
-            f"| {len(self.rows)} | {self.max_abs_diff:.3e} | {self.mean_abs_diff:.3e} | {self.top1_agreement:.1%} "
-            f"| {self.counts_agreement:.1%} | {len(self.near_ties)} | {len(self.precision_ties)} |",
+            "| images | judged | max abs Δlogit | mean abs Δlogit | top-1 agreement | token_counts agreement "
+            "| near-ties | precision ties |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {len(self.rows)} | {len(self.judged)} | {self.max_abs_diff:.3e} | {self.mean_abs_diff:.3e} "
+            f"| {self.top1_agreement:.1%} | {self.counts_agreement:.1%} | {len(self.near_ties)} "
+            f"| {len(self.precision_ties)} |",
             "",
             "| # | image | max abs Δ | mean abs Δ | top-1 onnx / ref | tokens onnx | tokens ref | near-tie |"
             + (" floor: weights | floor: torch |" if self.has_floor else ""),

@@ -53,6 +53,15 @@ def test_typed_failures():
     assert all(isinstance(f, Failure) for f in rep.failures)
 
 
+def test_a_run_with_no_judged_image_fails():
+    import dataclasses
+
+    rep = _report([_row(0, tie=True), dataclasses.replace(_row(1, counts=([98], [99])), precision_tie=True)])
+    assert [(f.kind, f.image) for f in rep.failures] == [("none_judged", None)]
+    assert "no image judged: all 2 are near-ties or precision ties" in rep.to_markdown()
+    assert rep.to_dict()["summary"]["judged_images"] == 0
+
+
 def test_near_tie_images_are_listed_not_failed():
     rep = _report(
         [_row(0, diff=0.5, top=(1, 2), counts=([98], [99]), tie=True), _row(1)], ties=[NearTie(0, 0, 4, "score", 1e-7)]
