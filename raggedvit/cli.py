@@ -177,19 +177,27 @@ def _load_vit(model: str, **kwargs):
 @click.option("--sample-images", is_flag=True, default=False, help="Bundled sample photos (the default source).")
 @click.option("--random", "random_n", type=int, default=None, help="N seeded random normalised inputs.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", help="ONNX Runtime execution provider.")
-@click.option("--atol", type=float, default=0.004, help="Pass if max |Δlogit| < ATOL on every image.")
+@click.option(
+    "--atol",
+    type=float,
+    default=None,
+    show_default="by export dtype: 0.004",
+    help="Absolute part of the |Δlogit| bar; with RTOL 0, pass if max |Δlogit| < ATOL on every judged image.",
+)
 @click.option(
     "--rtol",
     type=float,
-    default=0.0,
-    help="Add RTOL x the image's max |reference logit| to ATOL (for models with large logits; 0 = ATOL alone).",
+    default=None,
+    show_default="by export dtype: fp32 0, fp16 and fp16-all 0.01",
+    help="Relative part: pass if max |Δlogit| <= ATOL + RTOL x the image's max |reference logit| (0 = ATOL alone).",
 )
 @click.option("--min-top1", type=float, default=1.0, help="Pass if the top-1 agreement is at least this fraction.")
 @click.option(
     "--tie-eps",
     type=float,
     default=1e-5,
-    help="Relative score gap (or cls-mass margin) at a cut below which an image is a near-tie.",
+    help="Relative score gap (or cls-mass margin / mass) at a cut below which an image is a near-tie (not judged). "
+    "fp16 exports also excuse a cls-mass cut they moved within 4 fp16 ulps (relative): a precision tie.",
 )
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write REPORT.json and REPORT.md.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="Where the exported checkpoint is.")
@@ -226,9 +234,9 @@ def validate(
         raise CliError(f"image directory {str(image_dir)!r} does not exist")
     if random_n is not None and random_n <= 0:
         raise CliError(f"--random must be positive, got {random_n}")
-    if atol <= 0 or batch_size <= 0:
+    if (atol is not None and atol <= 0) or batch_size <= 0:
         raise CliError("--atol and --batch-size must be positive")
-    if rtol < 0:
+    if rtol is not None and rtol < 0:
         raise CliError(f"--rtol must be >= 0, got {rtol:g}")
     if report is not None:
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
@@ -254,7 +262,9 @@ def validate(
             spec=spec,
             recipe=recipe,
             device=device,
-            thresholds=Thresholds(max_abs_logit=atol, min_top1=min_top1, tie_eps=tie_eps, rel_logit=rtol),
+            thresholds=Thresholds.for_dtype(
+                str(recipe.get("dtype", "fp32")), atol=atol, rtol=rtol, min_top1=min_top1, tie_eps=tie_eps
+            ),
             batch_size=batch_size,
             progress=True,
             session=session,

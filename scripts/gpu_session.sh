@@ -11,6 +11,7 @@
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
 #   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
 #   speed     benchmarks.traced_vs_builder: traced exports vs the graph builder's (source tarball $BUILDER_TGZ)
+#   mutants   the mutation suite on fp16 / fp16-all CUDA-EP exports (tests/validators/test_mutations.py -m gpu)
 # Everything lands in /tmp/res, packed into $OUT/res.tgz (the device returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +54,9 @@ for stage in "$@"; do
       timeout 120 python3 scripts/perturbed_checkpoint.py deit_base_patch16_224 /tmp/pb.safetensors >> "$RES/vckpt.log" 2>&1 || rc=1
       validate_exports deit_base_biased "${CKDTYPES:-fp32 fp16-all}" "$RES/vckpt.log" --checkpoint /tmp/pb.safetensors || rc=1
       grep -E "raggedvit validation|^\| 7 " "$RES/vckpt.log" | tail -8;;
+    mutants)  # issue 14: every mutant must fail the fp16 rule on the CUDA EP, naming the images
+      timeout ${MUT:-500} python3 -m pytest -q -m gpu -p no:cacheprovider -rxX tests/validators/test_mutations.py \
+        > "$RES/mutants_gpu.log" 2>&1; rc=$?; tail -12 "$RES/mutants_gpu.log";;
     memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
       timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --kernel-name kns=_ragged \
         --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \

@@ -1,7 +1,9 @@
-"""ORT vs PyTorch on the same images: |Δlogit|, top-1 and token_counts agreement, near-ties, pass/fail."""
+"""ORT vs PyTorch on the same images: |Δlogit|, top-1 and token_counts agreement, near-ties and precision ties,
+pass/fail under the export dtype's rule (rules.py)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,10 @@ from raggedvit.pruning import PruneSpec
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
 from raggedvit.validators.reference import run_reference
-from raggedvit.validators.report import Failure, ImageRow, Thresholds, ValidationReport
+from raggedvit.validators.report import Failure, ImageRow, NearTie, ValidationReport
+from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
-from raggedvit.validators.ties import find_near_ties
+from raggedvit.validators.ties import find_near_ties, first_moved_stage, precision_tie
 
 __all__ = ["run_onnx", "validate"]
 
@@ -49,20 +52,23 @@ def validate(
 ) -> ValidationReport:
     """Compare the ONNX model in ORT with the PyTorch reference on `images` [N, 3, S, S] float32 (CPU).
 
-    Images with a near-tie at a pruning cut are listed and excluded from the failure criteria.
+    `thresholds`: None = the default rule of the recipe's export dtype (Thresholds.for_dtype). Images with a
+    near-tie at a pruning cut, and images where the export moved a cut within its precision's margin (precision
+    ties), are listed and excluded from the failure criteria; any other moved cut fails, naming image and stage.
     `session`: an ORT session of `model_path` on `device` already opened by the caller (else one is opened).
     `floor`: also measure the precision floor of the export dtype (validators/floor.py); None = for reduced-precision
     exports (fp16, fp16-all) only. It does not change pass/fail.
     """
-    th = thresholds or Thresholds()
+    dtype = str(recipe.get("dtype", "fp32"))
+    th = thresholds or Thresholds.for_dtype(dtype)
     if session is None:
         session = open_session(model_path, device, recipe=recipe)
     images = images.to("cpu", torch.float32).contiguous()
     lg_o, tc_o = run_onnx(session, images, batch_size, progress)
     lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
-    ties = find_near_ties(vit, spec, images, th.tie_eps)
+    margins = find_near_ties(vit, spec, images, math.inf)  # eps inf: the reference's margin at every cut
+    ties = [t for t in margins if t.gap < th.tie_eps]
     tied = {t.image for t in ties}
-    dtype = str(recipe.get("dtype", "fp32"))
     fl = precision_floor(vit, spec, images, lg_r, tc_r, dtype, batch_size=batch_size) if floor is not False else None
     if floor and fl is None:
         raise ValidationInputError(f"export dtype {dtype!r} has no precision floor (only {', '.join(FLOOR_DTYPES)})")
@@ -74,7 +80,18 @@ def validate(
         thresholds=th,
         near_ties=ties,
     )
+    notes: dict[int, str] = {}
     for i, name in enumerate(names):
+        moved = first_moved_stage([int(v) for v in tc_o[i]], [int(v) for v in tc_r[i]])
+        prec = None
+        if moved is not None and i not in tied:
+            mine = [t for t in margins if t.image == i]
+            by = int(tc_o[i, moved]) - int(tc_r[i, moved])
+            prec = precision_tie(mine, moved, by, spec, th.precision_eps)
+            if prec is not None:
+                report.precision_ties.append(prec)
+            else:
+                notes[i] = _moved_cut_note(mine, moved, by, spec, th)
         d = np.abs(lg_o[i].astype(np.float64) - lg_r[i].astype(np.float64))
         report.rows.append(
             ImageRow(
@@ -92,41 +109,63 @@ def validate(
                 floor_torch=None if fl is None else fl.torch[i],
                 floor_weights_same_counts=None if fl is None else fl.weights_same_counts[i],
                 floor_torch_same_counts=None if fl is None else fl.torch_same_counts[i],
+                precision_tie=prec is not None,
             )
         )
-    report.failures.extend(_failures(report.rows, lg_o, th))
+    report.failures.extend(_failures(report.rows, lg_o, th, notes))
     return report
 
 
-def _failures(rows: list[ImageRow], logits_onnx: np.ndarray, th: Thresholds) -> list[Failure]:
+def _moved_cut_note(margins: list[NearTie], stage: int, moved_by: int, spec: PruneSpec, th: Thresholds) -> str:
+    """Why a cut the export moved by `moved_by` tokens at `stage` is not a tie (see ties.precision_tie)."""
+    block = spec.prune_at[stage] if stage < len(spec.prune_at) else "?"
+    where = f"stage {stage} (block {block}) by {moved_by:+d} token{'' if abs(moved_by) == 1 else 's'}"
+    if spec.policy != "cls-mass":
+        return f"{where}: {spec.policy} keeps ceil(P x keep) tokens whatever the scores, so no rounding moves a count"
+    mass = [t.gap for t in margins if t.stage == stage and t.kind == "mass"]
+    gap = f"{min(mass):.2e}" if mass else "inf"
+    if th.precision_eps is not None and abs(moved_by) > 1:
+        return f"{where}: rounding moves a cls-mass cut by one token (the reference's margin there is {gap})"
+    eps = th.precision_eps if th.precision_eps is not None else th.tie_eps
+    what = "precision" if th.precision_eps is not None else "near-tie"
+    return f"{where}: the reference's mass margin there is {gap} >= the {what} margin {eps:.3g}"
+
+
+def _failures(
+    rows: list[ImageRow], logits_onnx: np.ndarray, th: Thresholds, moved_notes: dict[int, str] | None = None
+) -> list[Failure]:
+    """The failed criteria over `rows`; `moved_notes`: per image, why its moved cut is not a tie (for the text)."""
     out: list[Failure] = []
     for r in rows:
         if not np.isfinite(logits_onnx[r.index]).all():
             out.append(Failure("non_finite", r.index, f"image {r.index} ({r.name}): non-finite ONNX logits"))
             continue
-        if r.near_tie:
+        if r.near_tie or r.precision_tie:
             continue
-        bound = th.bound(r.ref_max_abs_logit)
-        if not r.max_abs_diff < bound:
+        if not th.passes(r.max_abs_diff, r.ref_max_abs_logit):
+            bar = f"{'>' if th.rel_logit else '>='} {th.bound(r.ref_max_abs_logit):.4g}"
             out.append(
                 Failure(
-                    "max_abs_logit",
-                    r.index,
-                    f"image {r.index} ({r.name}): max |Δlogit| {r.max_abs_diff:.3e} >= {bound:.4g}",
+                    "max_abs_logit", r.index, f"image {r.index} ({r.name}): max |Δlogit| {r.max_abs_diff:.3e} {bar}"
                 )
             )
         if not r.counts_agree:
+            stage = first_moved_stage(r.counts_onnx, r.counts_reference)
+            why = (moved_notes or {}).get(r.index, f"stage {stage}")
             out.append(
                 Failure(
                     "token_counts",
                     r.index,
-                    f"image {r.index} ({r.name}): token_counts {r.counts_onnx} != reference {r.counts_reference}",
+                    f"image {r.index} ({r.name}): token_counts {r.counts_onnx} != reference {r.counts_reference}, "
+                    f"moved at {why}",
                 )
             )
-    judged = [r for r in rows if not r.near_tie]
+    judged = [r for r in rows if not (r.near_tie or r.precision_tie)]
     if judged:
         agree = sum(r.top1_agree for r in judged) / len(judged)
         if agree < th.min_top1:
             bad = [r.index for r in judged if not r.top1_agree]
             out.append(Failure("top1", None, f"top-1 agreement {agree:.1%} < {th.min_top1:.0%} (images {bad})"))
+    elif rows:  # every image excused: nothing was compared, which must not read as a pass
+        out.append(Failure("none_judged", None, f"no image judged: all {len(rows)} are near-ties or precision ties"))
     return out

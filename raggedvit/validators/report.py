@@ -8,30 +8,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from raggedvit.exporter._io import atomic_write
+from raggedvit.validators.rules import Thresholds
 
 __all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "ValidationReport"]
 
-FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite"]
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Pass criteria: per image max |Δlogit| < max_abs_logit + rel_logit * max |reference logit| (rel_logit 0: the
-    absolute bar alone) and top-1 agreement >= min_top1 (fraction); a relative score gap (or cls-mass margin)
-    < tie_eps at a cut makes a near-tie."""
-
-    max_abs_logit: float = 0.004
-    min_top1: float = 1.0
-    tie_eps: float = 1e-5
-    rel_logit: float = 0.0
-
-    def bound(self, ref_max_abs_logit: float) -> float:
-        """The max |Δlogit| bar of an image whose reference logits reach `ref_max_abs_logit` in magnitude."""
-        return self.max_abs_logit + self.rel_logit * ref_max_abs_logit
-
-    def text(self) -> str:
-        rel = f" + {self.rel_logit:g} x max |reference logit|" if self.rel_logit else ""
-        return f"max |Δlogit| < {self.max_abs_logit:g}{rel}"
+FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +20,7 @@ class NearTie:
     """Image `image` is within `gap` of a different cut at stage `stage` (block `block`).
 
     kind "score": (last kept - first dropped score) / |last kept|;
-    kind "mass": cls-mass exclusive cumsum vs the mass."""
+    kind "mass": |cls-mass exclusive cumsum - mass| / mass."""
 
     image: int
     stage: int
@@ -75,6 +56,7 @@ class ImageRow:
     floor_torch: float | None = None  # max |Δlogit| of PyTorch's own forward in the export dtype
     floor_weights_same_counts: bool | None = None  # that floor run kept the reference's token counts
     floor_torch_same_counts: bool | None = None
+    precision_tie: bool = False  # the export moved a cut within its precision's margin (not judged)
 
     @property
     def top1_agree(self) -> bool:
@@ -97,6 +79,7 @@ class ValidationReport:
     rows: list[ImageRow] = field(default_factory=list)
     near_ties: list[NearTie] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    precision_ties: list[NearTie] = field(default_factory=list)  # the reference margin behind each moved cut
 
     @property
     def passed(self) -> bool:
@@ -113,6 +96,11 @@ class ValidationReport:
     @property
     def ref_max_abs_logit(self) -> float:
         return max((r.ref_max_abs_logit for r in self.rows), default=0.0)
+
+    @property
+    def judged(self) -> list[ImageRow]:
+        """The rows the pass criteria read: neither a near-tie nor a precision tie."""
+        return [r for r in self.rows if not (r.near_tie or r.precision_tie)]
 
     @property
     def has_floor(self) -> bool:
@@ -160,7 +148,7 @@ class ValidationReport:
             "model": self.model,
             "device": self.device,
             "providers": self.providers,
-            "thresholds": asdict(self.thresholds),
+            "thresholds": self.thresholds.to_dict(),
             "summary": {
                 "images": len(self.rows),
                 "max_abs_diff": self.max_abs_diff,
@@ -168,11 +156,14 @@ class ValidationReport:
                 "top1_agreement": self.top1_agreement,
                 "token_counts_agreement": self.counts_agreement,
                 "near_ties": len(self.near_ties),
+                "precision_ties": len(self.precision_ties),
+                "judged_images": len(self.judged),
                 "reference_max_abs_logit": self.ref_max_abs_logit,
                 "precision_floor": self.floor_summary(),
             },
             "failures": [asdict(f) for f in self.failures],
             "near_ties": [asdict(t) for t in self.near_ties],
+            "precision_ties": [asdict(t) for t in self.precision_ties],
             "rows": rows,
             "recipe": self.recipe,
         }
@@ -189,17 +180,19 @@ class ValidationReport:
             f"- model: `{self.model}` ({r.get('model', '?')}, {r.get('dtype', '?')}, img {r.get('img_size', '?')})",
             f"- pruning: {_prune_text(prune)}",
             f"- ONNX Runtime: {self.device} ({', '.join(self.providers)}); reference: PyTorch fp32 PrunedViT on CPU",
-            f"- thresholds: {th.text()}, top-1 >= {th.min_top1:.0%}, near-tie gap < {th.tie_eps:g}",
+            f"- rule: {th.text()}; top-1 >= {th.min_top1:.0%}; {th.tie_text()}",
             f"- reference logits: max |logit| {self.ref_max_abs_logit:.3g} (the absolute Δlogit threshold is "
             f"{th.max_abs_logit / max(self.ref_max_abs_logit, 1e-30):.2%} of it)",
         ]
         lines += _floor_lines(self.floor_summary(), r.get("dtype", "?"))
         lines += [
             "",
-            "| images | max abs Δlogit | mean abs Δlogit | top-1 agreement | token_counts agreement | near-ties |",
-            "|---:|---:|---:|---:|---:|---:|",
-            f"| {len(self.rows)} | {self.max_abs_diff:.3e} | {self.mean_abs_diff:.3e} | {self.top1_agreement:.1%} "
-            f"| {self.counts_agreement:.1%} | {len(self.near_ties)} |",
+            "| images | judged | max abs Δlogit | mean abs Δlogit | top-1 agreement | token_counts agreement "
+            "| near-ties | precision ties |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {len(self.rows)} | {len(self.judged)} | {self.max_abs_diff:.3e} | {self.mean_abs_diff:.3e} "
+            f"| {self.top1_agreement:.1%} | {self.counts_agreement:.1%} | {len(self.near_ties)} "
+            f"| {len(self.precision_ties)} |",
             "",
             "| # | image | max abs Δ | mean abs Δ | top-1 onnx / ref | tokens onnx | tokens ref | near-tie |"
             + (" floor: weights | floor: torch |" if self.has_floor else ""),
@@ -217,13 +210,24 @@ class ValidationReport:
             lines.append(
                 f"| {row.index} | {row.name} | {row.max_abs_diff:.3e} | {row.mean_abs_diff:.3e} "
                 f"| {row.top1_onnx} / {row.top1_reference}{mark} | {_counts(row.counts_onnx)}{cmark} "
-                f"| {_counts(row.counts_reference)} | {'yes' if row.near_tie else ''} |{floor}"
+                f"| {_counts(row.counts_reference)} | {_tie_mark(row)} |{floor}"
             )
         if self.near_ties:
             lines += ["", "Near-ties at a pruning cut (listed, not failed):", ""]
             lines += [
                 f"- image {t.image}, stage {t.stage} (block {t.block}): {t.kind} gap {t.gap:.2e}"
                 for t in self.near_ties
+            ]
+        if self.precision_ties:
+            eps = self.thresholds.precision_eps or 0.0
+            head = f"Precision ties: the export moved a cut whose reference margin is < {eps:.3g} (logits not compared)"
+            lines += ["", head + ", not failed:", ""]
+            names = {row.index: row for row in self.rows}
+            lines += [
+                f"- image {t.image} ({names[t.image].name}), stage {t.stage} (block {t.block}): token counts "
+                f"{_counts(names[t.image].counts_onnx)} vs reference {_counts(names[t.image].counts_reference)}; "
+                f"{t.kind} gap {t.gap:.2e}"
+                for t in self.precision_ties
             ]
         if self.failures:
             lines += ["", "Failures:", ""]
@@ -276,6 +280,10 @@ def _floor_lines(floor: dict[str, float | None] | None, dtype: str) -> list[str]
             "swapping places at a cut, same counts, also does this)"
         )
     return lines
+
+
+def _tie_mark(row: ImageRow) -> str:
+    return "yes" if row.near_tie else ("precision" if row.precision_tie else "")
 
 
 def _counts(c: list[int]) -> str:

@@ -1,9 +1,11 @@
-"""Near-ties at pruning cuts, recomputed from the PyTorch reference's own scores.
+"""Near-ties at pruning cuts, recomputed from the PyTorch reference's own scores, and which moved cuts they explain.
 
 Reads the stage decisions of `raggedvit.pruning.PrunedViT`'s forward (its StageTrace per stage) and, at every
-stage, measures how far each image is from a different cut: the gap between its last kept and first dropped
-sorted score relative to the last kept score (scores differ in scale: L2 norms ~10, cls attention ~1/N),
-and for cls-mass the distance of the exclusive cumulative mass to `mass` at the cut.
+stage, measures how far each image is from a different cut, relative to the scale of what is compared (scores
+differ in scale: squared L2 norms ~100, cls attention ~1/N): the gap between its last kept and first dropped sorted
+score relative to the last kept score, and for cls-mass the distance of the exclusive cumulative mass to `mass` at
+the cut relative to `mass`. Relative margins compare directly with a dtype's relative rounding (DESIGN.md
+section 6).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.pruning.spec import CLS_MASS_EPS
 from raggedvit.validators.report import NearTie
 
-__all__ = ["cut_gaps", "find_near_ties"]
+__all__ = ["cut_gaps", "find_near_ties", "first_moved_stage", "precision_tie"]
 
 
 def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int, spec: PruneSpec):
@@ -25,7 +27,7 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
 
     Returns:
         (score_gap [B] = (s_last_kept - s_first_dropped) / |s_last_kept|, mass_gap [B] = min |exclusive mass - mass|
-        at the cut) float64, +inf where no cut exists (all patches kept) / not cls-mass.
+        / mass at the cut) float64, +inf where no cut exists (all patches kept) / not cls-mass.
     """
     B, W = S.shape
     vals = torch.sort(S, dim=1, descending=True, stable=True).values.double()
@@ -45,7 +47,7 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
         excl = (torch.cumsum(a, dim=1) - a).double()
         for b in range(B):
             kb, pb = int(k[b]), int(P[b])
-            cands = [abs(float(excl[b, j]) - spec.mass) for j in (kb - 1, kb) if 0 < j < pb]
+            cands = [abs(float(excl[b, j]) - spec.mass) / spec.mass for j in (kb - 1, kb) if 0 < j < pb]
             if cands:
                 mass_gap[b] = min(cands)
     return score_gap, mass_gap
@@ -69,3 +71,27 @@ def find_near_ties(vit: torch.nn.Module, spec: PruneSpec, images: torch.Tensor, 
             if mass_gap[b] < eps:
                 ties.append(NearTie(b, stage, block, "mass", float(mass_gap[b])))
     return ties
+
+
+def first_moved_stage(counts_onnx: list[int], counts_reference: list[int]) -> int | None:
+    """The first stage whose token count differs from the reference's (None: all agree)."""
+    return next((s for s, (a, b) in enumerate(zip(counts_onnx, counts_reference)) if a != b), None)
+
+
+def precision_tie(
+    margins: list[NearTie], stage: int, moved_by: int, spec: PruneSpec, eps: float | None
+) -> NearTie | None:
+    """The reference margin that makes a cut moved by `moved_by` tokens at `stage` a precision tie, or None (the
+    moved cut is a fault).
+
+    Only a cls-mass count can move by rounding: its cut follows the cumulative mass, and it moves by one token when
+    the export's mass at the cut crosses `mass` where the reference's lies within `eps` (relative) of it. Moving by
+    two or more tokens also needs the noise to exceed the mass of the whole token in between; the margins here are
+    to the two neighbouring cuts only, so such a move is failed (conservative). topk-l2 and evit keep
+    ceil(P x keep) tokens whatever the scores: a moved count there is never precision. `margins`: the image's
+    NearTies at every cut (find_near_ties with eps = inf); `eps`: Thresholds.precision_eps (None: no precision ties).
+    """
+    if eps is None or spec.policy != "cls-mass" or abs(moved_by) != 1:
+        return None
+    at = [t for t in margins if t.stage == stage and t.kind == "mass" and t.gap < eps]
+    return min(at, key=lambda t: t.gap, default=None)

@@ -1,0 +1,134 @@
+"""Export faults the validator must catch: each mutant changes a copy of the model (or its spec) before export.
+
+The mutated model is exported with the ORIGINAL model's recipe restored in the ONNX metadata, so the file says
+nothing about the fault: `validate` rebuilds the original reference from the recipe (and `--checkpoint`) and
+has to see the difference in the outputs alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnx
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from raggedvit.exporter import export_onnx
+from raggedvit.exporter.metadata import read_recipe, write_recipe
+from raggedvit.pruning import PruneSpec
+from raggedvit.weights import load_vit, perturb_biases_and_norms_
+
+__all__ = ["BASE_SPEC", "MUTANTS", "MUTATED_BLOCK", "Mutant", "export_mutant", "write_base_checkpoint"]
+
+MODEL = "deit_tiny_patch16_224"
+# three topk-l2 stages keep 98, 49 and 25 of deit_tiny's 196 patches (ceil(P * 0.5))
+BASE_SPEC = PruneSpec("topk-l2", (3, 6, 9), keep=0.5)
+MUTATED_BLOCK = 5  # the block a single-block mutant changes: after the first stage, before the last
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """`mutate(vit, spec)` changes `vit` (a private copy) in place and returns the spec to export with."""
+
+    name: str
+    mutate: Callable[[VisionTransformer, PruneSpec], PruneSpec]
+
+
+def _drop_bias(layer: str) -> Callable[[VisionTransformer, PruneSpec], PruneSpec]:
+    def mutate(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+        blk = vit.blocks[MUTATED_BLOCK]
+        linear = {"qkv": blk.attn.qkv, "proj": blk.attn.proj, "fc1": blk.mlp.fc1, "fc2": blk.mlp.fc2}[layer]
+        assert float(linear.bias.abs().max()) > 0, "the base checkpoint must have non-zero biases"
+        linear.bias.zero_()
+        return spec
+
+    return mutate
+
+
+def _swap_q_heads(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    """Heads 0 and 1 swap their queries (q rows of qkv): head 0 scores q1 against k0, head 1 q0 against k1."""
+    qkv = vit.blocks[MUTATED_BLOCK].attn.qkv
+    d = vit.blocks[MUTATED_BLOCK].attn.head_dim
+    for p in (qkv.weight, qkv.bias):
+        p[: 2 * d] = torch.cat((p[d : 2 * d], p[:d])).clone()
+    return spec
+
+
+def _softmax_scale(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    for blk in vit.blocks:
+        blk.attn.scale = blk.attn.scale * 1.1
+    return spec
+
+
+def _stage_late(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    at = list(spec.prune_at)
+    at[0] += 1
+    return replace(spec, prune_at=tuple(at))
+
+
+def _keep_plus_one(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    """One more patch token at the first stage: keep k + 1/2 of P gives ceil(P * keep') = k + 1."""
+    patches = int(vit.patch_embed.num_patches)
+    k = math.ceil(patches * spec.keep)
+    return replace(spec, keep=(k + 0.5) / patches)
+
+
+def _layernorm_eps(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    for m in vit.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.eps *= 100
+    return spec
+
+
+def _scale_weight(where: str) -> Callable[[VisionTransformer, PruneSpec], PruneSpec]:
+    def mutate(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+        linear = vit.head if where == "head" else vit.blocks[MUTATED_BLOCK].mlp.fc1
+        linear.weight.mul_(1.05)
+        return spec
+
+    return mutate
+
+
+MUTANTS = [
+    *(Mutant(f"drop_{layer}_bias", _drop_bias(layer)) for layer in ("qkv", "proj", "fc1", "fc2")),
+    Mutant("swap_q_heads", _swap_q_heads),
+    Mutant("softmax_scale_x1.1", _softmax_scale),
+    Mutant("prune_stage_one_block_late", _stage_late),
+    Mutant("keep_one_more_token", _keep_plus_one),
+    Mutant("layernorm_eps_x100", _layernorm_eps),
+    Mutant("fc1_weight_x1.05", _scale_weight("fc1")),
+    Mutant("head_weight_x1.05", _scale_weight("head")),
+]
+
+
+def write_base_checkpoint(path: Path, seed: int = 0) -> tuple[VisionTransformer, dict]:
+    """Seeded deit_tiny (q/k sharpened) with random biases, norm shifts and tokens, saved to `path` (.pth) and
+    loaded back from it: (vit, the recipe an export of it records as its weights and model)."""
+    vit, _ = load_vit(MODEL, seed=seed)
+    perturb_biases_and_norms_(vit, seed=seed)
+    torch.save({k: v.detach().contiguous() for k, v in vit.state_dict().items()}, path)
+    vit, info = load_vit(MODEL, checkpoint=path)
+    return vit, {"model": MODEL, "weights": info.to_dict()}
+
+
+@torch.no_grad()
+def export_mutant(
+    mutant: Mutant | None, vit: VisionTransformer, spec: PruneSpec, recipe: dict, path: Path, *, dtype: str = "fp32"
+) -> Path:
+    """Export `mutant` of (vit, spec) to `path` in `dtype`, its metadata the recipe of the unmutated model (None:
+    the unmutated model itself, the control)."""
+    bad_vit, bad_spec = vit, spec
+    if mutant is not None:
+        bad_vit = copy.deepcopy(vit)
+        bad_spec = mutant.mutate(bad_vit, spec)
+    export_onnx(bad_vit, bad_spec, path, dtype=dtype, recipe=recipe)
+    model = onnx.load(str(path))
+    # the exporter records the spec it was given; put back the original's so the file hides the fault
+    stored = read_recipe(model)
+    write_recipe(model, {**stored, **recipe, "prune": spec.to_dict()})
+    onnx.save(model, str(path))
+    return path
