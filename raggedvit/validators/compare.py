@@ -16,7 +16,7 @@ from raggedvit.pruning import PruneSpec
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
 from raggedvit.validators.reference import run_reference
-from raggedvit.validators.report import Failure, ImageRow, NearTie, ValidationReport
+from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
 from raggedvit.validators.ties import find_near_ties, first_moved_stage, precision_tie
@@ -24,15 +24,39 @@ from raggedvit.validators.ties import find_near_ties, first_moved_stage, precisi
 __all__ = ["run_onnx", "validate"]
 
 
-def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool = False):
-    """images [N, 3, S, S] -> (logits [N, classes] float32, token_counts [N, stages] int64) numpy, in batches."""
+def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool = False, kept: list | None = None):
+    """images [N, 3, S, S] -> (logits [N, classes] float32, token_counts [N, stages] int64) numpy, in batches.
+
+    The first output is the logits (`features` for headless models). `kept`: a list that receives, per image, the
+    sorted kept token indices of each stage, when the export has diagnostic outputs (token_index_S, cu_seqlens_S)."""
+    outputs = [o.name for o in session.get_outputs()]
+    stages = sum(name.startswith("token_index_") for name in outputs)
     logits, counts = [], []
     chunks = range(0, images.shape[0], batch_size)
     for s in tqdm(chunks, desc="onnxruntime", disable=None if progress else True, leave=False):
-        lg, tc = session.run(["logits", "token_counts"], {"images": images[s : s + batch_size].numpy()})
-        logits.append(lg)
-        counts.append(tc)
+        res = session.run(outputs, {"images": images[s : s + batch_size].numpy()})
+        logits.append(res[0])
+        counts.append(res[1])
+        if kept is not None and stages:
+            by_stage = [_split_kept(res[2 + 2 * k], res[3 + 2 * k]) for k in range(stages)]
+            kept.extend([list(per_image) for per_image in zip(*by_stage)])
     return np.concatenate(logits), np.concatenate(counts)
+
+
+def _split_kept(token_index, cu) -> list:
+    """token_index [T] and cu [B+1] of one stage -> per image the sorted kept token indices."""
+    return [np.sort(np.asarray(token_index[int(cu[b]) : int(cu[b + 1])])) for b in range(len(cu) - 1)]
+
+
+def _swaps(kept_o: list, kept_r: list, image: int, spec: PruneSpec, margins: list[NearTie]) -> list[TokenSwap]:
+    """Stages where the export kept as many tokens as the reference but other ones."""
+    out = []
+    for stage, (a, b) in enumerate(zip(kept_o, kept_r)):
+        if len(a) == len(b) and not np.array_equal(a, b):
+            gap = min((t.gap for t in margins if t.image == image and t.stage == stage), default=math.inf)
+            swapped = len(np.setdiff1d(a, b))
+            out.append(TokenSwap(image, stage, spec.prune_at[stage], swapped, gap))
+    return out
 
 
 def validate(
@@ -64,9 +88,11 @@ def validate(
     if session is None:
         session = open_session(model_path, device, recipe=recipe)
     images = images.to("cpu", torch.float32).contiguous()
-    lg_o, tc_o = run_onnx(session, images, batch_size, progress)
+    kept_o: list = []
+    lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
     lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     margins = find_near_ties(vit, spec, images, math.inf)  # eps inf: the reference's margin at every cut
+    kept_r = _reference_kept(vit, spec, images) if kept_o else []
     ties = [t for t in margins if t.gap < th.tie_eps]
     tied = {t.image for t in ties}
     fl = precision_floor(vit, spec, images, lg_r, tc_r, dtype, batch_size=batch_size) if floor is not False else None
@@ -110,10 +136,21 @@ def validate(
                 floor_weights_same_counts=None if fl is None else fl.weights_same_counts[i],
                 floor_torch_same_counts=None if fl is None else fl.torch_same_counts[i],
                 precision_tie=prec is not None,
+                token_swaps=_swaps(kept_o[i], kept_r[i], i, spec, margins) if kept_o else [],
             )
         )
     report.failures.extend(_failures(report.rows, lg_o, th, notes))
     return report
+
+
+@torch.no_grad()
+def _reference_kept(vit: nn.Module, spec: PruneSpec, images: torch.Tensor) -> list:
+    """Per image, the sorted kept token indices of each stage in PrunedViT's forward."""
+    from raggedvit.pruning import PrunedViT
+
+    out = PrunedViT(vit, spec)(images)
+    stages = [_split_kept(index.numpy(), cu.numpy()) for index, cu in zip(out.token_index, out.cu_seqlens)]
+    return [list(per_image) for per_image in zip(*stages)]
 
 
 def _moved_cut_note(margins: list[NearTie], stage: int, moved_by: int, spec: PruneSpec, th: Thresholds) -> str:

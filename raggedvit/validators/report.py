@@ -10,7 +10,7 @@ from typing import Any, Literal
 from raggedvit.exporter._io import atomic_write
 from raggedvit.validators.rules import Thresholds
 
-__all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "ValidationReport"]
+__all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
 
 FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"]
 
@@ -39,6 +39,18 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class TokenSwap:
+    """At `stage` (block `block`) the export kept the same number of tokens as the reference but `swapped` of
+    them differ (exports with diagnostic outputs only); `gap`: the reference's relative score gap at that cut."""
+
+    image: int
+    stage: int
+    block: int
+    swapped: int
+    gap: float
+
+
+@dataclass(frozen=True)
 class ImageRow:
     """ORT vs reference on one image."""
 
@@ -57,6 +69,7 @@ class ImageRow:
     floor_weights_same_counts: bool | None = None  # that floor run kept the reference's token counts
     floor_torch_same_counts: bool | None = None
     precision_tie: bool = False  # the export moved a cut within its precision's margin (not judged)
+    token_swaps: list[TokenSwap] = field(default_factory=list)  # stages where equal counts kept other tokens
 
     @property
     def top1_agree(self) -> bool:
@@ -164,6 +177,7 @@ class ValidationReport:
             "failures": [asdict(f) for f in self.failures],
             "near_ties": [asdict(t) for t in self.near_ties],
             "precision_ties": [asdict(t) for t in self.precision_ties],
+            "token_swaps": [asdict(t) for r in self.rows for t in r.token_swaps],
             "rows": rows,
             "recipe": self.recipe,
         }
@@ -228,6 +242,14 @@ class ValidationReport:
                 f"{_counts(names[t.image].counts_onnx)} vs reference {_counts(names[t.image].counts_reference)}; "
                 f"{t.kind} gap {t.gap:.2e}"
                 for t in self.precision_ties
+            ]
+        swaps = [(row, t) for row in self.rows for t in row.token_swaps]
+        if swaps:
+            lines += ["", "Kept tokens that differ at a cut with equal counts (diagnostic outputs):", ""]
+            lines += [
+                f"- image {t.image} ({row.name}), stage {t.stage} (block {t.block}): {t.swapped} token"
+                f"{'' if t.swapped == 1 else 's'} swapped; reference score gap at the cut {t.gap:.2e}"
+                for row, t in swaps
             ]
         if self.failures:
             lines += ["", "Failures:", ""]
