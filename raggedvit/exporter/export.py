@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import raggedvit
+from raggedvit.describe import PRODUCER_NAME, doc_string, scrub_paths
 from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rewrites import fuse_for_ort
@@ -99,10 +100,11 @@ def build_model(
     ir_model = fuse_for_ort(program.model)
     ir_model.ir_version = IR_VERSION
     ir_model.opset_imports.setdefault(RAGGED_DOMAIN, 1)
-    ir_model.producer_name = "raggedvit"
+    ir_model.producer_name = PRODUCER_NAME
     ir_model.producer_version = raggedvit.__version__
+    ir_model.doc_string = doc_string()  # the op library it needs and how to register it
     full = {
-        **(recipe or {}),
+        **scrub_paths(recipe or {}),
         "prune": spec.to_dict(),
         "dtype": dtype,
         "img_size": h,
