@@ -13,6 +13,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,21 @@ def _init_(model, seed: int) -> None:
     model.eval()
 
 
-def reduced_model(name: str, *, depth: int, img_size: int, seed: int = 0, kwargs: dict[str, Any] | None = None):
+def reduced_model(
+    name: str,
+    *,
+    depth: int,
+    img_size: int,
+    seed: int = 0,
+    kwargs: dict[str, Any] | None = None,
+    step: Callable[[str], None] = lambda stage: None,
+):
     """(model, info): `name` built on the meta device, cut to its first `depth` blocks, materialised on the CPU
     with seeded weights. The model keeps its default image size unless a side exceeds `img_size` and timm
-    accepts an img_size argument for it; info holds the family, class, size and whether the size was capped."""
+    accepts an img_size argument for it; info holds the family, class, size and whether the size was capped.
+    step(stage) is called before each step ("meta build", "to_empty", "init")."""
     kwargs = dict(kwargs or {})
+    step("meta build")
     model = _meta_model(name, kwargs)
     info: dict[str, Any] = {"family": _family(model), "cls": type(model).__name__}
     if not _is_vit_like(model):
@@ -150,7 +161,9 @@ def reduced_model(name: str, *, depth: int, img_size: int, seed: int = 0, kwargs
     blocks = model.blocks
     info["full_depth"] = len(blocks)
     model.blocks = blocks[:depth]
+    step("to_empty")
     model.to_empty(device="cpu")
+    step("init")
     _init_(model, seed)
     return model, info
 
@@ -185,6 +198,10 @@ class _Record:
     def fail(self, key: str, stage: str, e: BaseException) -> None:
         self.data[key] = False
         self.data[f"{key}_error"] = f"{stage}: {first_line(e)}"
+        self.keep_traceback(stage)
+
+    def keep_traceback(self, stage: str) -> None:
+        """The current exception's last frames, for the JSON details."""
         self.data.setdefault("tracebacks", {})[stage] = traceback.format_exc(limit=-12)[-4000:]
 
     def save(self) -> None:
@@ -215,11 +232,10 @@ def check_model(
     torch.set_num_threads(threads)
     rec = _Record({"name": name, "kwargs": kwargs or {}, "runs": None, "exports": None, "matches": None}, record_path)
     try:
-        rec.step("build")
-        vit, info = reduced_model(name, depth=depth, img_size=img_size, seed=seed, kwargs=kwargs)
+        vit, info = reduced_model(name, depth=depth, img_size=img_size, seed=seed, kwargs=kwargs, step=rec.step)
         rec.data.update(info)
     except Exception as e:  # noqa: BLE001
-        rec.fail("runs", "build", e)
+        rec.fail("runs", rec.data["stage"], e)
         rec.data.pop("stage", None)
         rec.save()
         return rec.data
@@ -256,13 +272,6 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
     except Exception as e:  # noqa: BLE001
         rec.fail("runs", rec.data["stage"], e)
         return
-    try:
-        rec.step("timm forward")
-        with torch.no_grad():
-            reference = vit(images)
-        rec.data["pruned_none_vs_timm"] = _compare(pruned["none"].logits.numpy(), reference.numpy())
-    except Exception as e:  # noqa: BLE001
-        reference = e
     # (b) the export succeeds: written, checked, loaded by ONNX Runtime
     sessions = {}
     with tempfile.TemporaryDirectory(prefix="raggedvit-coverage-") as tmp:
@@ -279,6 +288,14 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
             rec.fail("exports", rec.data["stage"], e)
             return
     # (c) the export matches: none vs timm's forward, pruning policies vs PrunedViT
+    try:
+        rec.step("timm forward")
+        with torch.no_grad():
+            reference = vit(images)
+        rec.data["pruned_none_vs_timm"] = _compare(pruned["none"].logits.numpy(), reference.numpy())
+    except Exception as e:  # noqa: BLE001
+        reference = e
+        rec.keep_traceback("timm forward")
     failures = []
     for policy, session in sessions.items():
         rec.step(f"ort run {policy}")
@@ -286,6 +303,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
         try:
             outs = session.run(None, {"images": images.numpy()})
         except Exception as e:  # noqa: BLE001
+            rec.keep_traceback(f"ort run {policy}")
             entry.update(ok=False, error=f"ort run: {first_line(e)}")
             failures.append(f"{policy}: {entry['error']}")
             continue

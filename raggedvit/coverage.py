@@ -77,6 +77,13 @@ class CoverageReport:
         return render_markdown(self)
 
 
+def _cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, not the host's count, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _write_atomic(path: Path, text: str) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -266,7 +273,7 @@ def run_coverage(
     else:
         entries, families = [_label(m) for m in models], {}
     listing_s = time.perf_counter() - start
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, _cpu_count() // jobs)
     records: dict[int, dict[str, Any]] = {}
 
     def on_done(task: _Task, failure: str | None) -> list[_Task]:
