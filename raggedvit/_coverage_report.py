@@ -43,7 +43,11 @@ def _percent(n: int, total: int) -> str:
 def render_markdown(report: CoverageReport) -> str:
     meta, totals = report.meta, report.totals()
     n = totals["vit_like"]
-    scope = f"names matching `{meta['filter']}`" if meta.get("filter") else "the listed models"
+    if meta.get("filter") is not None:
+        listed, pattern = meta.get("names_listed"), meta["filter"]
+        scope = f"{n} ViT-like among the {listed} names of `timm.list_models()` matching `{pattern}`"
+    else:
+        scope = "models given by name"
     lines = [
         "# Coverage: timm ViT-like models in PrunedViT and the ONNX export",
         "",

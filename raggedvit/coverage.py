@@ -28,7 +28,7 @@ from typing import Any
 
 from raggedvit._coverage_model import MATCH_RTOL
 
-__all__ = ["COLUMNS", "CoverageReport", "list_vit_like", "run_coverage"]
+__all__ = ["COLUMNS", "CoverageReport", "list_vit_like", "matching_names", "run_coverage"]
 
 COLUMNS = ("runs", "exports", "matches")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -49,12 +49,12 @@ class CoverageReport:
     not_built: list[dict[str, Any]] = field(default_factory=list)
 
     def totals(self, family: str | None = None) -> dict[str, int]:
-        rows = [m for m in self.models if family is None or m.get("family") == family]
+        rows = [m for m in self.models if family is None or (m.get("family") or "?") == family]
         return {"vit_like": len(rows), **{c: sum(m.get(c) is True for m in rows) for c in COLUMNS}}
 
     def families(self) -> dict[str, dict[str, int]]:
-        names = sorted({m.get("family") or "?" for m in self.models})
-        return {f: self.totals(f) for f in sorted(names, key=lambda f: (-self.totals(f)["vit_like"], f))}
+        totals = {f: self.totals(f) for f in {m.get("family") or "?" for m in self.models}}
+        return dict(sorted(totals.items(), key=lambda kv: (-kv[1]["vit_like"], kv[0])))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,16 +194,21 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def list_vit_like(
-    pattern: str = "*", *, jobs: int = 1, timeout_s: float = 120.0, workdir: Path | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(ViT-like models, names timm could not build) among timm.list_models() names matching `pattern` (comma-
-    separated fnmatch globs). Rows: {"name", "family" (the timm module of the model's class), "cls"}, or
-    {"name", "error"}. Built on the meta device in child processes, `jobs` at a time."""
+def matching_names(pattern: str = "*") -> list[str]:
+    """The names in timm.list_models() that match `pattern` (comma-separated fnmatch globs)."""
     import timm
 
     globs = _split_globs(pattern)
-    names = [n for n in timm.list_models() if any(fnmatch.fnmatchcase(n, g) for g in globs)]
+    return [n for n in timm.list_models() if any(fnmatch.fnmatchcase(n, g) for g in globs)]
+
+
+def list_vit_like(
+    names: Sequence[str], *, jobs: int = 1, timeout_s: float = 120.0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(ViT-like models, names timm could not build) among `names`. Rows: {"name", "family" (the timm module of
+    the model's class), "cls"}, or {"name", "error"}. Built on the meta device in child processes, `jobs` at a
+    time; a child that crashes or hangs costs the name it was building, retried alone first."""
+    names = list(names)
     if not names:
         return [], []
     rows: dict[str, dict[str, Any]] = {}
@@ -223,7 +228,7 @@ def list_vit_like(
         return retry + ([_Task(missing[1], "classify", missing[1:], timeout_s)] if missing[1:] else [])
 
     tasks = [_Task(names[i], "classify", names[i : i + size], timeout_s) for i in range(0, len(names), size)]
-    with tempfile.TemporaryDirectory(prefix="raggedvit-coverage-", dir=workdir) as tmp:
+    with tempfile.TemporaryDirectory(prefix="raggedvit-coverage-") as tmp:
         _run_children(tasks, jobs=jobs, threads=1, workdir=Path(tmp), on_done=on_done)
     ordered = [rows[n] for n in names]
     vit_like = [{k: r[k] for k in ("name", "family", "cls")} for r in ordered if r.get("vit_like")]
@@ -266,8 +271,11 @@ def run_coverage(
         raise ValueError(f"jobs, img_size and timeout_s must be positive, got {jobs}, {img_size}, {timeout_s}")
     start = time.perf_counter()
     not_built: list[dict[str, Any]] = []
+    names_listed = None
     if models is None:
-        listed, not_built = list_vit_like(pattern, jobs=jobs, timeout_s=timeout_s)
+        names = matching_names(pattern)
+        names_listed = len(names)
+        listed, not_built = list_vit_like(names, jobs=jobs, timeout_s=timeout_s)
         entries = [(row["name"], {}) for row in listed]
         families = {row["name"]: row["family"] for row in listed}
     else:
@@ -278,15 +286,16 @@ def run_coverage(
 
     def on_done(task: _Task, failure: str | None) -> list[_Task]:
         name, kwargs = entries[task.key]
-        rec = json.loads(task.out.read_text()) if task.out.exists() else {}
-        rec = {"name": name, "kwargs": kwargs, "runs": None, "exports": None, "matches": None, **rec}
+        found = json.loads(task.out.read_text()) if task.out.exists() else {"stage": "start"}
+        rec = {"name": name, "kwargs": kwargs, "runs": None, "exports": None, "matches": None, **found}
         rec.setdefault("family", families.get(name))
         stage = rec.pop("stage", None)
-        if failure is not None or stage is not None:  # the child stopped before its record was complete
-            stage = stage or "start"
+        if stage is not None:  # the child stopped before its record was complete
             column = _failed_column(stage)
             rec[column] = False
-            rec[f"{column}_error"] = f"{stage}: {failure or 'child exited without finishing its record'}"
+            rec[f"{column}_error"] = f"{stage}: {failure or 'the child exited without finishing its record'}"
+        elif failure is not None:  # complete, then a failing exit (interpreter teardown): the columns stand
+            rec["exit_note"] = failure
         rec["wall_s"] = round(task.wall_s, 1)
         records[task.key] = rec
         if progress is not None:
@@ -298,7 +307,7 @@ def run_coverage(
     with tempfile.TemporaryDirectory(prefix="raggedvit-coverage-") as tmp:
         _run_children(tasks, jobs=jobs, threads=threads, workdir=Path(tmp), on_done=on_done)
     meta = _meta(pattern if models is None else None, depth, img_size, timeout_s, seed, jobs)
-    meta.update(listing_s=round(listing_s, 1), wall_s=round(time.perf_counter() - start, 1))
+    meta.update(names_listed=names_listed, listing_s=round(listing_s, 1), wall_s=round(time.perf_counter() - start, 1))
     return CoverageReport(meta, [records[i] for i in range(len(entries))], not_built)
 
 

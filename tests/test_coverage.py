@@ -75,6 +75,7 @@ def test_markdown_totals_families_and_reasons():
         "onnxruntime": "o",
         "raggedvit": "r",
         "filter": "*",
+        "names_listed": 5,
         "depth": 2,
         "img_size_cap": 224,
         "timeout_s": 120.0,
@@ -87,6 +88,7 @@ def test_markdown_totals_families_and_reasons():
         "cait": {"vit_like": 1, "runs": 0, "exports": 0, "matches": 0},
     }
     md = report.to_markdown()
+    assert "3 ViT-like among the 5 names of `timm.list_models()` matching `*`" in md
     assert "| ViT-like | 3 |" in md and "| PrunedViT runs | 2 (67 %) |" in md
     assert "| `b` | vision_transformer | – | yes | **no** | – | – | exports: x \\| y |" in md
     assert "| `c (k=1)` | cait |" in md and "## Not built on the meta device" in md
@@ -114,6 +116,7 @@ def test_cli_writes_table_and_json(tmp_path):
     data = json.loads(js.read_text())
     assert data["totals"] == {"vit_like": 1, "runs": 0, "exports": 0, "matches": 0}
     assert data["meta"]["depth"] == 2 and data["meta"]["filter"] == "cait_xxs24_224,resnet18"
+    assert data["meta"]["names_listed"] == 2
     assert "| `cait_xxs24_224` | cait | 64x64 | **no** | – | – |" in out.read_text()
 
 
