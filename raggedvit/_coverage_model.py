@@ -22,6 +22,7 @@ __all__ = ["MATCH_RTOL", "POLICIES", "check_model", "classify_names", "first_lin
 MATCH_RTOL = 1e-4  # max |Δ| allowed, relative to max |reference|
 SHARPEN_QK = 4.0  # q/k rows x4 (raggedvit.weights.sharpen_qk_): peaked attention, pruning decisions not ties
 BATCH = 2
+POLICIES = ("none", "topk-l2", "cls-mass")
 
 
 def first_line(e: BaseException) -> str:
@@ -39,9 +40,6 @@ def _specs(has_class_token: bool) -> dict[str, Any]:
     if has_class_token:
         specs["cls-mass"] = PruneSpec("cls-mass", (1,), mass=0.9)
     return specs
-
-
-POLICIES = ("none", "topk-l2", "cls-mass")
 
 
 def _meta_model(name: str, kwargs: dict[str, Any]):

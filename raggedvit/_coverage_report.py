@@ -97,7 +97,8 @@ def render_markdown(report: CoverageReport) -> str:
     for rec in sorted(report.models, key=lambda r: (r.get("family") or "", r["name"])):
         size = "x".join(map(str, rec["img_size"])) if rec.get("img_size") else "–"
         cols = " | ".join(_mark(rec.get(c)) for c in ("runs", "exports", "matches"))
-        secs = f"{rec['elapsed_s']:.0f}" if "elapsed_s" in rec else "–"
+        secs = rec.get("wall_s", rec.get("elapsed_s"))  # the parent's clock (child start-up included)
+        secs = "–" if secs is None else f"{secs:.0f}"
         lines.append(
             f"| `{model_label(rec)}` | {rec.get('family') or '?'} | {size} | {cols} | {secs} | {_cell(reason(rec))} |"
         )
