@@ -451,5 +451,53 @@ def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, serv
     click.echo(f"serve with: tritonserver --model-repository={server_repo} (DIR mounted at {server_repo})")
 
 
+# ---- coverage -------------------------------------------------------------------------------------
+@main.command()
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("docs/coverage.md"), help="Markdown table."
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Details.")
+@click.option("--jobs", type=int, default=1, help="Models checked at once, each in its own process.")
+@click.option("--filter", "pattern", default="*", help="Comma-separated globs over timm.list_models() names.")
+@click.option("--depth", type=int, default=2, help="Blocks kept of each model (the pruning stage is at block 1).")
+@click.option("--img-size", type=int, default=224, help="Largest image side, where timm accepts a smaller img_size.")
+@click.option("--timeout-s", type=float, default=120.0, help="Seconds per model before its process is killed.")
+def coverage(out: Path, json_path: Path | None, jobs: int, pattern: str, depth: int, img_size: int, timeout_s: float):
+    """Which ViT-like timm models PrunedViT runs, exports and matches: a Markdown table (and JSON details).
+
+    A model is ViT-like when, built on the meta device, it has `blocks` and `patch_embed`. Each is checked with
+    its first DEPTH blocks and seeded weights, in a child process. Failures are rows of the table, not errors.
+    """
+    if jobs < 1 or depth < 2 or img_size < 1 or timeout_s <= 0:
+        raise CliError(
+            f"--jobs, --img-size and --timeout-s must be positive and --depth at least 2, got jobs={jobs}, "
+            f"depth={depth}, img-size={img_size}, timeout-s={timeout_s:g}"
+        )
+    for path, what in ((out, "--out"), (json_path, "--json")):
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)  # docs/ of a fresh checkout
+            except OSError as e:
+                raise CliError(f"cannot create the folder of {what} {str(path)!r}: {e.strerror or e}") from None
+            _check_writable(path, what)
+    from raggedvit.coverage import COLUMNS, run_coverage
+
+    def progress(done: int, total: int, rec: dict) -> None:
+        marks = " ".join(f"{c}={'-' if rec.get(c) is None else ('ok' if rec[c] else 'FAIL')}" for c in COLUMNS)
+        click.echo(f"[{done}/{total}] {rec['name']}: {marks} ({rec.get('wall_s', 0):.0f} s)", err=True)
+
+    report = run_coverage(pattern, depth=depth, img_size=img_size, jobs=jobs, timeout_s=timeout_s, progress=progress)
+    if not report.models and not report.not_built:
+        raise CliError(f"no ViT-like timm model matches --filter {pattern!r}")
+    report.write_markdown(out)
+    if json_path is not None:
+        report.write_json(json_path)
+    t = report.totals()
+    click.echo(
+        f"wrote {out}{f' and {json_path}' if json_path else ''}: {t['vit_like']} ViT-like, {t['runs']} run in "
+        f"PrunedViT, {t['exports']} export, {t['matches']} match ({report.meta['wall_s']:.0f} s)"
+    )
+
+
 if __name__ == "__main__":
     main()

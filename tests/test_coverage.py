@@ -1,0 +1,137 @@
+"""raggedvit.coverage: one representative per family passes all three columns; the runner survives timeouts;
+the report and the `coverage` command (through a subprocess, failing cases included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raggedvit._coverage_model import check_model
+from raggedvit.coverage import CoverageReport, run_coverage
+
+ROOT = Path(__file__).resolve().parents[1]
+IMG = 64  # small images: every representative accepts img_size
+
+# One per family PrunedViT runs. No registered timm name has qk_norm on the plain Block (the *_xp_* models use
+# ParallelScalingBlock), so the qk-norm representative is a ViT built with qk_norm=True.
+REPRESENTATIVES = [
+    ("deit_base_patch16_224", {}),
+    ("deit_tiny_distilled_patch16_224", {}),
+    ("vit_base_patch32_clip_quickgelu_224", {}),  # QuickGELU, pre-norm, no patch bias
+    ("vit_base_patch16_siglip_gap_224", {}),  # GELUTanh, avg pool, no class token, headless
+    ("vit_small_patch14_dinov2", {}),  # LayerScale, headless
+    ("vit_small_patch14_reg4_dinov2", {}),  # registers
+    ("aimv2_large_patch14_224", {}),  # RmsNorm, SwiGLU, no class token
+    ("vit_small_patch16_224", {"qk_norm": True}),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", REPRESENTATIVES, ids=[n + ("-qknorm" if k else "") for n, k in REPRESENTATIVES])
+def test_representative_runs_exports_matches(name, kwargs):
+    rec = check_model(name, depth=2, img_size=IMG, kwargs=kwargs)
+    assert rec["img_size"][0] <= IMG, rec["img_size"]
+    for column in ("runs", "exports", "matches"):
+        assert rec[column] is True, f"{column}: {rec.get(f'{column}_error')}"
+    policies = {"none", "topk-l2"} | ({"cls-mass"} if rec["has_class_token"] else set())
+    assert set(rec["policies"]) == policies
+    assert all(p["ok"] and p["rel"] <= 1e-4 for p in rec["policies"].values())
+    topk = rec["policies"]["topk-l2"]
+    assert topk["token_counts"] == topk["ref_token_counts"]
+
+
+def test_unsupported_model_is_a_row_with_its_reason():
+    rec = check_model("cait_xxs24_224", depth=2, img_size=IMG)
+    assert rec["runs"] is False and rec["exports"] is None and rec["matches"] is None
+    assert rec["runs_error"] == "check_supported: ValueError: expected a timm VisionTransformer, got Cait"
+    assert rec["family"] == "cait"
+
+
+def test_build_failure_is_a_row():
+    rec = check_model("deit_tiny_patch16_224", depth=2, img_size=IMG, kwargs={"no_such_argument": 1})
+    assert rec["runs"] is False and rec["runs_error"].startswith("meta build: TypeError")
+
+
+def test_timeout_kills_the_child_and_names_the_step():
+    report = run_coverage(models=["deit_tiny_patch16_224"], img_size=IMG, timeout_s=0.5)
+    (rec,) = report.models
+    assert rec["runs"] is False and "timeout after 0.5 s" in rec["runs_error"], rec
+
+
+def test_markdown_totals_families_and_reasons():
+    models = [
+        {"name": "a", "family": "vision_transformer", "runs": True, "exports": True, "matches": True},
+        {"name": "b", "family": "vision_transformer", "runs": True, "exports": False, "exports_error": "x | y"},
+        {"name": "c", "family": "cait", "runs": False, "runs_error": "check_supported: no", "kwargs": {"k": 1}},
+    ]
+    meta = {
+        "date": "d",
+        "timm": "t",
+        "torch": "p",
+        "onnxruntime": "o",
+        "raggedvit": "r",
+        "filter": "*",
+        "names_listed": 5,
+        "depth": 2,
+        "img_size_cap": 224,
+        "timeout_s": 120.0,
+        "match_rtol": 1e-4,
+    }
+    report = CoverageReport(meta, models, [{"name": "z", "error": "boom"}])
+    assert report.totals() == {"vit_like": 3, "runs": 2, "exports": 1, "matches": 1}
+    assert report.families() == {
+        "vision_transformer": {"vit_like": 2, "runs": 2, "exports": 1, "matches": 1},
+        "cait": {"vit_like": 1, "runs": 0, "exports": 0, "matches": 0},
+    }
+    md = report.to_markdown()
+    assert "3 ViT-like among the 5 names of `timm.list_models()` matching `*`" in md
+    assert "| ViT-like | 3 |" in md and "| PrunedViT runs | 2 (67 %) |" in md
+    assert "| `b` | vision_transformer | – | yes | **no** | – | – | exports: x \\| y |" in md
+    assert "| `c (k=1)` | cait |" in md and "## Not built on the meta device" in md
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("RAGGEDVIT_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "raggedvit.cli", "coverage", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+def test_cli_writes_table_and_json(tmp_path):
+    out, js = tmp_path / "docs" / "coverage.md", tmp_path / "cov.json"
+    res = cli("--filter", "cait_xxs24_224,resnet18", "--img-size", str(IMG), "--out", str(out), "--json", str(js))
+    assert res.returncode == 0, res.stderr
+    assert f"wrote {out} and {js}: 1 ViT-like, 0 run in PrunedViT" in res.stdout
+    assert "[1/1] cait_xxs24_224: runs=FAIL exports=- matches=-" in res.stderr
+    data = json.loads(js.read_text())
+    assert data["totals"] == {"vit_like": 1, "runs": 0, "exports": 0, "matches": 0}
+    assert data["meta"]["depth"] == 2 and data["meta"]["filter"] == "cait_xxs24_224,resnet18"
+    assert data["meta"]["names_listed"] == 2
+    assert "| `cait_xxs24_224` | cait | 64x64 | **no** | – | – |" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (("--depth", "1"), "--depth at least 2"),
+        (("--jobs", "0"), "must be positive"),
+        (("--filter", "no_such_model*"), "no ViT-like timm model matches --filter 'no_such_model*'"),
+    ],
+)
+def test_cli_input_errors_exit_2(tmp_path, args, fragment):
+    out = tmp_path / "c.md"
+    res = cli(*args, "--out", str(out))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2, res.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], res.stderr
+    assert not out.exists()
