@@ -11,6 +11,7 @@
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
 #   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
 #   speed     benchmarks.traced_vs_builder: traced exports vs the graph builder's (source tarball $BUILDER_TGZ)
+#   wheel     the wheel in dist/ installed outside the tree: info, export, validate --device cuda, bench --cuda-graph
 #   mutants   the mutation suite on fp16 / fp16-all CUDA-EP exports (tests/validators/test_mutations.py -m gpu)
 # Everything lands in /tmp/res, packed into $OUT/res.tgz (the device returns at most 8 files).
 set -uo pipefail
@@ -23,15 +24,19 @@ pack() { tar czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; }
 # both issue policies, then `raggedvit validate --device cuda` each into $RES/validate_PREFIX_<dtype>_<policy>.*
 validate_exports() {
   local prefix=$1 dtypes=$2 log=$3 bad=0 dt pol name; shift 3
+  local pids=()
   for dt in $dtypes; do
   for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9"; do
     name=${prefix}_${dt}_${pol%% *}
-    timeout 150 python3 -m raggedvit.cli export deit_base_patch16_224 "$@" --dtype $dt --policy $pol \
-      -o /tmp/$name.onnx >> "$log" 2>&1 &&
-    timeout 150 python3 -m raggedvit.cli validate /tmp/$name.onnx --device cuda --sample-images \
-      --report "$RES/validate_$name" >> "$log" 2>&1 || bad=1
+    (OMP_NUM_THREADS=4 timeout 400 python3 -m raggedvit.cli export deit_base_patch16_224 "$@" --dtype $dt --policy $pol \
+      -o /tmp/$name.onnx > "$RES/$name.log" 2>&1 &&
+     OMP_NUM_THREADS=4 timeout 400 python3 -m raggedvit.cli validate /tmp/$name.onnx --device cuda --sample-images \
+      --report "$RES/validate_$name" >> "$RES/$name.log" 2>&1) &
+    pids+=($!)
   done
   done
+  for p in "${pids[@]}"; do wait $p || bad=1; done
+  cat "$RES"/${prefix}_*.log >> "$log"
   return $bad
 }
 trap pack EXIT
@@ -67,6 +72,17 @@ for stage in "$@"; do
         cp raggedvit/custom_ops/libraggedvit_ort.so /tmp/builder/raggedvit/custom_ops/
       timeout ${ST:-400} python3 -m benchmarks.traced_vs_builder --builder-src /tmp/builder \
         --out "$RES/traced_vs_builder.json" ${SPEED_FLAGS:-} > "$RES/speed.log" 2>&1; rc=$?; tail -30 "$RES/speed.log";;
+    wheel)  # issue 15: the wheel built on the CPU machine (carried in dist/) installs and runs on the GPU
+      rc=0; W=$(ls "$PWD"/dist/raggedvit-*.whl | head -1)
+      ( set -e; python3 -m pip install -q --no-deps --no-index --force-reinstall --target /tmp/wheel "$W"
+        cd /tmp && export PYTHONPATH=/tmp/wheel:/root/ortgpu${PYTHONPATH:+:$PYTHONPATH}
+        python3 -c "import raggedvit; print('raggedvit from', raggedvit.__file__)"
+        python3 -m raggedvit.cli info
+        python3 -m raggedvit.cli export deit_tiny_patch16_224 --seed 0 --policy topk-l2 --prune-at 4 --dtype fp16-all -o /tmp/w.onnx
+        python3 -m raggedvit.cli validate /tmp/w.onnx --device cuda --sample-images --report "$RES/wheel_validate"
+        python3 -c "from raggedvit.runtime import create_session as c; c('/tmp/w.onnx', 'cuda', disable_cpu_fallback=True, batch=4); print('every node on the CUDA EP (CPU fallback disabled)')"
+        python3 -m raggedvit.cli bench /tmp/w.onnx --device cuda --cuda-graph --batch 1,32 --json "$RES/wheel_bench.json"
+      ) > "$RES/wheel.log" 2>&1 || rc=1; tail -12 "$RES/wheel.log";;
     *) echo "unknown stage $stage"; rc=2;;
   esac
   echo "### stage $stage rc=$rc $(( $(date +%s) - t0 ))s"
