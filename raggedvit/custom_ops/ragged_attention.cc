@@ -51,7 +51,10 @@ bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out) {
 }  // namespace
 
 std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
+  float as_float = 0.0f;
+  int64_t as_int = 0;
   if (!TryAttrInt(info, "num_heads", &attrs->num_heads)) {
+    if (TryAttrFloat(info, "num_heads", &as_float)) return "attribute 'num_heads' must be an int, got a float";
     return "attribute 'num_heads' (int) is required";
   }
   if (attrs->num_heads <= 0) {
@@ -62,6 +65,9 @@ std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
            "int64 (at most " + std::to_string(kMaxNumHeads) + ")";
   }
   attrs->has_scale = TryAttrFloat(info, "scale", &attrs->scale);
+  if (!attrs->has_scale && TryAttrInt(info, "scale", &as_int)) {  // would be ignored silently otherwise
+    return "attribute 'scale' must be a float, got an int (" + std::to_string(as_int) + ")";
+  }
   if (attrs->has_scale && !(std::isfinite(attrs->scale))) {
     return "attribute 'scale' must be finite, got " + std::to_string(attrs->scale);
   }
@@ -69,6 +75,8 @@ std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
   if (TryAttrInt(info, "max_seqlen", &max_seqlen)) {
     if (max_seqlen < 0) return "attribute 'max_seqlen' must be >= 0, got " + std::to_string(max_seqlen);
     attrs->max_seqlen = max_seqlen;
+  } else if (TryAttrFloat(info, "max_seqlen", &as_float)) {
+    return "attribute 'max_seqlen' must be an int, got a float";
   }
   return "";
 }
