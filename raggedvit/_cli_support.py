@@ -24,6 +24,7 @@ __all__ = [
     "IGNORED_BY_POLICY",
     "CliError",
     "Interrupted",
+    "check_memory",
     "check_range",
     "check_writable",
     "exit_status",
@@ -136,6 +137,16 @@ def check_range(option: str, value: float, lo: float, hi: float = math.inf, *, l
         raise CliError(f"{option} must be {want}, got {value:g}")
 
 
+def check_memory(what: str, nbytes: int) -> None:
+    """CliError when `what` needs more than this machine's physical memory (instead of a MemoryError later)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not available here: the MemoryError mapping remains
+        return
+    if nbytes > total:
+        raise CliError(f"{what} needs {nbytes / 2**30:.1f} GiB of memory; this machine has {total / 2**30:.1f} GiB")
+
+
 def refuse_ignored_options(ctx: click.Context, policy: str) -> None:
     """CliError for a pruning option the user passed that `policy` would ignore (defaults are fine)."""
     defaults = (click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP, None)
@@ -158,7 +169,5 @@ def warn_nonfinite(model) -> None:
 
     bad = nonfinite_tensors(model)
     if bad:
-        names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        click.echo(
-            f"warning: NaN or Inf in {len(bad)} weight tensors ({names}); the exported outputs will be too", err=True
-        )
+        names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more weight tensors" if len(bad) > 3 else "")
+        click.echo(f"warning: NaN or Inf values in {names}: the exported model will not give finite outputs", err=True)

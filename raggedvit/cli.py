@@ -16,6 +16,7 @@ import click
 
 from raggedvit._cli_support import (
     CliError,
+    check_memory,
     check_range,
     check_writable,
     exit_status,
@@ -361,7 +362,8 @@ def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path:
     from raggedvit.bench import bench_onnx
     from raggedvit.validators.reference import load_recipe
 
-    load_recipe(onnx_file)  # a readable raggedvit export, else ValidationInputError
+    size = int(load_recipe(onnx_file).get("img_size") or 0)  # a readable raggedvit export, else ValidationInputError
+    check_memory(f"--batch {max(sizes)}", max(sizes) * 3 * size * size * 4)  # the float32 input images
     try:
         results = bench_onnx(onnx_file, device=device, batches=sizes, seconds=seconds, cuda_graph=cuda_graph)
     except KeyError as e:

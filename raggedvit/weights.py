@@ -174,10 +174,10 @@ def load_vit(
         sharpen_qk = DEFAULT_SHARPEN_QK if random_init else 1.0
     if seed is not None:
         torch.manual_seed(seed)
+    state = load_checkpoint(checkpoint) if checkpoint is not None else None  # a bad file fails before the build
     model = _create(model_name, pretrained, img_size, model_kwargs or {})
     ckpt_name = ckpt_sha = None
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
         try:
             result = model.load_state_dict(checkpoint_filter_fn(state, model), strict=False)
         except RuntimeError as e:  # shape mismatches raise even with strict=False
