@@ -148,7 +148,12 @@ std::string MakeTasks(const I* cu, const Dims& d, std::vector<Task>* tasks) {
     return "the longest sequence (" + std::to_string(max_len) + " tokens, head dim " + std::to_string(d.D) +
            ") needs more scratch than size_t can address";
   }
-  tasks->reserve(static_cast<size_t>(d.T / kRowsPerTask + d.B));
+  int64_t max_tasks = 0;  // sum over sequences of ceil(L / kRowsPerTask) <= T / kRowsPerTask + B
+  if (!CheckedAdd(d.T / kRowsPerTask, d.B, &max_tasks)) {
+    return "T / " + std::to_string(kRowsPerTask) + " + B tasks (T = " + std::to_string(d.T) + ", B = " +
+           std::to_string(d.B) + ") overflow int64";
+  }
+  tasks->reserve(static_cast<size_t>(max_tasks));
   for (int64_t b = 0; b < d.B; ++b) {
     const int64_t lo = static_cast<int64_t>(cu[b]), hi = static_cast<int64_t>(cu[b + 1]);
     for (int64_t r = lo; r < hi; r += kRowsPerTask) tasks->push_back({lo, hi, r, std::min(hi, r + kRowsPerTask)});
