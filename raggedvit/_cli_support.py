@@ -35,6 +35,7 @@ __all__ = [
     "warn_nonfinite",
 ]
 
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2: a group called without a command
 INPUT_ERRORS = (ValidationInputError, OpLibraryMissing)  # typed library errors about the user's inputs
 
 # Pruning options each policy ignores (fuse with topk-l2 / cls-mass: PruneSpec's own, more specific error).
@@ -96,6 +97,8 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) for the exception that ended a command."""
     if isinstance(exc, CliError):
         return exc.code, _one_line(str(exc))
+    if isinstance(exc, _NO_ARGS):  # its message is the whole help text
+        return 2, f"missing command; see '{exc.ctx.command_path if exc.ctx else 'raggedvit'} --help'"
     if isinstance(exc, click.ClickException):  # usage errors: bad option values, missing arguments
         return 2, _one_line(exc.format_message())
     if isinstance(exc, Interrupted):

@@ -124,6 +124,7 @@ EXPORT = ["export", MODEL, "-o", "{out}/o.onnx"]
 VALIDATE = ["validate", "{fake}", "--random", "1", "--report", "{out}/rep"]
 BENCH = ["bench", "{fake}", "--batch", "1", "--seconds", "0.01", "--json", "{out}/b.json"]
 CASES = {
+    "no command": ([], "missing command; see 'raggedvit --help'"),
     "empty checkpoint": ([*EXPORT, "--checkpoint", "{empty}"], "is empty (0 bytes)"),
     "truncated checkpoint": ([*EXPORT, "--checkpoint", "{truncated}"], "cannot read checkpoint 'truncated.pth'"),
     "state-dict mismatch": ([*EXPORT, "--checkpoint", "{mismatch}"], "does not match deit_tiny_patch16_224: size mis"),
