@@ -27,7 +27,8 @@ MODEL = "deit_tiny_patch16_224"
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra or {})}
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **(extra or {})}
     env.pop("RAGGEDVIT_DEBUG", None)
     return env
 

@@ -80,7 +80,8 @@ def _describe(seed: int, index: int) -> str:
 def _run_batch(
     seed: int, first: int, count: int, deadline: float, timeout_s: float, summary: FuzzSummary, lock
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    path = [str(ROOT), str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     restarts, end = 0, first + count
     while first < end and restarts <= MAX_RESTARTS:
