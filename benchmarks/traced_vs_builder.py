@@ -128,7 +128,8 @@ def profile_kernels(run: _Run, forwards: int = 20, top: int = 25) -> dict[str, A
         "kernels_per_forward": len(kernels) / forwards,
         "gpu_us_per_forward": sum(e.device_time for e in kernels) / forwards,
         "top": [
-            {"kernel": k[:160], "us_per_forward": t / forwards, "calls_per_forward": n / forwards} for t, n, k in rows[:top]
+            {"kernel": k[:160], "us_per_forward": t / forwards, "calls_per_forward": n / forwards}
+            for t, n, k in rows[:top]
         ],
     }
 
@@ -204,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                     rounds[name].append(_time(runs[name], args.seconds))
             if batch == args.profile_batch:
                 for name, r in runs.items():
-                    result["profiles"].append({"policy": policy, "exporter": name, "batch": batch, **profile_kernels(r)})
+                    result["profiles"].append(
+                        {"policy": policy, "exporter": name, "batch": batch, **profile_kernels(r)}
+                    )
             for name, ms in rounds.items():
                 med = statistics.median(ms)
                 result["results"].append(

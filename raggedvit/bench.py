@@ -99,11 +99,11 @@ def bench_onnx(
 
             xt = torch.from_numpy(x).cuda()
 
-            def run(xt=xt):
+            def run(xt=xt, sess=sess):
                 return run_with_iobinding(sess, {"images": xt})
         else:
 
-            def run(x=x):
+            def run(x=x, sess=sess):
                 return sess.run(None, {"images": x})
 
         for _ in range(warmup):

@@ -1,7 +1,8 @@
 """raggedvit command line: export | validate | bench | info | triton-repo (thin click commands over the library).
 
-Exit codes: 0 success / validation passed, 1 validation failed numerically, 2 usage or input error
-(one line "error: ..." on stderr, no partial output file), 3 unexpected internal error
+Exit codes (one mapping for every command: raggedvit._cli_support.exit_status): 0 success / validation
+passed, 1 validation failed numerically, 2 usage or input error (one line "error: ..." on stderr, no partial
+output file), 130 interrupted (SIGINT or SIGTERM; temp files removed), 3 unexpected internal error
 (set RAGGEDVIT_DEBUG=1 for the traceback).
 """
 
@@ -13,54 +14,44 @@ from pathlib import Path
 
 import click
 
+from raggedvit._cli_support import (
+    CliError,
+    check_memory,
+    check_range,
+    check_writable,
+    exit_status,
+    interrupts_raise,
+    is_ort_error,
+    refuse_ignored_options,
+    require_device,
+    warn_nonfinite,
+)
+
 __all__ = ["CliError", "main"]
 
 POLICY_CHOICES = ("none", "topk-l2", "evit", "cls-mass")
 
 
-class CliError(Exception):
-    """A one-line user-facing error with its exit code."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class _Group(click.Group):
-    """A click group whose errors are one line on stderr ("error: ...") with exit codes 2 / 3."""
+    """A click group whose every ending goes through exit_status: one "error: ..." line and its exit code."""
 
     def main(self, args=None, prog_name=None, **kwargs):  # type: ignore[override]
+        restore = interrupts_raise()
         try:
             rv = super().main(args=args, prog_name=prog_name or "raggedvit", standalone_mode=False, **kwargs)
-        except CliError as e:
-            _fail(str(e), e.code)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
-        except click.ClickException as e:  # usage errors: bad option values, missing arguments
-            _fail(e.format_message().replace("\n", " "), 2)
-        except click.Abort:
-            _fail("aborted", 1)
-        except Exception as e:  # noqa: BLE001 - last resort: keep the one-line contract
-            if os.environ.get("RAGGEDVIT_DEBUG"):
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the one error contract of every command
+            code, message = exit_status(e)
+            if code == 3 and os.environ.get("RAGGEDVIT_DEBUG"):
                 raise
-            _fail(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", 3)
+            click.echo(f"error: {message}", err=True)
+            sys.exit(code)
+        finally:
+            restore()
         sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def _check_writable(path: Path, what: str) -> None:
-    """CliError unless `path` can be created: its folder exists and is a writable directory."""
-    parent = path.resolve().parent
-    if path.is_dir():
-        raise CliError(f"{what} {str(path)!r} is a directory")
-    if not parent.is_dir():
-        raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} is not writable")
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -100,13 +91,14 @@ def export(
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm
 
+    refuse_ignored_options(click.get_current_context(), policy)
     if sum([checkpoint is not None, pretrained, seed is not None]) > 1:
         raise CliError("give at most one of --checkpoint, --pretrained, --seed")
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise CliError(f"checkpoint {str(checkpoint)!r} does not exist")
     if img_size is not None and img_size <= 0:
         raise CliError(f"--img-size must be positive, got {img_size}")
-    _check_writable(output, "output")
+    check_writable(output, "output")
     from raggedvit.pruning import PruneSpec
 
     try:
@@ -117,6 +109,7 @@ def export(
     steps = tqdm(total=3, desc="export", unit="step", file=sys.stderr, disable=None, leave=False)
     steps.set_postfix_str("loading weights")
     vit, info = _load_vit(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
+    warn_nonfinite(vit)
     steps.update()
     from raggedvit.exporter import export_onnx
     from raggedvit.pruning._model import check_supported
@@ -234,44 +227,45 @@ def validate(
         raise CliError(f"image directory {str(image_dir)!r} does not exist")
     if random_n is not None and random_n <= 0:
         raise CliError(f"--random must be positive, got {random_n}")
-    if (atol is not None and atol <= 0) or batch_size <= 0:
-        raise CliError("--atol and --batch-size must be positive")
-    if rtol is not None and rtol < 0:
-        raise CliError(f"--rtol must be >= 0, got {rtol:g}")
+    if batch_size <= 0:
+        raise CliError(f"--batch-size must be positive, got {batch_size}")
+    if atol is not None:  # None: the export dtype's default rule
+        check_range("--atol", atol, 0.0, lo_open=True)
+    if rtol is not None:
+        check_range("--rtol", rtol, 0.0)
+    check_range("--min-top1", min_top1, 0.0, 1.0)
+    check_range("--tie-eps", tie_eps, 0.0)
     if report is not None:
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
-        _check_writable(base.with_name(base.name + ".json"), "report")
-    from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
+        check_writable(base.with_name(base.name + ".json"), "report")
     from raggedvit.validators.reference import load_recipe
     from raggedvit.validators.session import open_session
 
-    try:
-        recipe = load_recipe(onnx_file)
-        # fail fast (before torch is imported): op library, providers, model loads; then validated with this session
-        session = open_session(onnx_file, device, recipe=recipe)
-        from raggedvit.validators import Thresholds, load_reference
-        from raggedvit.validators import validate as run_validation
+    recipe = load_recipe(onnx_file)
+    # fail fast (before torch is imported): op library, providers, model loads; then validated with this session
+    session = open_session(onnx_file, device, recipe=recipe)
+    pairs = _decoded_images(image_dir)  # unreadable images fail before the reference is built
+    from raggedvit.validators import Thresholds, load_reference
+    from raggedvit.validators import validate as run_validation
 
-        vit, spec = load_reference(recipe, checkpoint=checkpoint)
-        images, names = _validation_images(vit, image_dir, random_n)
-        result = run_validation(
-            onnx_file,
-            images,
-            names,
-            vit=vit,
-            spec=spec,
-            recipe=recipe,
-            device=device,
-            thresholds=Thresholds.for_dtype(
-                str(recipe.get("dtype", "fp32")), atol=atol, rtol=rtol, min_top1=min_top1, tie_eps=tie_eps
-            ),
-            batch_size=batch_size,
-            progress=True,
-            session=session,
-            floor=floor,
-        )
-    except (ValidationInputError, OpLibraryMissing) as e:
-        raise CliError(str(e)) from None
+    vit, spec = load_reference(recipe, checkpoint=checkpoint)
+    images, names = _validation_images(vit, pairs, random_n)
+    result = run_validation(
+        onnx_file,
+        images,
+        names,
+        vit=vit,
+        spec=spec,
+        recipe=recipe,
+        device=device,
+        thresholds=Thresholds.for_dtype(
+            str(recipe.get("dtype", "fp32")), atol=atol, rtol=rtol, min_top1=min_top1, tie_eps=tie_eps
+        ),
+        batch_size=batch_size,
+        progress=True,
+        session=session,
+        floor=floor,
+    )
     click.echo(result.to_markdown(), nl=False)
     if report is not None:
         try:
@@ -282,23 +276,30 @@ def validate(
     return 0 if result.passed else 1
 
 
-def _validation_images(vit, image_dir: Path | None, random_n: int | None):
-    """(images [N, 3, S, S] float32, names) from a folder, random seeded inputs, or the sample photos."""
+def _decoded_images(image_dir: Path | None):
+    """(name, RGB PIL image) pairs of --images (None without it); CliError on an unreadable image."""
+    if image_dir is None:
+        return None
+    from raggedvit.images import load_image_dir
+
+    try:
+        return load_image_dir(image_dir)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def _validation_images(vit, pairs, random_n: int | None):
+    """(images [N, 3, S, S] float32, names) from decoded --images pairs, random seeded inputs, or the sample photos."""
     import torch
 
-    from raggedvit.images import load_image_dir, preprocess, sample_images
+    from raggedvit.images import preprocess, sample_images
     from raggedvit.validators import ValidationInputError
 
     if random_n is not None:
         size = tuple(int(s) for s in vit.patch_embed.img_size)
         gen = torch.Generator().manual_seed(0)
         return torch.randn(random_n, 3, *size, generator=gen), [f"random{i}" for i in range(random_n)]
-    if image_dir is not None:
-        try:
-            pairs = load_image_dir(image_dir)
-        except ValueError as e:
-            raise ValidationInputError(str(e)) from None
-    else:
+    if pairs is None:
         pairs = sample_images()
         if not pairs:
             raise ValidationInputError("no sample images available (install scikit-image, scikit-learn or matplotlib)")
@@ -389,31 +390,43 @@ def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path:
             raise ValueError
     except ValueError:
         raise CliError(f"--batch must be comma-separated positive integers, got {batches!r}") from None
+    check_range("--seconds", seconds, 0.0, lo_open=True)
     if cuda_graph and device != "cuda":
         raise CliError("--cuda-graph needs --device cuda")
     if json_path is not None:
-        _check_writable(json_path, "--json")
+        check_writable(json_path, "--json")
+    require_device(device)
     from raggedvit.bench import bench_onnx
+    from raggedvit.validators.reference import load_recipe
 
+    size = int(load_recipe(onnx_file).get("img_size") or 0)  # a readable raggedvit export, else ValidationInputError
+    check_memory(f"--batch {max(sizes)}", max(sizes) * 3 * size * size * 4)  # the float32 input images
     try:
         results = bench_onnx(onnx_file, device=device, batches=sizes, seconds=seconds, cuda_graph=cuda_graph)
     except KeyError as e:
         raise CliError(f"{onnx_file}: {e.args[0]}") from None
     except ValueError as e:  # e.g. a data-dependent (cls-mass) export with --cuda-graph
         raise CliError(str(e)) from None
+    except Exception as e:
+        if is_ort_error(e):  # the model does not load or run in ONNX Runtime
+            raise CliError(f"ONNX Runtime cannot run {onnx_file.name}: {' '.join(str(e).split())[:400]}") from None
+        raise
     click.echo(f"{'batch':>5} {'latency ms':>11} {'img/s':>9}  mean kept tokens per stage")
     for r in results:
         click.echo(f"{r.batch:>5} {r.latency_ms:>11.3f} {r.img_per_s:>9.1f}  {[round(t, 1) for t in r.mean_tokens]}")
     if json_path is not None:
+        from raggedvit.exporter._io import atomic_write
+
         payload = {
             "model": str(onnx_file),
             "device": device,
             "cuda_graph": cuda_graph,
             "results": [r.as_dict() for r in results],
         }
-        tmp = json_path.with_name(json_path.name + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=2))
-        os.replace(tmp, json_path)
+        try:
+            atomic_write(json_path, json.dumps(payload, indent=2))
+        except OSError as e:
+            raise CliError(f"cannot write --json {str(json_path)!r}: {e.strerror or e}") from None
 
 
 # ---- triton-repo ----------------------------------------------------------------------------------
@@ -479,7 +492,7 @@ def coverage(out: Path, json_path: Path | None, jobs: int, pattern: str, depth: 
                 path.parent.mkdir(parents=True, exist_ok=True)  # docs/ of a fresh checkout
             except OSError as e:
                 raise CliError(f"cannot create the folder of {what} {str(path)!r}: {e.strerror or e}") from None
-            _check_writable(path, what)
+            check_writable(path, what)
     from raggedvit.coverage import COLUMNS, run_coverage
 
     def progress(done: int, total: int, rec: dict) -> None:

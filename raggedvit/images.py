@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 
 import torch
@@ -56,9 +57,21 @@ def load_image_dir(path: str | Path) -> list[tuple[str, Image.Image]]:
         raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {str(root)!r}")
     out = []
     for p in files:
-        with Image.open(p) as im:
-            out.append((p.stem, im.convert("RGB")))
+        out.append((p.stem, _decode(p)))
     return out
+
+
+def _decode(path: Path) -> Image.Image:
+    """RGB image of `path`; ValueError naming the file if it cannot be decoded, is truncated, or is larger
+    than PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS, its warning treated as an error)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                return im.convert("RGB")
+    except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"cannot decode image {str(path)!r}: {reason}") from None
 
 
 def preprocess(images: list[Image.Image] | list[tuple[str, Image.Image]], model: torch.nn.Module) -> torch.Tensor:

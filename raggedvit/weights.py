@@ -17,6 +17,7 @@ __all__ = [
     "WeightsInfo",
     "load_checkpoint",
     "load_vit",
+    "nonfinite_tensors",
     "perturb_biases_and_norms_",
     "sha256_file",
     "sharpen_qk_",
@@ -62,18 +63,33 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix not in CHECKPOINT_SUFFIXES:
         raise ValueError(f"checkpoint {path.name!r}: unsupported suffix, expected {', '.join(CHECKPOINT_SUFFIXES)}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    if path.stat().st_size == 0:
+        raise ValueError(f"checkpoint {path.name!r} is empty (0 bytes)")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        state = load_file(str(path), device="cpu")
-    else:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except (OSError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - any parse failure (torch raises IndexError on some truncations)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"cannot read checkpoint {path.name!r}: {type(e).__name__}: {first}") from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"checkpoint {path.name!r} does not hold a state dict of tensors")
     return state
+
+
+@torch.no_grad()
+def nonfinite_tensors(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters and buffers of `model` that hold a NaN or an Inf."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
 @torch.no_grad()
@@ -158,11 +174,19 @@ def load_vit(
         sharpen_qk = DEFAULT_SHARPEN_QK if random_init else 1.0
     if seed is not None:
         torch.manual_seed(seed)
+    state = load_checkpoint(checkpoint) if checkpoint is not None else None  # a bad file fails before the build
     model = _create(model_name, pretrained, img_size, model_kwargs or {})
     ckpt_name = ckpt_sha = None
     if checkpoint is not None:
-        state = checkpoint_filter_fn(load_checkpoint(checkpoint), model)
-        result = model.load_state_dict(state, strict=False)
+        try:
+            result = model.load_state_dict(checkpoint_filter_fn(state, model), strict=False)
+        except RuntimeError as e:  # shape mismatches raise even with strict=False
+            lines = [" ".join(line.split()) for line in str(e).splitlines() if "size mismatch" in line]
+            detail = "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
+            raise ValueError(
+                f"checkpoint {Path(checkpoint).name!r} does not match {model_name}: "
+                + (detail or " ".join(str(e).split())[:500])
+            ) from None
         if result.missing_keys or result.unexpected_keys:
             raise ValueError(
                 f"checkpoint {Path(checkpoint).name!r} does not match {model_name}: "

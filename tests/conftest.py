@@ -16,3 +16,20 @@ def gen(request: pytest.FixtureRequest) -> Iterator[torch.Generator]:
     print(f"seed={seed} (replay: RAGGEDVIT_SEED={seed})")
     request.node.user_properties.append(("seed", seed))
     yield torch.Generator().manual_seed(seed)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Prints the ("ci_summary", text) user properties of passed and failed tests (e.g. the fuzz call counts),
+    also under pytest-xdist, where test output is not shown."""
+    lines = [
+        f"{report.nodeid}: {value}"
+        for key in ("passed", "failed")
+        for report in terminalreporter.stats.get(key, [])
+        if report.when == "call"
+        for name, value in getattr(report, "user_properties", [])
+        if name == "ci_summary"
+    ]
+    if lines:
+        terminalreporter.write_sep("=", "raggedvit summaries")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -51,13 +51,23 @@ bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out) {
 }  // namespace
 
 std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
+  float as_float = 0.0f;
+  int64_t as_int = 0;
   if (!TryAttrInt(info, "num_heads", &attrs->num_heads)) {
+    if (TryAttrFloat(info, "num_heads", &as_float)) return "attribute 'num_heads' must be an int, got a float";
     return "attribute 'num_heads' (int) is required";
   }
   if (attrs->num_heads <= 0) {
     return "attribute 'num_heads' must be > 0, got " + std::to_string(attrs->num_heads);
   }
+  if (attrs->num_heads > kMaxNumHeads) {  // 3*num_heads (the qkv width per head dim) must fit int64
+    return "attribute 'num_heads' = " + std::to_string(attrs->num_heads) + " is too large: 3*num_heads overflows " +
+           "int64 (at most " + std::to_string(kMaxNumHeads) + ")";
+  }
   attrs->has_scale = TryAttrFloat(info, "scale", &attrs->scale);
+  if (!attrs->has_scale && TryAttrInt(info, "scale", &as_int)) {  // would be ignored silently otherwise
+    return "attribute 'scale' must be a float, got an int (" + std::to_string(as_int) + ")";
+  }
   if (attrs->has_scale && !(std::isfinite(attrs->scale))) {
     return "attribute 'scale' must be finite, got " + std::to_string(attrs->scale);
   }
@@ -65,6 +75,8 @@ std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
   if (TryAttrInt(info, "max_seqlen", &max_seqlen)) {
     if (max_seqlen < 0) return "attribute 'max_seqlen' must be >= 0, got " + std::to_string(max_seqlen);
     attrs->max_seqlen = max_seqlen;
+  } else if (TryAttrFloat(info, "max_seqlen", &as_float)) {
+    return "attribute 'max_seqlen' must be an int, got a float";
   }
   return "";
 }
@@ -77,10 +89,20 @@ std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector
     return "input 'qkv' must be 2-D [T, 3*num_heads*head_dim], got rank " + std::to_string(qkv_shape.size()) +
            " " + shapes;
   }
+  int64_t three_h = 0;
+  if (num_heads <= 0 || !CheckedMul(3, num_heads, &three_h)) {
+    return "attribute 'num_heads' must be in [1, " + std::to_string(kMaxNumHeads) + "] " + shapes;
+  }
   const int64_t T = qkv_shape[0], W = qkv_shape[1];
-  if (W <= 0 || W % (3 * num_heads) != 0) {
+  if (T < 0) return "input 'qkv' has a negative row count T = " + std::to_string(T) + " " + shapes;
+  if (W <= 0 || W % three_h != 0) {
     return "input 'qkv' width " + std::to_string(W) + " must be a positive multiple of 3*num_heads = " +
-           std::to_string(3 * num_heads) + " " + shapes;
+           std::to_string(three_h) + " " + shapes;
+  }
+  int64_t elements = 0;  // T*W: every row offset t*W and out's T*H*D stay below it
+  if (!CheckedMul(T, W, &elements)) {
+    return "input 'qkv' holds T*W = " + std::to_string(T) + "*" + std::to_string(W) + " elements, which overflows " +
+           "int64 " + shapes;
   }
   if (cu_shape.size() != 1) {
     return "input 'cu_seqlens' must be 1-D [B+1], got rank " + std::to_string(cu_shape.size()) + " " + shapes;
@@ -97,7 +119,7 @@ std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector
   dims->T = T;
   dims->B = B;
   dims->H = num_heads;
-  dims->D = W / (3 * num_heads);
+  dims->D = W / three_h;  // >= 1: W is a positive multiple of 3*H
   return "";
 }
 

@@ -32,6 +32,23 @@ struct Dims {
   int64_t T = 0, B = 0, H = 0, D = 0;
 };
 
+// Overflow-checked int64 arithmetic: false (and *out untouched) when the exact result does not fit.
+inline bool CheckedMul(int64_t a, int64_t b, int64_t* out) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return false;
+  *out = r;
+  return true;
+}
+inline bool CheckedAdd(int64_t a, int64_t b, int64_t* out) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) return false;
+  *out = r;
+  return true;
+}
+
+// Largest num_heads for which 3*num_heads fits int64 (ReadAttrs refuses more).
+constexpr int64_t kMaxNumHeads = INT64_MAX / 3;
+
 std::string ShapeString(const std::vector<int64_t>& shape);
 const char* ElementTypeName(ONNXTensorElementDataType type);
 

@@ -41,3 +41,8 @@ def open_session(model_path: str | Path, device: str = "cpu", *, recipe: dict | 
         if "raggedvit" in str(e) or "custom op" in str(e).lower() or "library" in str(e).lower():
             raise OpLibraryMissing(f"cannot load the raggedvit op library {lib}: {str(e).splitlines()[0]}") from None
         raise
+    except Exception as e:
+        if type(e).__module__.startswith("onnxruntime"):  # e.g. an op no registered library implements
+            first = " ".join(str(e).split())[:400]
+            raise ValidationInputError(f"ONNX Runtime cannot load {Path(model_path).name}: {first}") from None
+        raise

@@ -75,6 +75,15 @@ def test_bad_inputs_raise_named_errors(ort_library, match, make_qkv, cu, kw, cu_
         (-2, {}, "attribute 'num_heads' must be > 0, got -2"),
         (None, {}, "attribute 'num_heads' (int) is required"),
         (H, {"max_seqlen": -1}, "attribute 'max_seqlen' must be >= 0, got -1"),
+        # 3*num_heads overflows int64 (0x5555555555555555: to -1, so every width was a "multiple")
+        (0x5555555555555555, {}, "attribute 'num_heads' = 6148914691236517205 is too large: 3*num_heads overflows"),
+        (2**62, {}, "attribute 'num_heads' = 4611686018427387904 is too large"),
+        (2**63 - 1, {}, "is too large: 3*num_heads overflows int64 (at most 3074457345618258602)"),
+        (-(2**63), {}, "attribute 'num_heads' must be > 0, got -9223372036854775808"),
+        (2.0, {}, "attribute 'num_heads' must be an int, got a float"),
+        (H, {"scale": 2}, "attribute 'scale' must be a float, got an int (2)"),
+        (H, {"scale": float("nan")}, "attribute 'scale' must be finite, got nan"),
+        (H, {"max_seqlen": 16.0}, "attribute 'max_seqlen' must be an int, got a float"),
     ],
 )
 def test_bad_attributes_fail_at_session_creation(ort_library, num_heads, kw, match):
@@ -83,6 +92,13 @@ def test_bad_attributes_fail_at_session_creation(ort_library, num_heads, kw, mat
         sess = create_session(model, "cpu")
         run_with_iobinding(sess, {"qkv": qkv(), "cu_seqlens": torch.tensor([0, 5])}, output_device="cpu")
     assert match in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("num_heads", [(2**63 - 1) // 3, 2**31, 2**32 + 1])
+def test_huge_num_heads_fail_the_width_check(ort_library, num_heads):
+    """num_heads whose 3*num_heads fits int64 but exceeds any width: the op's shape check, not a crash."""
+    expect_error(f"must be a positive multiple of 3*num_heads = {3 * num_heads}", qkv(), torch.tensor([0, 5]),
+                 num_heads=num_heads)  # fmt: skip
 
 
 def test_errors_do_not_poison_the_session(ort_library):

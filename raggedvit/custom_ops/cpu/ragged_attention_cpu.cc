@@ -3,7 +3,9 @@
 #include "ragged_attention_cpu.h"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <mutex>
 
 namespace raggedvit {
 
@@ -38,6 +40,11 @@ struct Job {
   Dims d;
   float scale;
   std::vector<Task> tasks;
+  // The first exception of a task (e.g. std::bad_alloc of its scratch): tasks run on ORT's thread pool,
+  // which must not see it; Compute returns it as a status after ParallelFor.
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::string error;
 };
 
 // y[0:n] += a * x[0:n]; cloned for AVX2+FMA CPUs (picked at load time), the only hot loop of the kernel.
@@ -113,18 +120,45 @@ void RunTask(const Job<T>& job, const Task& task) {
 
 template <typename T>
 void RunTaskFn(void* data, size_t index) {
-  const auto* job = static_cast<const Job<T>*>(data);
-  RunTask(*job, job->tasks[index]);
+  auto* job = static_cast<Job<T>*>(data);
+  if (job->failed.load(std::memory_order_relaxed)) return;
+  try {
+    RunTask(*job, job->tasks[index]);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(job->error_mutex);
+    if (!job->failed.exchange(true)) job->error = e.what();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(job->error_mutex);
+    if (!job->failed.exchange(true)) job->error = "unknown C++ exception";
+  }
 }
 
+// Tasks of checked cu_seqlens (0 <= cu[b] <= cu[b+1] <= T), and the scratch of the longest sequence: its
+// float counts L*D and kRowsPerTask*L must fit size_t. "" on success, else the error text.
 template <typename I>
-std::vector<Task> MakeTasks(const I* cu, int64_t B) {
-  std::vector<Task> tasks;
-  for (int64_t b = 0; b < B; ++b) {
+std::string MakeTasks(const I* cu, const Dims& d, std::vector<Task>* tasks) {
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < d.B; ++b) {
     const int64_t lo = static_cast<int64_t>(cu[b]), hi = static_cast<int64_t>(cu[b + 1]);
-    for (int64_t r = lo; r < hi; r += kRowsPerTask) tasks.push_back({lo, hi, r, std::min(hi, r + kRowsPerTask)});
+    max_len = std::max(max_len, hi - lo);
   }
-  return tasks;
+  int64_t kv = 0, scores = 0;
+  if (!CheckedMul(max_len, d.D, &kv) || !CheckedMul(max_len, kRowsPerTask, &scores) ||
+      static_cast<uint64_t>(std::max(kv, scores)) > std::numeric_limits<size_t>::max() / sizeof(float)) {
+    return "the longest sequence (" + std::to_string(max_len) + " tokens, head dim " + std::to_string(d.D) +
+           ") needs more scratch than size_t can address";
+  }
+  int64_t max_tasks = 0;  // sum over sequences of ceil(L / kRowsPerTask) <= T / kRowsPerTask + B
+  if (!CheckedAdd(d.T / kRowsPerTask, d.B, &max_tasks)) {
+    return "T / " + std::to_string(kRowsPerTask) + " + B tasks (T = " + std::to_string(d.T) + ", B = " +
+           std::to_string(d.B) + ") overflow int64";
+  }
+  tasks->reserve(static_cast<size_t>(max_tasks));
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int64_t lo = static_cast<int64_t>(cu[b]), hi = static_cast<int64_t>(cu[b + 1]);
+    for (int64_t r = lo; r < hi; r += kRowsPerTask) tasks->push_back({lo, hi, r, std::min(hi, r + kRowsPerTask)});
+  }
+  return "";
 }
 
 template <typename T, typename I>
@@ -156,8 +190,12 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
     auto cls = ctx.GetOutput(1, {d.T});
     if (cls) job.cls = cls.GetTensorMutableData<float>();
   }
-  job.tasks = MakeTasks(cu, d.B);
+  err = MakeTasks(cu, d, &job.tasks);
+  if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err + " (qkv shape " + ShapeString(qkv_shape) + ")");
   if (!job.tasks.empty()) ctx.ParallelFor(&RunTaskFn<T>, job.tasks.size(), 0, &job);
+  if (job.failed.load()) {
+    return MakeStatus(ORT_FAIL, "CPU kernel failed (qkv shape " + ShapeString(qkv_shape) + "): " + job.error);
+  }
   return nullptr;
 }
 

@@ -222,13 +222,23 @@ int BlockDFor(int64_t D) {
 }
 
 std::string CheckSupported(const AttentionLaunch& a) {
+  if (a.T < 0 || a.B < 0 || a.H < 1 || a.D < 1) {
+    return "sizes must be T >= 0, B >= 0, H >= 1, D >= 1, got T = " + std::to_string(a.T) + ", B = " +
+           std::to_string(a.B) + ", H = " + std::to_string(a.H) + ", D = " + std::to_string(a.D);
+  }
   const int block_d = BlockDFor(a.D);
   if (a.D % 16 != 0 || a.D < 32 || block_d == 0) {  // BLOCK_D = next power of two >= D, in the table
     return "head dim D = " + std::to_string(a.D) +
            " is not supported by the CUDA kernels (AOT build ships D % 16 == 0, 32 <= D <= 128)";
   }
-  if (a.T * 3 * a.H * a.D >= (int64_t{1} << 31) || a.B >= (int64_t{1} << 31)) {
-    return "T * 3 * H * D = " + std::to_string(a.T * 3 * a.H * a.D) + " elements exceed the int32 indexing of the kernel";
+  // T*3*H*D in 64-bit, each step overflow-checked: the kernel indexes qkv with int32
+  int64_t elements = 0;
+  const bool fits = __builtin_mul_overflow(a.T, a.H, &elements) == 0 &&
+                    __builtin_mul_overflow(elements, a.D, &elements) == 0 &&
+                    __builtin_mul_overflow(elements, int64_t{3}, &elements) == 0;
+  if (!fits || elements >= (int64_t{1} << 31) || a.B >= (int64_t{1} << 31)) {
+    return "T * 3 * H * D = " + std::to_string(a.T) + " * 3 * " + std::to_string(a.H) + " * " + std::to_string(a.D) +
+           " elements (B = " + std::to_string(a.B) + ") exceed the int32 indexing of the kernel";
   }
   if (a.H > 65535) return "num_heads = " + std::to_string(a.H) + " exceeds the CUDA grid limit 65535";
   const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn, a.bias};

@@ -92,7 +92,12 @@ OrtStatusPtr RaggedAttentionCudaKernel::ComputeV2(OrtKernelContext* context) {
     if (a.cls_attn != nullptr) {
       const OrtMemoryInfo* mem_info = mem;
       Ort::ThrowOnError(Ort::GetApi().KernelContext_GetAllocator(context, mem_info, &lse.allocator));
-      const size_t bytes = static_cast<size_t>(d.H * d.T) * sizeof(float);
+      int64_t lse_elements = 0;  // [H, T] float; CheckSupported bounded T*3*H*D, checked again here
+      if (!CheckedMul(d.H, d.T, &lse_elements)) {
+        return MakeStatus(ORT_INVALID_ARGUMENT, "lse scratch [H, T] overflows int64 (qkv shape " +
+                                                    ShapeString(qkv_shape) + ")");
+      }
+      const size_t bytes = static_cast<size_t>(lse_elements) * sizeof(float);
       Ort::ThrowOnError(Ort::GetApi().KernelContext_GetScratchBuffer(context, mem_info, bytes, &lse.ptr));
       a.lse = lse.ptr;
     }

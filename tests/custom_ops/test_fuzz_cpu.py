@@ -1,0 +1,52 @@
+"""The seeded CPU-EP fuzz of RaggedAttention (10,000 calls, each batch in a child process): no crash, every
+invalid input refused with an ORT error, every valid one equal to the float64 torch reference.
+
+The seed is fixed so that CI is reproducible; RAGGEDVIT_FUZZ_SEED=<n> explores another run. The summary line
+(calls, outcomes) is printed at the end of the pytest run (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from _fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
+from _fuzz_driver import run_fuzz
+
+CALLS = 10_000
+SEED = int(os.environ.get("RAGGEDVIT_FUZZ_SEED", "14"))
+
+
+@pytest.mark.slow
+def test_cpu_fuzz(ort_library, record_property):
+    summary = run_fuzz(SEED, CALLS, batch=2_500, jobs=2, budget_s=150.0)
+    record_property("ci_summary", summary.line())
+    print(summary.report())
+    assert not summary.crashes, summary.report()
+    assert not summary.failures, summary.report()
+    assert summary.calls >= CALLS and not summary.timed_out, summary.report()
+    assert summary.outcomes["checked"] > CALLS // 4, summary.report()  # the valid path is exercised too
+
+
+def test_cases_cover_the_crafted_inputs():
+    """The first CALLS cases hold every crafted num_heads, float dtype, cu_seqlens breakage and refusal kind."""
+    cases = [draw_case(SEED, i) for i in range(CALLS)]
+    assert set(CRAFTED_NUM_HEADS) <= {c.num_heads for c in cases}
+    assert set(FLOATS) | {"double", "int32"} <= {c.qkv_elem for c in cases}
+    assert {"int32", "int64", "float"} <= {c.cu_elem for c in cases}
+    reasons = Counter((expected_error(c) or "valid").split(":")[0] for c in cases)
+    kinds = ("valid", "num_heads", "scale", "max_seqlen", "qkv type", "qkv rank", "qkv width", "bias")
+    assert all(reasons[k] > 50 for k in (*kinds, "cu_seqlens values", "cu_seqlens shape", "cu_seqlens type")), reasons
+    assert len(BAD_CU) == 10 and any(c.bias_elem for c in cases) and any(c.declared for c in cases)
+    assert draw_case(SEED, 123) == draw_case(SEED, 123)  # a reported call replays alone
+
+
+def test_a_crash_is_reported_with_seed_and_call(ort_library, monkeypatch):
+    """A child dying inside a call is reported (seed, call, case, replay) and the batch goes on after it."""
+    monkeypatch.setenv("RAGGEDVIT_FUZZ_KILL_AT", "5")
+    summary = run_fuzz(SEED, 12, batch=12, jobs=1, budget_s=60.0)
+    assert len(summary.crashes) == 1, summary.report()
+    crash = summary.crashes[0]
+    assert f"call 5 (seed {SEED}) died of SIGSEGV" in crash and f"--seed {SEED} --first 5 --calls 1" in crash
+    assert summary.calls == 11 and not summary.ok

@@ -1,0 +1,253 @@
+"""The CLI's error contract through subprocesses: every bad input exits 2 with one "error:" line and no traceback,
+SIGINT/SIGTERM exit 130, and no command leaves a file (or a hidden temp file) in its output folder.
+
+Most cases fail before any export or inference: models with a raggedvit recipe but a trivial graph stand in for
+real exports. The interrupt cases run a real export and signal it while its output is being written.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "deit_tiny_patch16_224"
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **(extra or {})}
+    env.pop("RAGGEDVIT_DEBUG", None)
+    return env
+
+
+def cli(*args: str, preexec_fn=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "raggedvit.cli", *args],
+        capture_output=True,
+        text=True,
+        env=_env({"PYTHONDONTWRITEBYTECODE": "1"}),
+        cwd=ROOT,
+        timeout=300,
+        preexec_fn=preexec_fn,
+    )
+
+
+def assert_one_error(code: int, stderr: str, expected_code: int, fragment: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert code == expected_code, stderr
+    assert "Traceback" not in stderr, stderr
+    assert [ln for ln in lines if ln.startswith("error: ")] == [lines[-1]], stderr
+    assert fragment in lines[-1], stderr
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def _fake_export(path: Path, *, unknown_op: bool = False) -> Path:
+    """A model with a raggedvit recipe (img 16) whose graph maps images [B, 3, 16, 16] to logits [B, 3] and
+    token counts [B, 3]; unknown_op adds a node no registered library implements."""
+    from raggedvit.exporter.metadata import write_recipe
+
+    nodes = [
+        helper.make_node("ReduceMean", ["images"], ["logits"], axes=[2, 3], keepdims=0),
+        helper.make_node("Abs", ["logits"], ["token_counts"]),
+    ]
+    opsets = [helper.make_opsetid("", 17)]
+    if unknown_op:
+        nodes[1] = helper.make_node("Missing", ["logits"], ["token_counts"], domain="com.example")
+        opsets.append(helper.make_opsetid("com.example", 1))
+    graph = helper.make_graph(
+        nodes,
+        "fake",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["B", 3, 16, 16])],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 3]),
+            helper.make_tensor_value_info("token_counts", TensorProto.FLOAT, ["B", 3]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    write_recipe(model, {"model": MODEL, "img_size": 16, "dtype": "fp32", "weights": {"source": "seeded"}})
+    onnx.save(model, path)
+    return path
+
+
+def _png(width: int, height: int, pixels: bytes | None = None) -> bytes:
+    """An RGB PNG; without pixels only its header claims the size (a decompression bomb for PIL)."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    rows = (
+        b"" if pixels is None else b"".join(b"\0" + pixels[r * width * 3 : (r + 1) * width * 3] for r in range(height))
+    )
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    import torch
+
+    d = tmp_path_factory.mktemp("inputs")
+    files = {"fake": _fake_export(d / "fake.onnx"), "unknown_op": _fake_export(d / "op.onnx", unknown_op=True)}
+    (d / "empty.pth").write_bytes(b"")
+    torch.save({"head.weight": torch.zeros(10, 192)}, d / "mismatch.pth")
+    (d / "truncated.pth").write_bytes((d / "mismatch.pth").read_bytes()[:300])
+    (d / "notonnx.onnx").write_bytes(b"definitely not a protobuf")
+    noise = np.random.default_rng(0).integers(0, 256, 64 * 64 * 3, dtype=np.uint8).tobytes()
+    images = {
+        "img_undecodable": ("x.jpg", b"not an image at all"),
+        "img_truncated": ("x.png", _png(64, 64, noise)[:2000]),
+        "img_bomb": ("x.png", _png(20_000, 20_000)),
+    }
+    for name, (fname, data) in images.items():
+        (d / name).mkdir()
+        (d / name / "good.png").write_bytes(_png(64, 64, noise))
+        (d / name / fname).write_bytes(data)
+    files.update({p.stem if p.is_file() else p.name: p for p in d.iterdir()})
+    return files
+
+
+# ---- cases that fail before any export or inference ---------------------------------------------------
+EXPORT = ["export", MODEL, "-o", "{out}/o.onnx"]
+VALIDATE = ["validate", "{fake}", "--random", "1", "--report", "{out}/rep"]
+BENCH = ["bench", "{fake}", "--batch", "1", "--seconds", "0.01", "--json", "{out}/b.json"]
+CASES = {
+    "no command": ([], "missing command; see 'raggedvit --help'"),
+    "empty checkpoint": ([*EXPORT, "--checkpoint", "{empty}"], "is empty (0 bytes)"),
+    "truncated checkpoint": ([*EXPORT, "--checkpoint", "{truncated}"], "cannot read checkpoint 'truncated.pth'"),
+    "state-dict mismatch": ([*EXPORT, "--checkpoint", "{mismatch}"], "does not match deit_tiny_patch16_224: size mis"),
+    "keep with cls-mass": ([*EXPORT, "--policy", "cls-mass", "--keep", "0.3"], "--keep does not apply to --policy cls"),
+    "mass with topk-l2": ([*EXPORT, "--mass", "0.8"], "--mass does not apply to --policy topk-l2"),
+    "mass with evit": ([*EXPORT, "--policy", "evit", "--mass", "0.8"], "--mass does not apply to --policy evit"),
+    "prune-at with none": ([*EXPORT, "--policy", "none", "--prune-at", "4"], "--prune-at does not apply"),
+    "keep with none": ([*EXPORT, "--policy", "none", "--keep", "0.5"], "--keep does not apply to --policy none"),
+    "mass with none": ([*EXPORT, "--policy", "none", "--mass", "0.9"], "--mass does not apply to --policy none"),
+    "fuse with none": ([*EXPORT, "--policy", "none", "--fuse"], "--fuse does not apply to --policy none"),
+    "export to a fifo": (["export", MODEL, "-o", "{out}/fifo"], "exists and is not a regular file"),
+    "atol nan": ([*VALIDATE, "--atol", "nan"], "--atol must be > 0 and finite, got nan"),
+    "atol negative": ([*VALIDATE, "--atol", "-0.1"], "--atol must be > 0 and finite"),
+    "atol inf": ([*VALIDATE, "--atol", "inf"], "--atol must be > 0 and finite"),
+    "rtol nan": ([*VALIDATE, "--rtol", "nan"], "--rtol must be >= 0 and finite"),
+    "rtol negative": ([*VALIDATE, "--rtol", "-1e-3"], "--rtol must be >= 0 and finite"),
+    "min-top1 2": ([*VALIDATE, "--min-top1", "2"], "--min-top1 must be in [0, 1], got 2"),
+    "min-top1 negative": ([*VALIDATE, "--min-top1", "-0.5"], "--min-top1 must be in [0, 1]"),
+    "tie-eps nan": ([*VALIDATE, "--tie-eps", "nan"], "--tie-eps must be >= 0 and finite"),
+    "undecodable image": (["validate", "{fake}", "--images", "{img_undecodable}"], "cannot decode image"),
+    "truncated image": (["validate", "{fake}", "--images", "{img_truncated}"], "truncated"),
+    "decompression bomb": (["validate", "{fake}", "--images", "{img_bomb}"], "decompression bomb"),
+    "unregistered op": (["validate", "{unknown_op}", "--random", "1"], "ONNX Runtime cannot load op.onnx"),
+    "bench non-ONNX": (["bench", "{notonnx}"], "notonnx.onnx is not a readable ONNX model"),
+    "bench huge batch": ([*BENCH[:2], "--batch", "99999999999"], "--batch 99999999999 needs"),
+    "bench seconds nan": ([*BENCH, "--seconds", "nan"], "--seconds must be > 0 and finite"),
+    "bench json to a fifo": ([*BENCH[:-1], "{out}/fifo"], "exists and is not a regular file"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_input_error_exits_2(inputs, tmp_path, case):
+    args, fragment = CASES[case]
+    out = tmp_path / "out"
+    out.mkdir()
+    if any("{out}/fifo" in a for a in args):
+        os.mkfifo(out / "fifo")
+    res = cli(*(a.format(out=out, **inputs) for a in args))
+    assert_one_error(res.returncode, res.stderr, 2, fragment)
+    assert sorted(p.name for p in out.iterdir()) == (["fifo"] if (out / "fifo").exists() else [])
+
+
+def test_bench_cuda_without_cuda(inputs, tmp_path):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has a CUDA EP")
+    res = cli("bench", str(inputs["fake"]), "--device", "cuda", "--json", str(tmp_path / "b.json"))
+    assert_one_error(res.returncode, res.stderr, 2, "--device cuda: onnxruntime")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _full_disk() -> None:
+    """preexec_fn: files of this process cannot grow past 64 bytes (writes fail with EFBIG like a full disk)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+
+def test_bench_json_on_a_full_disk_leaves_nothing(inputs, tmp_path):
+    res = cli(*(a.format(out=tmp_path, **inputs) for a in BENCH), preexec_fn=_full_disk)
+    assert_one_error(res.returncode, res.stderr, 2, "cannot write --json")
+    assert list(tmp_path.iterdir()) == []  # neither b.json nor a temp file
+
+
+# ---- interrupts ---------------------------------------------------------------------------------------
+# os.replace of the .onnx (the commit of atomic_write) first drops a marker, then waits: the signal arrives
+# while the export's output exists only as a hidden temp file.
+_SLOW_COMMIT = """
+import os, sys, time
+from pathlib import Path
+_replace = os.replace
+def _slow_replace(src, dst, *a, **k):
+    if str(dst).endswith(".onnx"):
+        Path(os.environ["MARKER"]).write_text(str(src))
+        time.sleep(120)
+    return _replace(src, dst, *a, **k)
+os.replace = _slow_replace
+sys.argv[0] = "raggedvit"
+from raggedvit.cli import main
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def nan_checkpoint(tmp_path_factory) -> Path:
+    import timm
+    import torch
+
+    model = timm.create_model(MODEL)
+    state = model.state_dict()
+    state["blocks.0.mlp.fc1.weight"][0, 0] = float("nan")
+    path = tmp_path_factory.mktemp("nan") / "nan.pth"
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_during_export_write_exits_130(nan_checkpoint, tmp_path, sig):
+    """The export (of weights with a NaN: one warning line first) is signalled during its write: exit 130,
+    one error line, no output and no temp file."""
+    out, marker = tmp_path / "out", tmp_path / "marker"
+    out.mkdir()
+    args = ["export", MODEL, "--checkpoint", str(nan_checkpoint), "-o", str(out / "m.onnx")]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_COMMIT, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env({"MARKER": str(marker)}),
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the export never reached its write"
+        assert [p.name for p in out.iterdir()] == [Path(marker.read_text()).name]  # the hidden temp file
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert_one_error(proc.returncode, stderr, 130, f"interrupted by {sig.name}")
+    warnings = [ln for ln in stderr.splitlines() if ln.startswith("warning: ")]
+    assert len(warnings) == 1 and "NaN or Inf values in blocks.0.mlp.fc1.weight:" in warnings[0], stderr
+    assert list(out.iterdir()) == []
