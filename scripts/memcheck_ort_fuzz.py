@@ -4,8 +4,11 @@
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
-call draws T and cu_seqlens afresh, valid or invalid (decreasing, above T, negative, last != T). Invalid
-device data must not fault (the kernel clamps); the outputs of valid calls are checked for finiteness.
+call draws T and cu_seqlens afresh, valid or invalid (decreasing, above T, negative, last != T), and every tenth
+call also passes a qkv bias, of the right or a wrong shape or type. Invalid device data must not fault (the kernel
+clamps); the outputs of valid calls are checked for finiteness. Before them, sessions with crafted attributes
+(num_heads 0x5555555555555555, 2**62, INT64_MAX, 0, -1, a width that is not a multiple of 3*num_heads) must be
+refused with an error, never a crash; they count as calls.
 Progress is printed every 100 calls; exit 1 on any unexpected error.
 """
 
@@ -17,7 +20,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,19 +33,39 @@ CASES = [  # (numpy dtype, onnx dtype, cu dtype, heads, head dim)
 ]
 
 
-def model(elem: int, cu_elem: int, heads: int, dim: int) -> bytes:
-    node = helper.make_node("RaggedAttention", ["qkv", "cu"], ["out", "cls"], domain="com.raggedvit", num_heads=heads)
+CRAFTED_HEADS = [0x5555555555555555, 2**62, 2**63 - 1, 0, -1, 5]  # 5: the width 3*2*64 is no multiple of 15
+
+
+def model(elem: int, cu_elem: int, heads: int, dim: int, *, bias: bool = False, width: int | None = None) -> bytes:
+    inputs = ["qkv", "cu"] + (["bias"] if bias else [])
+    node = helper.make_node("RaggedAttention", inputs, ["out", "cls"], domain="com.raggedvit", num_heads=heads)
+    width = 3 * heads * dim if width is None else width
     graph = helper.make_graph(
         [node], "fuzz",
-        [helper.make_tensor_value_info("qkv", elem, ["T", 3 * heads * dim]),
-         helper.make_tensor_value_info("cu", cu_elem, ["B1"])],
-        [helper.make_tensor_value_info("out", elem, ["T", heads * dim]),
+        [helper.make_tensor_value_info("qkv", elem, ["T", width]),
+         helper.make_tensor_value_info("cu", cu_elem, ["B1"])]
+        + ([helper.make_tensor_value_info("bias", elem, ["W"])] if bias else []),
+        [helper.make_tensor_value_info("out", elem, ["T", "HD"]),
          helper.make_tensor_value_info("cls", TensorProto.FLOAT, ["T"])],
     )  # fmt: skip
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)])
     m.ir_version = 10
-    onnx.checker.check_model(m)
     return m.SerializeToString()
+
+
+def crafted_sessions() -> tuple[int, int]:
+    """(attempts, crashes-or-accepted): each crafted num_heads must be refused when the session is created or run."""
+    bad = 0
+    for heads in CRAFTED_HEADS:
+        try:
+            sess = create_session(model(TensorProto.FLOAT16, TensorProto.INT32, heads, 64, width=3 * 2 * 64), "cuda",
+                                  disable_cpu_fallback=True)  # fmt: skip
+            sess.run(None, {"qkv": np.zeros((4, 384), np.float16), "cu": np.array([0, 4], np.int32)})
+            print(f"num_heads={heads}: accepted", flush=True)
+            bad += 1
+        except Exception as e:  # noqa: BLE001 - an error status is the expected outcome
+            print(f"num_heads={heads}: refused ({str(e).splitlines()[0][:120]})", flush=True)
+    return len(CRAFTED_HEADS), bad
 
 
 def draw_cu(rng: np.random.Generator, T: int, kind: str) -> np.ndarray:
@@ -67,23 +89,32 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
+    crafted, errors = crafted_sessions()
     sessions = []
     for npt, elem, cut, heads, dim in CASES:
         cu_elem = TensorProto.INT32 if cut == np.int32 else TensorProto.INT64
         sessions.append((create_session(model(elem, cu_elem, heads, dim), "cuda", disable_cpu_fallback=True),
+                         create_session(model(elem, cu_elem, heads, dim, bias=True), "cuda", disable_cpu_fallback=True),
                          npt, cut, heads, dim))  # fmt: skip
     kinds = ["valid"] * 5 + ["decreasing", "above_t", "negative", "last_ne_t"]
-    counts: dict[str, int] = {}
-    errors = 0
+    counts: dict[str, int] = {"crafted_attributes": crafted}
     t0 = time.time()
-    for call in range(args.calls):
-        sess, npt, cut, heads, dim = sessions[call % len(sessions)]
+    for call in range(max(args.calls - crafted, 0)):
+        sess, sess_bias, npt, cut, heads, dim = sessions[call % len(sessions)]
         T = int(rng.integers(0, args.max_t + 1))
         kind = kinds[int(rng.integers(0, len(kinds)))]
         cu = draw_cu(rng, T, kind).astype(cut)
         qkv = rng.standard_normal((T, 3 * heads * dim)).astype(npt)
+        feeds = {"qkv": qkv, "cu": cu}
+        if call % 10 == 9:  # with a bias: the right one, or a wrong length / type (an error, never a fault)
+            sess = sess_bias
+            which = int(rng.integers(0, 3))
+            width = 3 * heads * dim + (0 if which != 1 else int(rng.integers(1, 64)))
+            feeds["bias"] = rng.standard_normal(width).astype(npt if which != 2 else np.float64)
+            if which and kind == "valid":
+                kind = "bad_bias"
         try:
-            out, cls = sess.run(None, {"qkv": qkv, "cu": cu})
+            out, cls = sess.run(None, feeds)
             if kind == "valid" and not (np.isfinite(out).all() and np.isfinite(cls).all()):
                 print(f"call {call}: non-finite output for valid cu {cu.tolist()} T={T}", flush=True)
                 errors += 1
@@ -94,7 +125,8 @@ def main() -> int:
         counts[kind] = counts.get(kind, 0) + 1
         if (call + 1) % 100 == 0:
             print(f"{call + 1} calls ({time.time() - t0:.1f} s)", flush=True)
-    print(f"memcheck fuzz: {args.calls} CUDA-EP calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")
+    total = sum(counts.values())
+    print(f"memcheck fuzz: {total} CUDA-EP calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")
     return 1 if errors else 0
 
 
