@@ -363,6 +363,9 @@ def _require_onnxruntime() -> None:
         require_onnxruntime()
     except OnnxRuntimeMissing as e:
         raise CliError(str(e)) from None
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # errors only: ORT's start-up warnings are not the command's output
 
 
 @main.command()

@@ -27,10 +27,13 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
 
     Returns:
         (score_gap [B] = (s_last_kept - s_first_dropped) / |s_last_kept|, mass_gap [B] = min |exclusive mass - mass|
-        / mass at the cut) float64, +inf where no cut exists (all patches kept) / not cls-mass.
+        / mass at the cut) float64, +inf where no cut exists (all patches kept) / not cls-mass. topk-l2 gaps are of
+        the L2 norms (PrunedViT ranks their squares, the same order; the square would double every relative gap).
     """
     B, W = S.shape
     vals = torch.sort(S, dim=1, descending=True, stable=True).values.double()
+    if spec.policy == "topk-l2":
+        vals = vals.clamp_min(0).sqrt()
     P = n - num_prefix
     score_gap = torch.full((B,), float("inf"), dtype=torch.float64)
     mass_gap = torch.full((B,), float("inf"), dtype=torch.float64)
