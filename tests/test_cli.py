@@ -76,7 +76,6 @@ def test_info():
         ([MODEL, "--policy", "bogus"], "Invalid value for '--policy'"),
         ([MODEL, "--seed", "1", "--pretrained"], "at most one of --checkpoint, --pretrained, --seed"),
         ([MODEL, "--checkpoint", "/nonexistent/w.pth"], "does not exist"),
-        ([MODEL, "--img-size", "200"], "not a multiple of the patch size"),
     ],
 )
 def test_export_errors(tmp_path, args, fragment):

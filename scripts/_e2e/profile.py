@@ -4,7 +4,6 @@ a torch.profiler (CUPTI) trace of the GPU kernels the session launches."""
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -13,35 +12,22 @@ from typing import Any
 
 __all__ = ["kernel_summary", "section_of", "summarize_ort_profile"]
 
-_BLOCK = re.compile(r"^blocks[./](\d+)[./]?(.*)$")
-_BLOCK_PARTS = (("attn.qkv", "qkv"), ("attn.proj", "proj"), ("attn", "attention"), ("mlp", "mlp"), ("norm", "norm"))
-_TOP = (
-    ("stage", "prune_stage"),
-    ("head", "head"),
-    ("norm", "head"),
-    ("token_counts", "head"),
-    ("concat", "head"),
-    ("cast", "head"),
-)
+_SECTIONS = {
+    "attention": ("RaggedAttention", "MultiHeadAttention", "PackedMultiHeadAttention", "Attention"),
+    "gemm": ("MatMul", "Gemm", "FusedMatMul", "Conv"),
+    "norm": ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"),
+    "activation": ("BiasGelu", "Gelu", "FastGelu", "QuickGelu"),
+    "prune_stage": ("TopK", "NonZero", "ScatterElements", "ScatterND", "CumSum", "GatherND", "ReduceSum"),
+}
 
 
-def section_of(node_name: str) -> str:
-    """Graph section of a raggedvit export node name ('n_<hint>'): 'n_blocks.3.attn' -> 'attention' (the ragged
-    op), 'n_blocks.3.attn.qkv' -> 'qkv', 'n_blocks.3.mlp.fc1.gelu' -> 'mlp', 'n_stage0.topk' -> 'prune_stage',
-    'n_patch_embed.proj' -> 'embed', 'n_head.mm' -> 'head'; names ORT made up in its fusions -> 'other'."""
-    name = node_name[2:] if node_name.startswith("n_") else node_name.lstrip("/")
-    m = _BLOCK.match(name)
-    if m:
-        rest = m.group(2)
-        for prefix, section in _BLOCK_PARTS:
-            if rest.startswith(prefix):
-                return section
-        return "residual" if rest.startswith("res") else "block_other"
-    for prefix, section in _TOP:
-        if name.startswith(prefix):
+def section_of(op_type: str) -> str:
+    """Section of a node by its op type (traced graphs name nodes after torch ops, not after the model):
+    'RaggedAttention' -> 'attention', 'MatMul' -> 'gemm', 'SkipLayerNormalization' -> 'norm', 'BiasGelu' ->
+    'activation', 'TopK' -> 'prune_stage'; the rest (casts, gathers, shape arithmetic) -> 'other'."""
+    for section, ops in _SECTIONS.items():
+        if op_type in ops:
             return section
-    if node_name.startswith("n_"):
-        return "embed"  # images cast, patch_embed, cls token, pos embed, packing (the graph's first nodes)
     return "other"
 
 
@@ -68,7 +54,7 @@ def summarize_ort_profile(path: str | Path, *, skip_runs: int, top: int = 25) ->
         key = (args.get("op_name", "?"), args.get("provider", "?").replace("ExecutionProvider", ""))
         by_op[key][0] += e["dur"]
         by_op[key][1] += 1
-        by_section[section_of(e["name"][: -len("_kernel_time")])] += e["dur"]
+        by_section[section_of(key[0])] += e["dur"]
         node_total += e["dur"]
     n = len(runs)
     ops = [

@@ -61,8 +61,19 @@ def test_bad_inputs_raise(qkv, cu, H, match):
 
 def test_opcheck(gen):
     qkv, cu = make_batch([5, 1, 9], 2, 16, torch.float32, gen)
+    bias = torch.randn(qkv.shape[1], generator=gen)
     for cls in (True, False):
-        torch.library.opcheck(torch.ops.raggedvit.ragged_attention.default, (qkv, cu, 2, 0.25, cls))
+        for b in (None, bias):
+            torch.library.opcheck(torch.ops.raggedvit.ragged_attention.default, (qkv, cu, b, 2, 0.25, cls))
+
+
+def test_bias_is_attention_of_qkv_plus_bias(gen):
+    qkv, cu = make_batch([5, 1, 9], 2, 16, torch.float32, gen)
+    bias = torch.randn(qkv.shape[1], generator=gen)
+    got, got_cls = ragged_attention(qkv, cu, 2, bias=bias, return_cls_attn=True)
+    want, want_cls = ragged_attention(qkv + bias, cu, 2, return_cls_attn=True)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_cls, want_cls)
 
 
 class _PrunedAttention(torch.nn.Module):

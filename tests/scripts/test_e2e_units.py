@@ -86,13 +86,12 @@ def test_split_qkv_attention_is_the_same_function() -> None:
 
 
 def test_section_of_export_names() -> None:
-    assert section_of("n_blocks.3.attn") == "attention"
-    assert section_of("n_blocks.3.attn.qkv.mm") == "qkv"
-    assert section_of("n_blocks.10.mlp.fc1.gelu") == "mlp"
-    assert section_of("n_stage0.topk") == "prune_stage"
-    assert section_of("n_patch_embed.proj") == "embed"
-    assert section_of("n_head.mm") == "head"
-    assert section_of("SkipLayerNorm_fused_3") == "other"
+    assert section_of("RaggedAttention") == "attention"
+    assert section_of("MatMul") == "gemm" and section_of("Gemm") == "gemm"
+    assert section_of("BiasGelu") == "activation"
+    assert section_of("TopK") == "prune_stage" and section_of("NonZero") == "prune_stage"
+    assert section_of("SkipLayerNormalization") == "norm"
+    assert section_of("Cast") == "other"
 
 
 def test_summarize_ort_profile_skips_warmup(tmp_path) -> None:
@@ -118,7 +117,7 @@ def test_summarize_ort_profile_skips_warmup(tmp_path) -> None:
         "calls_per_run": 1.0,
         "share": 0.75,
     }
-    assert s["sections_us_per_run"] == {"attention": 30.0, "head": 10.0}
+    assert s["sections_us_per_run"] == {"attention": 30.0, "gemm": 10.0}
 
 
 def _rec(variant, policy, batch, img_s, status="ok", tokens=None):
