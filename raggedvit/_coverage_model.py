@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MATCH_RTOL", "POLICIES", "check_model", "classify_names", "first_line", "reduced_model"]
+__all__ = ["MATCH_RTOL", "CHECKED_POLICIES", "check_model", "classify_names", "first_line", "reduced_model"]
 
 MATCH_RTOL = 1e-4  # max |Δ| allowed, relative to max |reference|
 SHARPEN_QK = 4.0  # q/k rows x4 (raggedvit.weights.sharpen_qk_): peaked attention, pruning decisions not ties
 BATCH = 2
-POLICIES = ("none", "topk-l2", "cls-mass")
+CHECKED_POLICIES = ("none", "topk-l2", "cls-mass")  # the policies of raggedvit.policies checked here
 
 
 def first_line(e: BaseException) -> str:

@@ -26,10 +26,11 @@ from raggedvit._cli_support import (
     require_device,
     warn_nonfinite,
 )
+from raggedvit.policies import POLICIES
 
 __all__ = ["CliError", "main"]
 
-POLICY_CHOICES = ("none", "topk-l2", "evit", "cls-mass")
+POLICY_CHOICES = POLICIES  # torch-free (raggedvit.policies)
 
 
 class _Group(click.Group):

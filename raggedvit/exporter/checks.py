@@ -7,6 +7,7 @@ from collections import Counter
 import onnx
 from onnx import TensorProto
 
+from raggedvit import policies
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, read_recipe
 
 OPSET = 20  # default-domain opset of every export: ONNX Gelu (opset 20) lets rewrites.bias_gelu see one node
@@ -39,9 +40,8 @@ _STATIC_PRUNE_OPS = ("TopK", "Gather")  # uniform stages: static shapes, no NonZ
 def static_shapes(prune: dict) -> bool:
     """True when every stage of the recipe's pruning keeps an export-time-known count (topk-l2, evit without
     fuse): the graph then has static shapes for a given batch, no NonZero, and can run as a CUDA graph."""
-    from raggedvit.pruning.spec import PruneSpec  # the one definition (torch is imported by then anyway)
-
-    return PruneSpec.from_dict(prune or {}).static_shapes
+    prune = prune or {}
+    return policies.static_shapes(str(prune.get("policy", "none")), bool(prune.get("fuse", False)))
 
 
 def _elem_and_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[str | int]]:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 
+from raggedvit.policies import COUNT_POLICIES
 from raggedvit.pruning.spec import CLS_MASS_EPS, PruneSpec, f32, uniform_keep
 
 __all__ = ["Selection", "pad_rows", "pad_scores", "padded_slots", "select_tokens", "uniform_topk"]
@@ -69,7 +70,7 @@ def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: Prune
     patches = n.to(torch.int64) - num_prefix  # P_b
     order_vals, order = torch.sort(S, dim=1, descending=True, stable=True)  # ties: lower position first
     rank = order.scatter(1, order, idx.expand_as(order))  # inverse permutation (every slot is written)
-    if spec.policy in ("topk-l2", "evit"):
+    if spec.policy in COUNT_POLICIES:
         k = torch.ceil(patches.to(torch.float32) * f32(spec.keep)).to(torch.int64)
     elif spec.policy == "cls-mass":
         valid = idx.unsqueeze(0) < patches.unsqueeze(1)  # sorted slots j < P_b hold the patch scores

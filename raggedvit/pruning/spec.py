@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from raggedvit.policies import CLS_ATTN_POLICIES, POLICIES, static_shapes
+
 __all__ = ["CLS_MASS_EPS", "EVIT_FUSE_EPS", "POLICIES", "PruneSpec", "f32", "uniform_keep"]
 
-POLICIES = ("none", "topk-l2", "evit", "cls-mass")
-_CLS_POLICIES = ("evit", "cls-mass")
 CLS_MASS_EPS = 1e-30  # floor of a row's patch-score sum before normalising (cls-mass)
 EVIT_FUSE_EPS = 1e-12  # floor of the dropped-attention sum in evit's fused token
 
@@ -72,13 +72,13 @@ class PruneSpec:
 
     @property
     def needs_cls_attn(self) -> bool:
-        return self.policy in _CLS_POLICIES
+        return self.policy in CLS_ATTN_POLICIES
 
     @property
     def static_shapes(self) -> bool:
         """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): the traced graph
         has static shapes at a given batch size (no NonZero) and runs as a CUDA graph."""
-        return self.policy in ("none", "topk-l2") or (self.policy == "evit" and not self.fuse)
+        return static_shapes(self.policy, self.fuse)
 
     @classmethod
     def from_strings(

@@ -1,0 +1,16 @@
+"""The pruning policies and which of them keep export-time-known token counts (torch-free: the CLI and the graph
+checks read it without importing torch). `raggedvit.pruning.PruneSpec` validates specs against these."""
+
+from __future__ import annotations
+
+__all__ = ["CLS_ATTN_POLICIES", "COUNT_POLICIES", "POLICIES", "static_shapes"]
+
+POLICIES = ("none", "topk-l2", "evit", "cls-mass")
+CLS_ATTN_POLICIES = ("evit", "cls-mass")  # rank by the class token's attention: need a class token
+COUNT_POLICIES = ("topk-l2", "evit")  # keep ceil(keep * patches) tokens per image, whatever the scores
+
+
+def static_shapes(policy: str, fuse: bool = False) -> bool:
+    """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): the traced graph has
+    static shapes at a given batch size (no NonZero) and runs as a CUDA graph."""
+    return policy in ("none", "topk-l2") or (policy == "evit" and not fuse)
