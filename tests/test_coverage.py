@@ -135,3 +135,32 @@ def test_cli_input_errors_exit_2(tmp_path, args, fragment):
     assert res.returncode == 2, res.stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], res.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [r for r in REPRESENTATIVES if "siglip" not in r[0] and "aimv2" not in r[0]],  # evit ranks by the class token
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_representative_evit_policies_match(name, kwargs, tmp_path):
+    """evit with and without fuse (not in the coverage columns): the export equals PrunedViT, counts included."""
+    import numpy as np
+    import torch
+
+    from raggedvit._coverage_model import reduced_model
+    from raggedvit.exporter import export_onnx
+    from raggedvit.pruning import PrunedViT, PruneSpec
+    from raggedvit.runtime import create_session
+
+    vit, info = reduced_model(name, depth=3, img_size=IMG, kwargs=kwargs)
+    vit.eval()
+    h, w = info["img_size"]
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
+    for spec in (PruneSpec("evit", (1,), keep=0.6), PruneSpec("evit", (1, 2), keep=0.7, fuse=True)):
+        path = export_onnx(vit, spec, tmp_path / f"{spec.fuse}.onnx")
+        got = create_session(path).run(None, {"images": x.numpy()})
+        with torch.no_grad():
+            ref = PrunedViT(vit, spec)(x)
+        np.testing.assert_array_equal(got[1], ref.token_counts.numpy())
+        scale = max(float(ref.logits.abs().max()), 1e-6)
+        assert float(np.abs(got[0] - ref.logits.numpy()).max()) <= 1e-4 * scale
