@@ -1,4 +1,7 @@
-"""Latency of a zero-argument callable: warm-up, then the median of N synchronized runs."""
+"""Latency of a zero-argument callable: warm-up, then the median of N synchronized runs.
+
+The one timing loop of `raggedvit bench` (raggedvit.bench) and of the benchmarks package.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ __all__ = ["Timing", "device_sync", "measure"]
 
 @dataclass(frozen=True)
 class Timing:
+    """Host wall time per run in milliseconds: median and 10th / 90th percentiles of `runs` timed runs."""
+
     median_ms: float
     p10_ms: float
     p90_ms: float
