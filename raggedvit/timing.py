@@ -43,12 +43,13 @@ def measure(
     min_warmup: int = 3,
     min_runs: int = 5,
     max_runs: int = 1000,
+    runs: int | None = None,
 ) -> Timing:
     """Warm up (>= min_warmup runs and >= warmup_s seconds), then time N runs, each between two `sync()` calls.
 
-    N = target_s / (latency of the last warm-up run), clamped to [min_runs, max_runs]; a run slower than
-    target_s / 3 gets at most 3 timed runs so one slow case cannot eat the budget. Host wall time per run
-    (perf_counter), so launch overhead counts as it does for a user.
+    N = `runs` when given; else target_s / (latency of the last warm-up run), clamped to [min_runs, max_runs], and a
+    run slower than target_s / 3 gets at most 3 timed runs so one slow case cannot eat the budget. Host wall time
+    per run (perf_counter), so launch overhead counts as it does for a user.
     """
     start = time.perf_counter()
     warm, last = 0, 0.0
@@ -59,9 +60,12 @@ def measure(
         sync()
         last = time.perf_counter() - t0
         warm += 1
-    runs = max(min_runs, min(max_runs, math.ceil(target_s / max(last, 1e-6))))
-    if last > target_s / 3:
-        runs = min(runs, 3)
+    if runs is None:
+        runs = max(min_runs, min(max_runs, math.ceil(target_s / max(last, 1e-6))))
+        if last > target_s / 3:
+            runs = min(runs, 3)
+    elif runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
     times = []
     for _ in range(runs):
         sync()
