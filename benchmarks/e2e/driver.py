@@ -309,7 +309,7 @@ def main() -> None:
             results["seconds"] = round(time.time() - t_start, 1)
             write_json(json_path, results)
     try:
-        plot(results["records"], png_path, f"bench_e2e on {results['gpu']} ({cfg.dtype})")
+        plot(results["records"], png_path, f"benchmarks.e2e on {results['gpu']} ({cfg.dtype})")
     except Exception as exc:  # noqa: BLE001
         print(f"[e2e] plot failed: {exc!r}", flush=True)
     results["seconds"] = round(time.time() - t_start, 1)

@@ -291,7 +291,7 @@ class CaseRunner:
             self._bench("torch_varlen", text, b, lambda b=b: torch_step(fn, xt[b]), ref, note)
 
     def _ort_ragged(self, spec, text: str, vit, x32: dict, ref: dict, *, graph: bool, plain: bool) -> None:
-        recipe = {"model": self.case.timm_name, "benchmark": "bench_e2e"}
+        recipe = {"model": self.case.timm_name, "benchmark": "benchmarks.e2e"}
         path = self.work / f"ragged_{self.cfg.policies.index(text)}_{spec.policy}.onnx"
         want = ["ort_raggedvit"] * plain + ["ort_raggedvit_graph"] * graph
         made = self._setup(
