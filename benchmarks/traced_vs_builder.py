@@ -91,20 +91,12 @@ class _Run:
 
 
 def _time(run: _Run, seconds: float) -> float:
-    """Median ms of synchronous runs over about `seconds` (after 3 warm-up runs)."""
+    """Median ms of synchronized runs over about `seconds` (after 3 warm-up runs): raggedvit.timing.measure."""
     import torch
 
-    for _ in range(3):
-        run.run()
-    torch.cuda.synchronize()
-    times: list[float] = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 5:
-        t0 = time.perf_counter()
-        run.run()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    from raggedvit.timing import measure
+
+    return measure(run.run, torch.cuda.synchronize, target_s=seconds, warmup_s=0.0, min_warmup=3).median_ms
 
 
 def profile_kernels(run: _Run, forwards: int = 20, top: int = 25) -> dict[str, Any]:
@@ -158,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchmarks.env import environment
-    from raggedvit.images import preprocess, sample_images
+    from raggedvit.images import sample_inputs, tile
     from raggedvit.weights import load_vit
 
     args.work.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
     vit, _ = load_vit(args.model, seed=0)
-    photos = preprocess(sample_images(), vit)  # [n, 3, S, S]
+    photos = sample_inputs(vit)  # [n, 3, S, S]: the photos, as `raggedvit bench` times them
     del vit
     result: dict[str, Any] = {
         "benchmark": "traced_vs_builder",
@@ -182,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exported {policy} in {time.perf_counter() - t0:.0f} s: {result['exports'][policy]}", flush=True)
         graph = policy == "topk-l2"
         for batch in batches:
-            reps = -(-batch // photos.shape[0])
-            images = photos.repeat(reps, 1, 1, 1)[:batch].cuda()
+            images = tile(photos, batch).cuda()
             runs = {name: _Run(p, batch, images, graph) for name, p in paths.items()}
             for r in runs.values():
                 r.run()

@@ -1,56 +1,50 @@
 """Throughput of an exported model in ONNX Runtime (the library behind `raggedvit bench`).
 
-Inputs are the bundled sample photos (or seeded noise), preprocessed as the recipe's model says, tiled to
-each batch size and bound where the session runs (GPU io binding on CUDA). Timing is host wall time of
-synchronous runs after a warm-up; the median is reported.
+Inputs are the sample photos through the recipe model's timm eval transform (raggedvit.images.sample_inputs; seeded
+noise only when asked for), tiled to each batch size and bound where the session runs (GPU io binding on CUDA).
+Timing is raggedvit.timing.measure, the benchmarks' loop: host wall time of synchronized runs after a warm-up.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BenchResult", "bench_onnx"]
+__all__ = ["BenchResult", "bench_inputs", "bench_onnx"]
 
 
 @dataclass(frozen=True)
 class BenchResult:
-    """One batch size: median latency of a session run and the images per second it gives."""
+    """One batch size: latency of a session run (median, p10, p90 over `runs`) and the images per second of the
+    median."""
 
     batch: int
     latency_ms: float
     img_per_s: float
     runs: int
     mean_tokens: list[float]  # mean kept tokens per image after each pruning stage
+    p10_ms: float
+    p90_ms: float
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _inputs(img_size: int, batch: int) -> np.ndarray:
-    """[batch, 3, S, S] float32: sample photos normalised with ImageNet statistics, tiled (noise if none)."""
+def bench_inputs(recipe: dict, *, random: bool = False):
+    """[n, 3, S, S] float32 torch tensor: the sample photos as the recipe's timm model preprocesses them (its data
+    config, at the exported img_size), or 4 seeded noise images with random=True.
+
+    raggedvit.images.NoSampleImages when no photos are available; ValueError if timm has no such model."""
+    from raggedvit.images import meta_model, sample_inputs
+
+    name, img_size = str(recipe["model"]), int(recipe["img_size"])
     try:
-        from PIL import Image
-
-        from raggedvit.images import sample_images
-
-        mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
-        std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
-        imgs = [
-            (np.asarray(im.convert("RGB").resize((img_size, img_size), Image.BICUBIC), np.float32) / 255.0).transpose(
-                2, 0, 1
-            )
-            for _, im in sample_images()
-        ]
-        arr = (np.stack(imgs) - mean) / std
-    except Exception:  # noqa: BLE001 - no image packages: seeded noise keeps the benchmark usable
-        arr = np.random.default_rng(0).standard_normal((4, 3, img_size, img_size)).astype(np.float32)
-    reps = -(-batch // len(arr))
-    return np.ascontiguousarray(np.concatenate([arr] * reps)[:batch].astype(np.float32))
+        model = meta_model(name, img_size)
+    except RuntimeError as e:  # timm: "Unknown model (...)"
+        raise ValueError(f"the export's recipe names {name!r}, which timm cannot build: {e}") from None
+    return sample_inputs(model, random_n=4 if random else None)
 
 
 def bench_onnx(
@@ -61,23 +55,29 @@ def bench_onnx(
     seconds: float = 0.5,
     warmup: int = 3,
     cuda_graph: bool = False,
+    random: bool = False,
 ) -> list[BenchResult]:
     """Median latency and img/s of `path` in ORT on `device` ("cpu" | "cuda") for every batch size.
 
     cuda_graph: replay the model as a CUDA graph (raggedvit.runtime.GraphRunner, one per batch size; static-shape
-    exports only), timing the replay on the bound input buffer."""
+    exports only), timing the replay on the bound input buffer. random: seeded noise instead of the sample photos
+    (raggedvit.images.NoSampleImages without photos and without random). seconds, warmup: target_s and min_warmup of
+    raggedvit.timing.measure."""
     from raggedvit.exporter.metadata import read_recipe
+    from raggedvit.images import tile
     from raggedvit.runtime import create_session, tf32_for
+    from raggedvit.timing import device_sync, measure
 
     if cuda_graph and device != "cuda":
         raise ValueError("cuda_graph needs device='cuda'")
     recipe = read_recipe(path)
-    img_size = int(recipe["img_size"])
+    photos = bench_inputs(recipe, random=random)
+    sync = device_sync(device)
     tf32 = device == "cuda" and tf32_for(recipe)
     sess = None if cuda_graph or device == "cuda" else create_session(path, device)
     results = []
     for batch in batches:
-        x = _inputs(img_size, batch)
+        x = tile(photos, batch).numpy()
         if device == "cuda" and not cuda_graph:  # the batch fixed: its shape arithmetic folds into constants
             sess = create_session(path, device, tf32=tf32, batch=batch)
         if cuda_graph:
@@ -106,19 +106,19 @@ def bench_onnx(
             def run(x=x, sess=sess):
                 return sess.run(None, {"images": x})
 
-        for _ in range(warmup):
-            out = run()
-        times: list[float] = []
-        t_end = time.perf_counter() + seconds
-        while time.perf_counter() < t_end or len(times) < 5:
-            t0 = time.perf_counter()
-            out = run()
-            times.append(time.perf_counter() - t0)
+        box: dict = {}
+
+        def step(run=run, box=box) -> None:
+            box["out"] = run()  # the last run's token counts are reported
+
+        t = measure(step, sync, target_s=seconds, min_warmup=warmup)
+        out = box["out"]
         counts = out[1]
         if hasattr(counts, "cpu"):  # a torch tensor (the CUDA-graph runner's buffer)
             counts = counts.cpu()
         counts = counts if isinstance(counts, np.ndarray) else counts.numpy()
         mean_tokens = [float(c) for c in np.asarray(counts, np.float64).mean(axis=0)] if counts.size else []
-        med = statistics.median(times)
-        results.append(BenchResult(batch, med * 1e3, batch / med, len(times), mean_tokens))
+        results.append(
+            BenchResult(batch, t.median_ms, batch / (t.median_ms / 1e3), t.runs, mean_tokens, t.p10_ms, t.p90_ms)
+        )
     return results

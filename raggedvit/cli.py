@@ -380,7 +380,21 @@ def _require_onnxruntime() -> None:
     is_flag=True,
     help="Replay the model as a CUDA graph (--device cuda; topk-l2 / evit exports without --fuse).",
 )
-def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path: Path | None, cuda_graph: bool) -> None:
+@click.option(
+    "--random",
+    "random_inputs",
+    is_flag=True,
+    help="Seeded noise images instead of the sample photos (pruning keeps other tokens of noise).",
+)
+def bench(
+    onnx_file: Path,
+    device: str,
+    batches: str,
+    seconds: float,
+    json_path: Path | None,
+    cuda_graph: bool,
+    random_inputs: bool,
+) -> None:
     """Images per second of an exported model in ONNX Runtime (sample photos, io binding on CUDA)."""
     import json
 
@@ -401,12 +415,17 @@ def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path:
         check_writable(json_path, "--json")
     require_device(device)
     from raggedvit.bench import bench_onnx
+    from raggedvit.images import NoSampleImages
     from raggedvit.validators.reference import load_recipe
 
     size = int(load_recipe(onnx_file).get("img_size") or 0)  # a readable raggedvit export, else ValidationInputError
     check_memory(f"--batch {max(sizes)}", max(sizes) * 3 * size * size * 4)  # the float32 input images
     try:
-        results = bench_onnx(onnx_file, device=device, batches=sizes, seconds=seconds, cuda_graph=cuda_graph)
+        results = bench_onnx(
+            onnx_file, device=device, batches=sizes, seconds=seconds, cuda_graph=cuda_graph, random=random_inputs
+        )
+    except NoSampleImages as e:
+        raise CliError(f"{e}; or pass --random to time seeded noise images") from None
     except KeyError as e:
         raise CliError(f"{onnx_file}: {e.args[0]}") from None
     except ValueError as e:  # e.g. a data-dependent (cls-mass) export with --cuda-graph
@@ -425,6 +444,7 @@ def bench(onnx_file: Path, device: str, batches: str, seconds: float, json_path:
             "model": str(onnx_file),
             "device": device,
             "cuda_graph": cuda_graph,
+            "inputs": "random" if random_inputs else "sample photos",
             "results": [r.as_dict() for r in results],
         }
         try:

@@ -9,10 +9,23 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-__all__ = ["IMAGE_SUFFIXES", "load_image_dir", "preprocess", "sample_images"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "NoSampleImages",
+    "load_image_dir",
+    "meta_model",
+    "preprocess",
+    "sample_images",
+    "sample_inputs",
+    "tile",
+]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 _SKIMAGE_NAMES = ("chelsea", "coffee", "rocket", "astronaut")
+
+
+class NoSampleImages(ValueError):
+    """None of the packages that bundle the sample photos is installed."""
 
 
 def _have(module: str) -> bool:
@@ -88,3 +101,36 @@ def preprocess(images: list[Image.Image] | list[tuple[str, Image.Image]], model:
     transform = create_transform(**config, is_training=False)
     pils = [im[1] if isinstance(im, tuple) else im for im in images]
     return torch.stack([transform(im.convert("RGB")) for im in pils]).to(torch.float32)
+
+
+def meta_model(name: str, img_size: int | None = None) -> torch.nn.Module:
+    """timm's `name` at `img_size`, built on the meta device (no weights, no memory, no download): all that
+    `preprocess` reads of a model is its pretrained data config and patch_embed.img_size."""
+    import timm
+
+    kwargs = {} if img_size is None else {"img_size": int(img_size)}
+    with torch.device("meta"):
+        return timm.create_model(name, pretrained=False, **kwargs)
+
+
+def tile(images: torch.Tensor, batch: int) -> torch.Tensor:
+    """[n, 3, S, S] -> [batch, 3, S, S] by repeating the n images in order."""
+    reps = -(-batch // images.shape[0])
+    return images.repeat(reps, 1, 1, 1)[:batch].contiguous()
+
+
+def sample_inputs(model: torch.nn.Module, *, random_n: int | None = None) -> torch.Tensor:
+    """[n, 3, S, S] float32 model inputs: the sample photos through `preprocess` (timm's eval transform of `model`,
+    which may be a `meta_model`), or, only when asked (random_n), n seeded standard-normal images.
+
+    NoSampleImages when no sample photos are available: noise is never a silent stand-in for photos (token pruning
+    keeps other tokens of noise, so the timings would differ)."""
+    if random_n is not None:
+        size = tuple(int(s) for s in model.patch_embed.img_size)
+        return torch.randn(random_n, 3, *size, generator=torch.Generator().manual_seed(0))
+    pairs = sample_images()
+    if not pairs:
+        raise NoSampleImages(
+            "no sample images available (install scikit-image, scikit-learn or matplotlib: raggedvit[images])"
+        )
+    return preprocess(pairs, model)

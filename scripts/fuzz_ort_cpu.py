@@ -4,7 +4,8 @@
     python3 scripts/fuzz_ort_cpu.py --seed 14 --first 5123 --calls 1      # replay one reported call
 
 Every batch of calls runs in a child process; a crash or hang is reported with the seed and call index.
-Prints the summary; exit 1 on any crash or failure. The cases: tests/custom_ops/_fuzz_cases.py.
+Prints the summary; exit 1 on any crash or failure. The cases: raggedvit/custom_ops/_fuzz_cases.py. Needs raggedvit
+importable (the editable install of the README, or PYTHONPATH=.).
 """
 
 from __future__ import annotations
@@ -12,11 +13,8 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "custom_ops"))
-
-from _fuzz_driver import run_fuzz  # noqa: E402
+from raggedvit.custom_ops._fuzz_driver import run_fuzz
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Fuzz com.raggedvit::RaggedAttention on ORT's CUDA EP (run under compute-sanitizer by gpu_ort_checks.sh).
 
-    python scripts/fuzz_ort_cuda.py --calls 1000 --out benchmarks/results/fuzz
+    python3 scripts/fuzz_ort_cuda.py --calls 1000 --out benchmarks/results/fuzz
 
 Random T (0 included), H, D in {32, 64, 80, 128}, dtypes, cu dtypes, cls_attn on/off; valid cu_seqlens
 (checked against the float64 reference) and invalid ones (decreasing, > T, negative, last != T: must
@@ -19,15 +19,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "custom_ops"))
-
-from _ort_models import attention_model  # noqa: E402
-
-from raggedvit.kernels.reference import ragged_attention_reference  # noqa: E402
-from raggedvit.runtime import create_session, run_with_iobinding  # noqa: E402
-from raggedvit.testing import rel_error  # noqa: E402
+from raggedvit.custom_ops._ort_models import attention_model
+from raggedvit.kernels.reference import ragged_attention_reference
+from raggedvit.runtime import create_session, run_with_iobinding
+from raggedvit.testing import rel_error
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CU_DTYPES = (torch.int32, torch.int64)
@@ -62,7 +57,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--max-t", type=int, default=700)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks") / "results" / "fuzz")
     ap.add_argument(
         "--device",
         choices=("cuda", "cpu"),

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# One-shot GPU checks of the ORT op library (CUDA EP). Run from the repo root on the GPU machine, with
-# onnxruntime-gpu first on PYTHONPATH and raggedvit/custom_ops/libraggedvit_ort.so built elsewhere and
-# carried over:
+# One-shot GPU checks of the ORT op library (CUDA EP), run on the GPU machine (from any folder) with
+# raggedvit/custom_ops/libraggedvit_ort.so built elsewhere and carried over:
 #
 #     OUT=/some/dir bash scripts/gpu_ort_checks.sh [FUZZ_CALLS]
 #     STEPS="memcheck" OUT=... bash scripts/gpu_ort_checks.sh    # a subset of: tests fuzz memcheck
+#
+# Paths, from the environment (default in brackets):
+#   OUT                logs, JSON and the summary [benchmarks/results/gpu_ort_checks, from the repo root]
+#   ORT_GPU_DIR        onnxruntime-gpu unpacked here goes first on PYTHONPATH [empty: the ORT already importable]
+#   COMPUTE_SANITIZER  the compute-sanitizer binary [PATH, then /usr/local/cuda*/bin and the Python site-packages]
+#   MEMCHECK_TIMEOUT   seconds for the sanitized fuzz [200]
 #
 # 1. gpu-marked tests of tests/custom_ops and tests/test_runtime.py (CUDA EP vs reference, no CPU fallback)
 # 2. fuzz: FUZZ_CALLS (default 1000) CUDA-EP calls with valid and invalid cu_seqlens
@@ -16,7 +21,8 @@ OUT=${OUT:-benchmarks/results/gpu_ort_checks}
 CALLS=${1:-1000}
 STEPS=${STEPS:-tests fuzz memcheck}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+ORT_GPU_DIR=${ORT_GPU_DIR:-}
+export PYTHONUNBUFFERED=1 PYTHONPATH="${ORT_GPU_DIR:+$ORT_GPU_DIR:}${PYTHONPATH:+$PYTHONPATH:}$PWD"
 declare -A STATUS
 
 echo "== environment" | tee "$OUT/env.txt"

@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from raggedvit.runtime import create_session  # noqa: E402
+from raggedvit.runtime import create_session
 
 CASES = [  # (numpy dtype, onnx dtype, cu dtype, heads, head dim)
     (np.float16, TensorProto.FLOAT16, np.int32, 12, 64),

@@ -7,9 +7,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from raggedvit.bench import bench_onnx
+from raggedvit.bench import bench_inputs, bench_onnx
 from raggedvit.exporter import export_onnx
+from raggedvit.exporter.metadata import read_recipe
+from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PruneSpec
 from raggedvit.weights import load_vit
 
@@ -27,9 +30,18 @@ def test_bench_onnx_reports_every_batch(small_export):
     assert [r.batch for r in results] == [1, 3]
     for r in results:
         assert r.latency_ms > 0 and r.img_per_s == pytest.approx(r.batch / (r.latency_ms / 1e3))
-        assert r.runs >= 5
+        assert r.runs >= 3 and r.p10_ms <= r.latency_ms <= r.p90_ms  # raggedvit.timing.measure's statistics
         # one stage keeping ceil(0.5 * 196) = 98 patch tokens + the class token
         assert r.mean_tokens == [99.0]
+
+
+def test_bench_inputs_are_the_photos_through_timms_transform(small_export):
+    """bench times the photos exactly as validate feeds them: timm's data config of the recipe's model."""
+    recipe = read_recipe(small_export)
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": 4})
+    assert torch.equal(bench_inputs(recipe), preprocess(sample_images(), vit))
+    noise = bench_inputs(recipe, random=True)
+    assert noise.shape == (4, 3, 224, 224) and torch.equal(noise, bench_inputs(recipe, random=True))
 
 
 def test_cli_bench_writes_json(small_export, tmp_path):
@@ -41,6 +53,30 @@ def test_cli_bench_writes_json(small_export, tmp_path):
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and data["results"][0]["batch"] == 2
     assert "img/s" in res.stdout
+
+
+_NO_PHOTOS = (
+    "import sys, raggedvit.images as im; im.sample_images = lambda: []; from raggedvit.cli import main; "
+    "sys.argv[0] = 'raggedvit'; main()"
+)
+
+
+def test_cli_bench_without_photos_says_so(small_export):
+    """No silent noise: without sample photos bench stops with one error line naming --random (exit 2)."""
+    cmd = [sys.executable, "-c", _NO_PHOTOS, "bench", str(small_export), "--batch", "1", "--seconds", "0.01"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().startswith("error: no sample images available") and "--random" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_cli_bench_random_runs_without_photos(small_export, tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-c", _NO_PHOTOS, "bench", str(small_export), "--batch", "1", "--seconds", "0.01",
+           "--random", "--json", str(out)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["inputs"] == "random"
 
 
 def test_cli_bench_rejects_bad_batch(small_export, tmp_path):

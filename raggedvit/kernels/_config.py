@@ -46,7 +46,7 @@ def block_d(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
-# Measured overrides (paste the table printed by `scripts/bench_kernel.py --tune` here):
+# Measured overrides (paste the table printed by `python3 -m benchmarks.kernel --tune` here):
 # (dtype, BLOCK_D, "small" | "large") -> (block_m, block_n, num_warps, num_stages[, cls_block_n, cls_num_warps])
 _TUNED: dict[tuple[str, int, str], tuple[int, ...]] = {}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _ort_models, _ort_library
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _ort_library
 from _ort_library import ensure_library  # noqa: E402
 
 

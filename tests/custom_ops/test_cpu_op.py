@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from _ort_models import DTYPES, attention_model, chained_model, random_batch
 from onnx import TensorProto, helper
 
+from raggedvit.custom_ops._ort_models import DTYPES, attention_model, chained_model, random_batch
 from raggedvit.kernels.reference import ragged_attention_reference
 from raggedvit.runtime import create_session, run_with_iobinding
 from raggedvit.testing import assert_close

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _ort_models import attention_model
 from onnx import TensorProto
 
+from raggedvit.custom_ops._ort_models import attention_model
 from raggedvit.runtime import create_session, run_with_iobinding
 
 H, D = 2, 4

@@ -11,8 +11,9 @@ import os
 from collections import Counter
 
 import pytest
-from _fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
-from _fuzz_driver import run_fuzz
+
+from raggedvit.custom_ops._fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
+from raggedvit.custom_ops._fuzz_driver import run_fuzz
 
 CALLS = 10_000
 SEED = int(os.environ.get("RAGGEDVIT_FUZZ_SEED", "14"))

@@ -17,11 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "raggedvit" / "custom_ops" / "build.py"
 
 _RUN_CPU_OP = r"""
-import ctypes, json, sys
+import ctypes, json
 import numpy as np, onnxruntime as ort
-sys.path.insert(0, {tests!r})
 import torch
-from _ort_models import attention_model
+from raggedvit.custom_ops._ort_models import attention_model
 lib = {lib!r}
 so = ort.SessionOptions()
 so.register_custom_ops_library(lib)
@@ -34,7 +33,8 @@ print(json.dumps({{"out": list(out.shape), "cls_sum": float(cls.sum()), "info": 
 
 
 def run_cpu_op_in_subprocess(lib: str, env: dict[str, str]) -> dict:
-    code = _RUN_CPU_OP.format(tests=str(Path(__file__).parent), lib=lib)
+    code = _RUN_CPU_OP.format(lib=lib)
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}  # this raggedvit
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,6 +1,6 @@
 """Per-op cost of com.raggedvit::RaggedAttention vs com.microsoft::PackedMultiHeadAttention inside ORT graphs (GPU).
 
-    python scripts/bench_ort_op.py [--out benchmarks/results] [--runs 100]
+    python3 -m benchmarks.ort_op [--out benchmarks/results] [--runs 100]
 
 For every (B, L) and length mode (uniform: all L; ragged: random lengths in [1, L], fixed seed), builds
 graphs of n = 1 and n = 12 chained blocks `attention -> glue` where glue maps out [T, H*D] back to the
@@ -16,20 +16,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from raggedvit.runtime import create_session
+from raggedvit.timing import measure
 
-from raggedvit.runtime import create_session  # noqa: E402
+RESULTS = Path(__file__).resolve().parent / "results"
 
 H, D = 12, 64
 SHAPES = [(1, 197), (1, 40), (32, 197), (32, 40), (128, 197), (128, 99), (128, 40)]
@@ -120,14 +118,9 @@ def time_model(variant: str, n: int, feeds: dict[str, np.ndarray], runs: int, wa
         if name in names:
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0))
     binding.bind_output("y", "cuda")
-    for _ in range(warmup):
-        sess.run_with_iobinding(binding)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run_with_iobinding(binding)  # synchronises the CUDA stream before returning
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    # run_with_iobinding synchronises the CUDA stream before returning: no sync around the runs
+    t = measure(lambda: sess.run_with_iobinding(binding), lambda: None, warmup_s=0.0, min_warmup=warmup, runs=runs)
+    return t.median_ms / 1e3
 
 
 def gpu_name() -> str:
@@ -167,7 +160,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)

@@ -14,15 +14,15 @@ from typing import Any, TypeVar
 
 import torch
 
-from _e2e import onnx_baselines, ort_run
-from _e2e.cases import BASELINES, CUDA_ONLY, GRAPH, BenchConfig, ModelCase, blank_record, parse_policy
-from _e2e.profile import kernel_summary, summarize_ort_profile
-from _e2e.timing import device_sync, measure
-from _e2e.variants import Step, export_ragged, ort_step, torch_model_fn, torch_step
-from _e2e.varlen import VarlenAttention, pick_varlen_core
+from benchmarks.e2e import onnx_baselines, ort_run
+from benchmarks.e2e.cases import BASELINES, CUDA_ONLY, GRAPH, BenchConfig, ModelCase, blank_record, parse_policy
+from benchmarks.e2e.profile import kernel_summary, summarize_ort_profile
+from benchmarks.e2e.variants import Step, export_ragged, ort_step, torch_model_fn, torch_step
+from benchmarks.e2e.varlen import VarlenAttention, pick_varlen_core
 from raggedvit.exporter.checks import static_shapes
-from raggedvit.images import preprocess, sample_images
+from raggedvit.images import sample_inputs, tile
 from raggedvit.pruning import PrunedViT
+from raggedvit.timing import device_sync, measure
 from raggedvit.weights import load_vit
 
 __all__ = ["CaseRunner", "log"]
@@ -38,12 +38,6 @@ def log(msg: str) -> None:
 
 def _short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".replace("\n", " ")[:600]
-
-
-def tile(images: torch.Tensor, batch: int) -> torch.Tensor:
-    """[n, 3, S, S] -> [batch, 3, S, S] by repeating the n images in order."""
-    reps = -(-batch // images.shape[0])
-    return images.repeat(reps, 1, 1, 1)[:batch].contiguous()
 
 
 class CaseRunner:
@@ -189,7 +183,7 @@ class CaseRunner:
     def _load(self):
         cfg, case = self.cfg, self.case
         vit, _ = load_vit(case.timm_name, seed=0, img_size=case.img_size_arg, model_kwargs=cfg.model_kwargs or None)
-        base = preprocess(sample_images(), vit)  # [n, 3, S, S] float32
+        base = sample_inputs(vit)  # [n, 3, S, S] float32: the photos, as raggedvit bench times them
         self.heads, self.hidden = int(vit.blocks[0].attn.num_heads), int(vit.embed_dim)
         vit_dev = copy.deepcopy(vit).to(self.device, self.dtype).eval()
         x32 = {b: tile(base, b).to(self.device) for b in cfg.batches}
@@ -297,7 +291,7 @@ class CaseRunner:
             self._bench("torch_varlen", text, b, lambda b=b: torch_step(fn, xt[b]), ref, note)
 
     def _ort_ragged(self, spec, text: str, vit, x32: dict, ref: dict, *, graph: bool, plain: bool) -> None:
-        recipe = {"model": self.case.timm_name, "benchmark": "bench_e2e"}
+        recipe = {"model": self.case.timm_name, "benchmark": "benchmarks.e2e"}
         path = self.work / f"ragged_{self.cfg.policies.index(text)}_{spec.policy}.onnx"
         want = ["ort_raggedvit"] * plain + ["ort_raggedvit_graph"] * graph
         made = self._setup(

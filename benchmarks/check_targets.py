@@ -1,6 +1,7 @@
 """Each issue's performance target checked against the committed H200 result files; writes a JSON verdict.
 
-    python scripts/check_targets.py --kernel K.json --op OP.json --e2e E2E.json --out benchmarks/results/targets.json
+    python3 -m benchmarks.check_targets --kernel K.json --op OP.json --e2e E2E.json \
+        --out benchmarks/results/targets.json
 
 Every verdict row names the target, the measured value, the ratio to the target and met/missed, so a missed
 target says by how much. Reasons for the misses are in README.md ("Results").

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from _e2e.ort_run import BoundRun
+from benchmarks.e2e.ort_run import BoundRun
 from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec, padded_reference_forward
 
 __all__ = ["Step", "export_ragged", "ort_step", "torch_model_fn", "torch_step"]

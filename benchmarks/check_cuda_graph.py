@@ -1,11 +1,11 @@
 """GPU check: a static-shape raggedvit export replayed as an ORT CUDA graph gives the per-node run's outputs.
 
-    python scripts/check_cuda_graph.py --out DIR [--model deit_small_patch16_224] [--batches 1,4,32]
+    python3 -m benchmarks.check_cuda_graph --out DIR [--model deit_small_patch16_224] [--batches 1,4,32]
 
 Exports the model (seeded weights, topk-l2 keep 0.5 at block 4, fp16) and, per batch size, runs the sample
 photos through (a) a plain CUDA-EP session with io binding and (b) raggedvit.runtime.GraphRunner (CUDA graph);
 records max |Δlogit| between them, token_counts equality, a replay after new input data (the graph reads the
-bound buffer), and the median host time of each (quick look; the end-to-end numbers come from bench_e2e.py).
+bound buffer), and the median host time of each (quick look; the end-to-end numbers come from benchmarks.e2e).
 Writes DIR/cuda_graph_check.json; exit 1 when any batch disagrees.
 """
 
@@ -13,34 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from raggedvit.exporter import export_onnx  # noqa: E402
-from raggedvit.images import preprocess, sample_images  # noqa: E402
-from raggedvit.pruning import PruneSpec  # noqa: E402
-from raggedvit.runtime import GraphRunner, create_session, run_with_iobinding  # noqa: E402
-from raggedvit.weights import load_vit  # noqa: E402
+from raggedvit.exporter import export_onnx
+from raggedvit.images import sample_inputs, tile
+from raggedvit.pruning import PruneSpec
+from raggedvit.runtime import GraphRunner, create_session, run_with_iobinding
+from raggedvit.timing import measure
+from raggedvit.weights import load_vit
 
 
 def _median_ms(fn, runs: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return measure(fn, torch.cuda.synchronize, warmup_s=0.0, min_warmup=5, runs=runs).median_ms
 
 
 def main() -> None:
@@ -51,13 +39,13 @@ def main() -> None:
     args = ap.parse_args()
     vit, _ = load_vit(args.model, seed=0)
     spec = PruneSpec("topk-l2", (4,), keep=0.5)
-    base = preprocess(sample_images(), vit).cuda()
+    base = sample_inputs(vit).cuda()
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as tmp:
         path = export_onnx(vit, spec, Path(tmp) / "m.onnx", dtype="fp16", recipe={"model": args.model})
         plain = create_session(path, "cuda")  # (the Shape -> Concat of the batch size runs on the CPU EP)
         for b in (int(x) for x in args.batches.split(",")):
-            x = base.repeat(-(-b // len(base)), 1, 1, 1)[:b].contiguous()
+            x = tile(base, b)
             row: dict = {"batch": b}
             try:
                 ref_logits, ref_counts = (

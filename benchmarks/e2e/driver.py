@@ -1,16 +1,17 @@
 """End-to-end throughput of token-pruned ViTs: raggedvit (torch and ONNX Runtime) vs unpruned and padded peers.
 
-Same GPU, same images (raggedvit.images.sample_images, tiled to the batch), same batch sizes, data on the device.
-Variants: timm_eager_fp16, ort_fp16, ort_fp16_optimized (unpruned); per pruning policy torch_padded_sdpa,
-torch_varlen, torch_raggedvit, ort_raggedvit. img/s = B / median latency (synchronized runs after warm-up).
+Same GPU, same images (raggedvit.images.sample_inputs, as `raggedvit bench`, tiled to the batch), same batch
+sizes, data on the device. Variants: timm_eager_fp16, ort_fp16, ort_fp16_optimized (unpruned); per pruning policy
+torch_padded_sdpa, torch_varlen, torch_raggedvit, ort_raggedvit. img/s = B / median latency
+(raggedvit.timing.measure: synchronized runs after warm-up).
 
-    python scripts/bench_e2e.py                      # full run (~7 min on an H200), --time-budget 400
-    python scripts/bench_e2e.py --quick              # deit_small 224, batches 1 and 32
-    python scripts/bench_e2e.py --device cpu         # debug run of every code path on CPU (deit_tiny, fp32)
+    python3 -m benchmarks.e2e                    # full run (~7 min on an H200), --time-budget 400
+    python3 -m benchmarks.e2e --quick            # deit_small 224, batches 1 and 32
+    python3 -m benchmarks.e2e --device cpu       # debug run of every code path on CPU (deit_tiny, fp32)
 
 Each model x size runs in its own worker process (a crash or a poisoned CUDA context loses one case only);
 every failure becomes a record with its error text. Writes <out>/e2e_bench_<date>_<gpu>.json after every
-case, then the .png, and prints a compact table last. Markdown for the README: scripts/readme_table.py.
+case, then the .png, and prints a compact table last. Markdown for the README: python3 -m benchmarks.readme_table.
 """
 
 from __future__ import annotations
@@ -29,11 +30,18 @@ from typing import Any
 
 _T0 = time.time()  # the time budget counts from here, heavy imports (torch, timm, onnxruntime) included
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+ROOT = Path(__file__).resolve().parents[2]
 
-from _e2e.cases import BASELINES, PRUNED, VARIANTS, BenchConfig, blank_record, parse_policy, resolve_case  # noqa: E402
-from _e2e.report import compact_table, plot, profile_lines, speedups, write_json  # noqa: E402
+from benchmarks.e2e.cases import (  # noqa: E402
+    BASELINES,
+    PRUNED,
+    VARIANTS,
+    BenchConfig,
+    blank_record,
+    parse_policy,
+    resolve_case,
+)
+from benchmarks.e2e.report import compact_table, plot, profile_lines, speedups, write_json  # noqa: E402
 
 _REPORT_RESERVE_S = 8.0  # kept back from the budget for the JSON, PNG and table
 _HANG_GRACE_S = 10.0  # a worker still running this long after the deadline is killed
@@ -133,7 +141,7 @@ def expected(cfg: BenchConfig, model: str, size: int) -> list[tuple[str, str, in
 # ---------------------------------------------------------------- worker (one case)
 def run_case(cfg: BenchConfig, model: str, size: int, deadline: float, part: Path | None, sink: dict) -> None:
     """Run one model x size; records go to sink (and to `part` as JSON after every group)."""
-    from _e2e.runner import CaseRunner, log
+    from benchmarks.e2e.runner import CaseRunner, log
 
     def flush() -> None:
         if part is not None:
@@ -185,7 +193,8 @@ def _spawn(cfg: BenchConfig, model: str, size: int, deadline: float, parts: Path
     conf.write_text(json.dumps(cfg.to_dict()))
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        "benchmarks.e2e",
         "--worker-config",
         str(conf),
         "--worker-case",
@@ -214,7 +223,9 @@ def _spawn(cfg: BenchConfig, model: str, size: int, deadline: float, parts: Path
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python3 -m benchmarks.e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="benchmarks/results", help="output directory (default: benchmarks/results)")
     ap.add_argument("--models", help="comma-separated short names (default: deit_small,deit_base)")
     ap.add_argument("--sizes", help="comma-separated image sizes (default: 224,384)")
@@ -259,7 +270,8 @@ def main() -> None:
         **env,
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "config": cfg.to_dict(),
-        "inputs": "raggedvit.images.sample_images() preprocessed per model, tiled to the batch, already on the device "
+        "inputs": "raggedvit.images.sample_inputs(): the sample photos preprocessed per model, tiled to the batch, "
+        "already on the device "
         "(float32 for ORT models, the torch dtype for torch variants)",
         "timing": "median of N synchronized host-timed runs after >= 3 warm-up runs; N adapts to ~target_s",
         "records": [],
@@ -297,7 +309,7 @@ def main() -> None:
             results["seconds"] = round(time.time() - t_start, 1)
             write_json(json_path, results)
     try:
-        plot(results["records"], png_path, f"bench_e2e on {results['gpu']} ({cfg.dtype})")
+        plot(results["records"], png_path, f"benchmarks.e2e on {results['gpu']} ({cfg.dtype})")
     except Exception as exc:  # noqa: BLE001
         print(f"[e2e] plot failed: {exc!r}", flush=True)
     results["seconds"] = round(time.time() - t_start, 1)

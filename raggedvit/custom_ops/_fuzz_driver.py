@@ -2,7 +2,8 @@
 
     summary = run_fuzz(seed=14, calls=10_000)      # or: python3 scripts/fuzz_ort_cpu.py --seed 14
 
-A child runs the cases [first, first + count) of `_fuzz_cases.draw_case(seed, i)` and announces each call on
+A child (`python3 -m raggedvit.custom_ops._fuzz_driver --worker ...`) runs the cases [first, first + count) of
+`_fuzz_cases.draw_case(seed, i)` and announces each call on
 stdout before making it, so a crash (a signal, an abort) or a hang is pinned to one call: it is reported
 with the seed, the call index, the case and a replay command, and the batch resumes after that call in a
 fresh child. pytest never runs the op in its own process.
@@ -23,8 +24,8 @@ from pathlib import Path
 
 __all__ = ["FuzzSummary", "run_fuzz"]
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+_MODULE = "raggedvit.custom_ops._fuzz_driver"  # what a child runs: python3 -m _MODULE --worker SEED FIRST COUNT
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder holding this raggedvit: the children import it
 MAX_RESTARTS = 5  # crashes tolerated per batch before the rest of it is skipped
 
 
@@ -71,7 +72,7 @@ def _replay(seed: int, index: int) -> str:
 
 
 def _describe(seed: int, index: int) -> str:
-    from _fuzz_cases import draw_case, expected_error
+    from raggedvit.custom_ops._fuzz_cases import draw_case, expected_error
 
     case = draw_case(seed, index)
     return f"{case.describe()}; expected: {expected_error(case) or 'valid'}"
@@ -80,7 +81,7 @@ def _describe(seed: int, index: int) -> str:
 def _run_batch(
     seed: int, first: int, count: int, deadline: float, timeout_s: float, summary: FuzzSummary, lock
 ) -> None:
-    path = [str(ROOT), str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    path = [str(PACKAGE_PARENT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     restarts, end = 0, first + count
@@ -89,10 +90,10 @@ def _run_batch(
             with lock:
                 summary.timed_out = True
             return
-        cmd = [sys.executable, str(Path(__file__)), "--worker", str(seed), str(first), str(end - first)]
+        cmd = [sys.executable, "-m", _MODULE, "--worker", str(seed), str(first), str(end - first)]
         hung = False
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout_s)
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
             out, err, rc = res.stdout, res.stderr, res.returncode
         except subprocess.TimeoutExpired as e:
             out, err, rc, hung = _text(e.stdout), _text(e.stderr), None, True
@@ -177,7 +178,8 @@ def run_fuzz(
 def _worker(seed: int, first: int, count: int) -> None:
     """Child: runs the cases; prints "S i" before call i, "F <report>" if it failed, "R i <outcome> <category>"."""
     import torch
-    from _fuzz_cases import draw_case, expected_error, run_case
+
+    from raggedvit.custom_ops._fuzz_cases import draw_case, expected_error, run_case
 
     torch.set_num_threads(1)
     sessions: dict = {}
@@ -201,4 +203,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         _worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:
-        sys.exit("usage: _fuzz_driver.py --worker SEED FIRST COUNT (see scripts/fuzz_ort_cpu.py)")
+        sys.exit(f"usage: python3 -m {_MODULE} --worker SEED FIRST COUNT (see scripts/fuzz_ort_cpu.py)")

@@ -1,6 +1,6 @@
-"""Markdown tables for the README from a bench_e2e.py results JSON.
+"""Markdown tables for the README from a benchmarks.e2e results JSON.
 
-    python scripts/readme_table.py benchmarks/results/e2e_bench_<date>_<gpu>.json > table.md
+    python3 -m benchmarks.readme_table benchmarks/results/e2e_bench_<date>_<gpu>.json > table.md
 
 One table per model x image size: rows = variants (pruned ones per policy, with the mean tokens per image
 after each stage at the largest batch), columns = batch sizes, cells = images/s ("err" / "skip" when the run
@@ -18,11 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-from _e2e.names import BASELINES, PRUNED  # noqa: E402
-from _e2e.report import speedups  # noqa: E402
+from benchmarks.e2e.names import BASELINES, PRUNED
+from benchmarks.e2e.report import speedups
 
 
 def _cell(rec: dict[str, Any] | None) -> str:
@@ -88,7 +85,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", help="e2e_bench_*.json written by scripts/bench_e2e.py")
+    ap.add_argument("results", help="e2e_bench_*.json written by python3 -m benchmarks.e2e")
     args = ap.parse_args()
     path = Path(args.results)
     try:
@@ -96,7 +93,7 @@ def main() -> None:
     except (OSError, json.JSONDecodeError) as exc:
         sys.exit(f"cannot read {path}: {exc}")
     if not isinstance(results, dict) or "records" not in results:
-        sys.exit(f"{path} is not a bench_e2e.py results file (no 'records')")
+        sys.exit(f"{path} is not a benchmarks.e2e results file (no 'records')")
     print(markdown(results))
 
 

@@ -1,11 +1,11 @@
-"""What bench_e2e runs: model/size cases, pruning policies, variant names, and the run configuration."""
+"""What benchmarks.e2e runs: model/size cases, pruning policies, variant names, and the run configuration."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from _e2e.names import BASELINES, CUDA_ONLY, GRAPH, ISSUE_BASELINES, OURS, PRUNED, VARIANTS
+from benchmarks.e2e.names import BASELINES, CUDA_ONLY, GRAPH, ISSUE_BASELINES, OURS, PRUNED, VARIANTS
 from raggedvit.pruning import PruneSpec
 
 __all__ = [

@@ -5,9 +5,9 @@ replays; impls that cannot be captured fall back to triton.testing.do_bench and 
 and call_us = host wall time of back-to-back eager calls incl. dispatch (200 calls + synchronize,
 /200, median of 5). bytes_floor = (qkv + out bytes) / 4.3 TB/s.
 
-    python scripts/bench_kernel.py --check            # correctness first, then the full benchmark
-    python scripts/bench_kernel.py --quick            # smoke run
-    python scripts/bench_kernel.py --tune             # also sweep kernel configs on a few shapes
+    python3 -m benchmarks.kernel --check               # correctness first, then the full benchmark
+    python3 -m benchmarks.kernel --quick               # smoke run
+    python3 -m benchmarks.kernel --tune                # also sweep kernel configs on a few shapes
 
 Writes <out>/kernel_bench_<date>_<gpu>.json and .png, and prints a table.
 """
@@ -27,12 +27,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from raggedvit.kernels import ragged_attention, ragged_attention_reference  # noqa: E402
-from raggedvit.kernels._config import SMALL_T_LIMIT, KernelConfig, pick_config  # noqa: E402
-from raggedvit.kernels._launch import _launch_triton  # noqa: E402
-from raggedvit.testing import assert_close  # noqa: E402
+from raggedvit.kernels import ragged_attention, ragged_attention_reference
+from raggedvit.kernels._config import SMALL_T_LIMIT, KernelConfig, pick_config
+from raggedvit.kernels._launch import _launch_triton
+from raggedvit.testing import assert_close
+from raggedvit.timing import measure
 
 H, D, DTYPE = 12, 64, torch.float16
 HBM_BYTES_PER_S = 4.3e12
@@ -93,18 +92,15 @@ def graph_time_us(fn: Callable[[], object], inner: int = 20, reps: int = 15) -> 
 
 
 def call_time_us(fn: Callable[[], object], calls: int = 200, reps: int = 5) -> float:
-    """Median over `reps` of host wall time per call of `calls` back-to-back eager calls + one synchronize."""
-    fn()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    """Median over `reps` of host wall time per call of `calls` back-to-back eager calls + one synchronize
+    (raggedvit.timing.measure of the `calls` calls; graph_time_us above is GPU time, which measure does not take)."""
+
+    def back_to_back() -> None:
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
-        res.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(res)
+
+    t = measure(back_to_back, torch.cuda.synchronize, warmup_s=0.0, min_warmup=1, runs=reps)
+    return t.median_ms / calls * 1e3
 
 
 # ---------------------------------------------------------------- implementations
@@ -293,7 +289,7 @@ def main() -> None:
     ap.add_argument("--quick-tune", action="store_true", help="--tune over a smaller variant subset")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench_kernel.py needs a CUDA GPU")
+        sys.exit("benchmarks.kernel needs a CUDA GPU")
     shape_list = shapes(args.quick)
     if args.check:
         check(shape_list)

@@ -1,5 +1,5 @@
-"""scripts/bench_e2e.py end to end on CPU (--device cpu --smoke): every code path but the CUDA-only ones, through
-the worker process, then scripts/readme_table.py on its JSON; and the up-front / time-budget failure paths."""
+"""`python3 -m benchmarks.e2e` end to end on CPU (--device cpu --smoke): every code path but the CUDA-only ones,
+through the worker process, then benchmarks.readme_table on its JSON; and the up-front / time-budget failure paths."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from _e2e.names import BASELINES, CUDA_ONLY, PRUNED
+
+from benchmarks.e2e.names import BASELINES, CUDA_ONLY, PRUNED
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "scripts" / "bench_e2e.py"
+BENCH = ("-m", "benchmarks.e2e")
 POLICIES = ["topk-l2:keep=0.5:at=1", "cls-mass:mass=0.9:at=1,2"]
 
 
@@ -28,7 +29,9 @@ def _results(out: Path) -> dict:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("e2e")
-    proc = _run(str(BENCH), "--device", "cpu", "--depth", "3", "--smoke", "--out", str(out), "--policies", *POLICIES)
+    proc = _run(
+        "-m", "benchmarks.e2e", "--device", "cpu", "--depth", "3", "--smoke", "--out", str(out), "--policies", *POLICIES
+    )
     return proc, out
 
 
@@ -72,22 +75,24 @@ def test_cpu_run_records_every_variant(smoke) -> None:
 def test_readme_table_of_the_run(smoke) -> None:
     _, out = smoke
     (path,) = out.glob("e2e_bench_*_cpu.json")
-    proc = _run(str(ROOT / "scripts" / "readme_table.py"), str(path), timeout=120)
+    proc = _run("-m", "benchmarks.readme_table", str(path), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "**deit_tiny 224px**" in proc.stdout
     assert "| raggedvit ORT / best unpruned (eager, ort, ort opt) | topk-l2:keep=0.5:at=1 |" in proc.stdout
-    bad = _run(str(ROOT / "scripts" / "readme_table.py"), str(out / "missing.json"), timeout=120)
+    bad = _run("-m", "benchmarks.readme_table", str(out / "missing.json"), timeout=120)
     assert bad.returncode != 0 and "cannot read" in bad.stderr
 
 
 def test_bad_policy_fails_before_any_work(tmp_path) -> None:
-    proc = _run(str(BENCH), "--device", "cpu", "--out", str(tmp_path), "--policies", "topk-l2:ratio=2", timeout=120)
+    proc = _run(
+        "-m", "benchmarks.e2e", "--device", "cpu", "--out", str(tmp_path), "--policies", "topk-l2:ratio=2", timeout=120
+    )
     assert proc.returncode != 0 and "bad --policies entry 'topk-l2:ratio=2'" in proc.stderr
     assert not list(tmp_path.glob("*.json"))
 
 
 def test_exhausted_budget_records_skips(tmp_path) -> None:
-    proc = _run(str(BENCH), "--device", "cpu", "--out", str(tmp_path), "--time-budget", "1", timeout=120)
+    proc = _run(*BENCH, "--device", "cpu", "--out", str(tmp_path), "--time-budget", "1", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = _results(tmp_path)
     assert res["records"] and all(r["status"] == "skipped" for r in res["records"])

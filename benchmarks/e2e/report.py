@@ -1,4 +1,4 @@
-"""Results of bench_e2e: speedup ratios, the compact table, the PNG, atomic JSON writes."""
+"""Results of benchmarks.e2e: speedup ratios, the compact table, the PNG, atomic JSON writes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from _e2e.names import BASELINES, ISSUE_BASELINES, OURS, PRUNED
+from benchmarks.e2e.names import BASELINES, ISSUE_BASELINES, OURS, PRUNED
 
 __all__ = ["compact_table", "plot", "profile_lines", "speedups", "write_json"]
 

@@ -1,11 +1,11 @@
-"""GPU checks of bench_e2e's torch_varlen peer: the varlen hook equals raggedvit's op (out and cls_attn)."""
+"""GPU checks of benchmarks.e2e's torch_varlen peer: the varlen hook equals raggedvit's op (out and cls_attn)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _e2e.varlen import VarlenAttention, pick_varlen_core
 
+from benchmarks.e2e.varlen import VarlenAttention, pick_varlen_core
 from raggedvit.kernels import ragged_attention
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.testing import assert_close

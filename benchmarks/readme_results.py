@@ -1,8 +1,8 @@
 """Markdown tables for the README from the benchmark JSON files (kernel and ORT-op benchmarks).
 
-    python scripts/readme_results.py --kernel KERNEL_BENCH.json --op ORT_OP_BENCH.json
+    python3 -m benchmarks.readme_results --kernel KERNEL_BENCH.json --op ORT_OP_BENCH.json
 
-The end-to-end tables come from scripts/readme_table.py.
+The end-to-end tables come from benchmarks.readme_table.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the fp16 error of a pruned ViT comes from: a float64 emulation with fp16 rounding at chosen points.
 
-    python scripts/precision_budget.py [--model deit_base_patch16_224] [--sharpen 4,1] [--out benchmarks/results]
+    python3 -m benchmarks.precision_budget [--model deit_base_patch16_224] [--sharpen 4,1] [--out benchmarks/results]
 
 The packed forward of a timm ViT (topk-l2, keep 0.5 at block 4) runs in float64 on CPU; each configuration
 rounds chosen tensors to fp16 (x.half().double()): the weights, inputs or outputs of the block GEMMs (qkv, proj,

@@ -1,4 +1,7 @@
-"""Latency of a zero-argument callable: warm-up, then the median of N synchronized runs."""
+"""Latency of a zero-argument callable: warm-up, then the median of N synchronized runs.
+
+The one timing loop of `raggedvit bench` (raggedvit.bench) and of the benchmarks package.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ __all__ = ["Timing", "device_sync", "measure"]
 
 @dataclass(frozen=True)
 class Timing:
+    """Host wall time per run in milliseconds: median and 10th / 90th percentiles of `runs` timed runs."""
+
     median_ms: float
     p10_ms: float
     p90_ms: float
@@ -38,12 +43,13 @@ def measure(
     min_warmup: int = 3,
     min_runs: int = 5,
     max_runs: int = 1000,
+    runs: int | None = None,
 ) -> Timing:
     """Warm up (>= min_warmup runs and >= warmup_s seconds), then time N runs, each between two `sync()` calls.
 
-    N = target_s / (latency of the last warm-up run), clamped to [min_runs, max_runs]; a run slower than
-    target_s / 3 gets at most 3 timed runs so one slow case cannot eat the budget. Host wall time per run
-    (perf_counter), so launch overhead counts as it does for a user.
+    N = `runs` when given; else target_s / (latency of the last warm-up run), clamped to [min_runs, max_runs], and a
+    run slower than target_s / 3 gets at most 3 timed runs so one slow case cannot eat the budget. Host wall time
+    per run (perf_counter), so launch overhead counts as it does for a user.
     """
     start = time.perf_counter()
     warm, last = 0, 0.0
@@ -54,9 +60,12 @@ def measure(
         sync()
         last = time.perf_counter() - t0
         warm += 1
-    runs = max(min_runs, min(max_runs, math.ceil(target_s / max(last, 1e-6))))
-    if last > target_s / 3:
-        runs = min(runs, 3)
+    if runs is None:
+        runs = max(min_runs, min(max_runs, math.ceil(target_s / max(last, 1e-6))))
+        if last > target_s / 3:
+            runs = min(runs, 3)
+    elif runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
     times = []
     for _ in range(runs):
         sync()

@@ -1,10 +1,10 @@
-"""scripts/precision_budget.py: the float64 emulator is the pruned forward, and fp16 rounding shows up in it."""
+"""benchmarks.precision_budget: the float64 emulator is the pruned forward, and fp16 rounding shows up in it."""
 
 from __future__ import annotations
 
 import torch
-from precision_budget import CONFIGS, Emulator
 
+from benchmarks.precision_budget import CONFIGS, Emulator
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.testing import assert_close
 from raggedvit.weights import load_vit

@@ -1,1 +1,0 @@
-"""Pieces of scripts/bench_e2e.py: cases and variants, timing, ONNX baselines, ORT runs, profiles, report."""
