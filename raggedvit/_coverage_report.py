@@ -33,6 +33,13 @@ def reason(rec: dict[str, Any]) -> str:
     for column in ("runs", "exports", "matches"):
         if rec.get(column) is False:
             return f"{column}: {rec.get(f'{column}_error', '?')}"
+    noisy = [p for p, e in (rec.get("policies") or {}).items() if (e.get("fp32_noise") or {}).get("ok")]
+    if noisy:
+        n = rec["policies"][noisy[0]]["fp32_noise"]
+        return (
+            f"fp32 noise ({', '.join(noisy)}): export {n['export_vs_fp64']:.2g} vs PyTorch fp32 "
+            f"{n['torch_fp32_vs_fp64']:.2g} from float64"
+        )
     return ""
 
 
@@ -68,8 +75,17 @@ def render_markdown(report: CoverageReport) -> str:
         "with the op library (CPU EP).",
         f"- **matches**: `none` equals timm's forward (logits, or features for headless models) and each pruning "
         f"policy equals PrunedViT (equal token counts); max |Δ| ≤ {meta['match_rtol']:g} × max |reference| "
-        "(fp32, CPU EP).",
+        "(fp32, CPU EP), or, where fp32 itself is farther than that from the exact result, the export is no farther "
+        "from a float64 PyTorch run of the same forward than twice PyTorch's own fp32 run is (marked *fp32 noise*).",
         f"- Each model runs in a child process with a {meta['timeout_s']:g} s timeout.",
+        *(
+            [
+                f"- Re-checked later ({meta['rechecked'].get('date', '?')}): {', '.join(meta['rechecked']['models'])}: "
+                f"{meta['rechecked']['why']}."
+            ]
+            if meta.get("rechecked")
+            else []
+        ),
         "",
         "## Totals",
         "",

@@ -76,6 +76,9 @@ def test_cut_gaps():
     n = torch.tensor([5, 4])
     k = torch.tensor([2, 3])  # image 1 keeps all its patches: no cut
     score_gap, mass_gap = cut_gaps(S, n, k, 1, PruneSpec("topk-l2", (4,)))
+    # topk-l2 scores are squared L2 norms: the gap is of the norms (2 and sqrt 3)
+    assert math.isclose(float(score_gap[0]), (2.0 - math.sqrt(3.0)) / 2.0)
+    score_gap, _ = cut_gaps(S, n, k, 1, PruneSpec("evit", (4,)))
     assert math.isclose(float(score_gap[0]), (4.0 - 3.0) / 4.0)
     assert math.isinf(float(score_gap[1])) and math.isinf(float(mass_gap[0]))
     S = torch.tensor([[inf, 0.5, 0.4, 0.1]])  # exclusive mass: 0, 0.5, 0.9 -> with mass 0.9 the cut is at 0.9
