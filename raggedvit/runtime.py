@@ -112,8 +112,8 @@ def create_session(
     cuda_graph (device "cuda"): ORT captures the run as a CUDA graph; only for graphs with static shapes at a
     given input shape (raggedvit exports of topk-l2 / evit without fuse; see GraphRunner).
     tf32 (device "cuda"): None = from the model's raggedvit recipe: on for fp16 exports (their float32 patch
-    embedding and head otherwise run on FFMA: 0.5 ms of 3.1 ms GPU time at deit_base B=32), off for fp32 exports
-    and other models (float32 stays float32)."""
+    embedding and head otherwise run on FFMA; DESIGN.md section 5), off for fp32 exports and other models
+    (float32 stays float32)."""
     if cuda_graph and device != "cuda":
         raise ValueError("cuda_graph needs device='cuda'")
     so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)

@@ -65,7 +65,7 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
         if dtype == "fp32":
             bm = min(bm, 32)
     elif dtype != "fp32" and bd <= 64:
-        bn = 32  # H200 tune of 2026-11-29: 64/32/4w/3st best at B=128 L=197 (111 vs 120 us) and L=40
+        bn = 32  # the H200 tune's best key tile for fp16/bf16 with D <= 64 (DESIGN.md section 2, "Kernel choices")
     tuned = _TUNED.get((dtype, bd, "small" if small else "large"))
     if tuned is not None:
         bm, bn, warps, stages = tuned[:4]

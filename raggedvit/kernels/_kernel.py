@@ -46,10 +46,9 @@ def _add_combine(a, b):
 # the interpreter multiplies bf16 tensors as their raw uint16 bits, so interpreted bf16 dots are upcast.
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
 
-# Key-loop shape, chosen by compiler version from H200 measurements of 2026-11-29 (fp16, H=12, D=64,
-# B=128 L=197): Triton 3.8 (the AOT build) software-pipelines only a loop whose lower bound is a constant,
-# so `range(lo, hi)` ran at 305 us in ORT against 115 us for `range(0, hi - lo)`; Triton 3.6 (the GPU
-# machine's JIT) ran the `range(lo, hi)` form at 110 us and the other (with other changes) at 142 us.
+# Key-loop shape, chosen by compiler version: Triton 3.8 (the AOT build) software-pipelines only a loop whose
+# lower bound is a constant, so it gets `range(0, hi - lo)`; Triton 3.6 (the GPU machine's JIT) is faster with
+# `range(lo, hi)`. The measurements behind this: DESIGN.md section 2, "Kernel choices".
 _LOOP_FROM_ZERO = tl.constexpr(tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7))
 
 _max_fn = getattr(tl.standard, "_elementwise_max", _max_combine)
@@ -75,10 +74,9 @@ def _seq_bounds_bsearch(CU, rows, T, B):
     """rows [R] int32 -> (start, end) [R] int32 of each row's sequence, both clamped to [0, T].
 
     Binary lifting for the largest b in [0, B] with cu[b] <= row (cu[0] is taken as 0), then b is
-    clamped to B - 1. Used by the forward kernel: on the H200 (2026-11-29) this version of the forward
-    kernel measured faster at every benchmarked shape than the vectorised `_seq_bounds` below
-    (e.g. B=128 L=197: 120 vs 142 us), whose extra [rows, chunk] compares cost more than the
-    log2(B) dependent loads they remove.
+    clamped to B - 1. Used by the forward kernel: it measured faster than the vectorised `_seq_bounds` below,
+    whose extra [rows, chunk] compares cost more than the log2(B) dependent loads they remove (DESIGN.md
+    section 2, "Kernel choices").
     """
     b = rows * 0
     step = 1
