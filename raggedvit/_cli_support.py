@@ -174,3 +174,16 @@ def warn_nonfinite(model) -> None:
     if bad:
         names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more weight tensors" if len(bad) > 3 else "")
         click.echo(f"warning: NaN or Inf values in {names}: the exported model will not give finite outputs", err=True)
+
+
+def require_onnxruntime_cli() -> None:
+    """CliError (exit 2) naming the install command when `import onnxruntime` fails."""
+    from raggedvit.ort_dist import OnnxRuntimeMissing, require_onnxruntime
+
+    try:
+        require_onnxruntime()
+    except OnnxRuntimeMissing as e:
+        raise CliError(str(e)) from None
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # errors only: ORT's start-up warnings are not the command's output
