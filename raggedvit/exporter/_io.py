@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "open_file_mode"]
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
@@ -17,7 +17,7 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, open_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
         os.replace(tmp, path)
@@ -27,7 +27,8 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     return path
 
 
-def _umask() -> int:
+def open_file_mode() -> int:
+    """The permissions a plain open() gives a new file: 0666 minus the umask (temp files start at 0600)."""
     mask = os.umask(0o022)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask

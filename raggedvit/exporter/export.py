@@ -21,6 +21,7 @@ from torch import nn
 
 import raggedvit
 from raggedvit.describe import PRODUCER_NAME, doc_string, scrub_paths
+from raggedvit.exporter._io import open_file_mode
 from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rewrites import fuse_for_ort
@@ -129,7 +130,7 @@ def save_model(model: ir.Model, path: str | Path) -> Path:
         staged = tmp / path.name
         ir.save(model, staged, external_data=data_name)
         onnx.checker.check_model(str(staged), full_check=True)
-        mode = 0o666 & ~_umask()
+        mode = open_file_mode()
         for f in tmp.iterdir():
             os.chmod(f, mode)
         if data_name is not None:
@@ -151,9 +152,3 @@ def export_onnx(
 ) -> Path:
     """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
     return save_model(build_model(vit, spec, dtype=dtype, recipe=recipe, diagnostics=diagnostics), path)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

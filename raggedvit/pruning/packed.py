@@ -192,7 +192,6 @@ class PrunedViT(nn.Module):
         state = PackedState(tokens.to(stream).reshape(B * N, C), steps * N, rows // N, rows % N, rows % N)
         width, uniform = N, N  # static max rows per image; rows of every image while all are equal, else None
         stages = set(spec.prune_at)
-        counts: list[torch.Tensor] = []
         kept_index: list[torch.Tensor] = []
         kept_cu: list[torch.Tensor] = []
         traces: list[StageTrace] = []
@@ -207,7 +206,6 @@ class PrunedViT(nn.Module):
                     state, trace = packed_prune_stage(state, scores, cls_attn, width, p, spec)
                     uniform = None
                     width += int(spec.fuse)
-                counts.append(trace.kept)
                 kept_index.append(state.token_index)
                 kept_cu.append(state.cu)
                 traces.append(trace)
@@ -221,7 +219,9 @@ class PrunedViT(nn.Module):
                 x = out
             state = state._replace(x=x)
         logits = self._head(state, width)
-        token_counts = torch.stack(counts, dim=1) if counts else torch.zeros(B, 0, dtype=torch.int64, device=dev)
+        token_counts = (
+            torch.stack([t.kept for t in traces], dim=1) if traces else torch.zeros(B, 0, dtype=torch.int64, device=dev)
+        )
         return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces))
 
     def _head(self, state: PackedState, width: int) -> torch.Tensor:

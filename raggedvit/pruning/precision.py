@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
 __all__ = ["DTYPES", "apply_dtype"]
@@ -36,8 +35,3 @@ def apply_dtype(vit: nn.Module, dtype: str) -> nn.Module:
             blk.attn.half()
             blk.mlp.half()
     return out.eval()
-
-
-def is_half(module: nn.Module) -> bool:
-    """True when any parameter of `module` is float16."""
-    return any(p.dtype == torch.float16 for p in module.parameters())

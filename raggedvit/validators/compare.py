@@ -12,14 +12,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from raggedvit.pruning import PruneSpec
+from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
 from raggedvit.validators.reference import run_reference
 from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
-from raggedvit.validators.ties import find_near_ties, first_moved_stage, precision_tie
+from raggedvit.validators.ties import first_moved_stage, precision_tie, stage_margins
 
 __all__ = ["run_onnx", "validate"]
 
@@ -91,8 +91,11 @@ def validate(
     kept_o: list = []
     lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
     lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
-    margins = find_near_ties(vit, spec, images, math.inf)  # eps inf: the reference's margin at every cut
-    kept_r = _reference_kept(vit, spec, images) if kept_o else []
+    # one PrunedViT forward over all images for the stage decisions: every cut's margin (eps inf) and kept tokens
+    with torch.no_grad():
+        ref_out = PrunedViT(vit, spec)(images) if spec.prune_at else None
+    margins = stage_margins(ref_out, spec, int(vit.num_prefix_tokens), math.inf) if ref_out is not None else []
+    kept_r = _reference_kept(ref_out) if kept_o and ref_out is not None else []
     ties = [t for t in margins if t.gap < th.tie_eps]
     tied = {t.image for t in ties}
     fl = precision_floor(vit, spec, images, lg_r, tc_r, dtype, batch_size=batch_size) if floor is not False else None
@@ -143,12 +146,8 @@ def validate(
     return report
 
 
-@torch.no_grad()
-def _reference_kept(vit: nn.Module, spec: PruneSpec, images: torch.Tensor) -> list:
-    """Per image, the sorted kept token indices of each stage in PrunedViT's forward."""
-    from raggedvit.pruning import PrunedViT
-
-    out = PrunedViT(vit, spec)(images)
+def _reference_kept(out: PrunedOutput) -> list:
+    """Per image, the sorted kept token indices of each stage of a PrunedViT forward."""
     stages = [_split_kept(index.numpy(), cu.numpy()) for index, cu in zip(out.token_index, out.cu_seqlens)]
     return [list(per_image) for per_image in zip(*stages)]
 

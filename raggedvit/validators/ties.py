@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
 from raggedvit.pruning.spec import CLS_MASS_EPS
 from raggedvit.validators.report import NearTie
 
-__all__ = ["cut_gaps", "find_near_ties", "first_moved_stage", "precision_tie"]
+__all__ = ["cut_gaps", "find_near_ties", "first_moved_stage", "precision_tie", "stage_margins"]
 
 
 def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int, spec: PruneSpec):
@@ -63,12 +63,15 @@ def find_near_ties(vit: torch.nn.Module, spec: PruneSpec, images: torch.Tensor, 
     The scores, counts and cuts are the ones PrunedViT's own forward decided on (PrunedOutput.stages)."""
     if spec.policy == "none":
         return []
-    p = int(vit.num_prefix_tokens)
-    out = PrunedViT(vit, spec)(images)
+    return stage_margins(PrunedViT(vit, spec)(images), spec, int(vit.num_prefix_tokens), eps)
+
+
+def stage_margins(out: PrunedOutput, spec: PruneSpec, num_prefix: int, eps: float) -> list[NearTie]:
+    """Near-ties (< eps; eps = inf: every cut's margin) of a PrunedViT forward's stages (PrunedOutput.stages)."""
     ties = []
     for stage, (block, trace) in enumerate(zip(spec.prune_at, out.stages)):
-        score_gap, mass_gap = cut_gaps(trace.scores, trace.n, trace.k, p, spec)
-        for b in range(images.shape[0]):
+        score_gap, mass_gap = cut_gaps(trace.scores, trace.n, trace.k, num_prefix, spec)
+        for b in range(out.logits.shape[0]):
             if score_gap[b] < eps:
                 ties.append(NearTie(b, stage, block, "score", float(score_gap[b])))
             if mass_gap[b] < eps:
