@@ -278,10 +278,13 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
 
     from raggedvit.exporter import export_onnx
     from raggedvit.pruning import PrunedViT
-    from raggedvit.pruning._model import check_supported
+    from raggedvit.pruning.backbone import backbone_for
     from raggedvit.runtime import create_session
 
-    has_cls = getattr(vit, "cls_token", None) is not None
+    try:
+        has_cls = backbone_for(vit).has_class_token
+    except ValueError:
+        has_cls = getattr(vit, "cls_token", None) is not None
     rec.data.update(has_class_token=has_cls, num_classes=int(getattr(vit, "num_classes", -1)))
     specs = _specs(has_cls)
     rec.data["policies"] = {p: {"spec": s.to_dict()} for p, s in specs.items()}
@@ -291,7 +294,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
     pruned = {}
     try:
         rec.step("check_supported")
-        check_supported(vit)
+        backbone_for(vit)
         for policy, spec in specs.items():
             rec.step(f"pruned {policy}")
             with torch.no_grad():

@@ -111,14 +111,14 @@ def export(
     warn_nonfinite(vit)
     steps.update()
     from raggedvit.exporter import export_onnx
-    from raggedvit.pruning._model import check_supported
+    from raggedvit.pruning.backbone import backbone_for
 
     try:
-        check_supported(vit)
+        backbone = backbone_for(vit)
     except ValueError as e:
         raise CliError(f"unsupported model {model}: {e}") from None
     try:
-        spec.check_model(depth=len(vit.blocks), has_class_token=getattr(vit, "cls_token", None) is not None)
+        spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
     except ValueError as e:
         raise CliError(f"bad pruning parameters for {model}: {e}") from None
     weights = info.to_dict()  # the checkpoint's file name and sha256, never a local path

@@ -109,9 +109,9 @@ def build_model(
         "prune": spec.to_dict(),
         "dtype": dtype,
         "img_size": h,
-        "num_prefix_tokens": int(vit.num_prefix_tokens),
-        "tokens_per_image": int(vit.patch_embed.num_patches) + int(vit.num_prefix_tokens),
-        "depth": len(vit.blocks),
+        "num_prefix_tokens": model.num_prefix,
+        "tokens_per_image": model.backbone.tokens_per_image(),
+        "depth": model.backbone.depth,
         "outputs": names,
         "raggedvit_version": raggedvit.__version__,
     }

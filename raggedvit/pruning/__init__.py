@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from raggedvit.pruning.backbone import Backbone, PackedState, backbone_for, check_supported
 from raggedvit.pruning.packed import (
-    PackedState,
     PrunedOutput,
     PrunedViT,
     StageTrace,
@@ -18,6 +18,9 @@ from raggedvit.pruning.spec import POLICIES, PruneSpec
 
 __all__ = [
     "POLICIES",
+    "Backbone",
+    "backbone_for",
+    "check_supported",
     "PackedState",
     "PruneSpec",
     "PrunedOutput",

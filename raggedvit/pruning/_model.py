@@ -1,4 +1,6 @@
-"""What the pruned forwards need from a timm VisionTransformer: the support check, embedding, classifier head."""
+"""What the pruned forwards need from a timm VisionTransformer: the support check, embedding, classifier head.
+
+Shared by the ViT backbone (families/vit.py) and the padded reference (padded.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from torch import nn
 
 from raggedvit.pruning.packed_block import module_dtype
 
-__all__ = ["POOLS", "check_supported", "embed_tokens", "is_distilled", "classify"]
+__all__ = ["POOLS", "check_vit", "embed_tokens", "is_distilled", "classify"]
 
 POOLS = ("token", "avg", "avgmax", "max")
 
@@ -20,7 +22,7 @@ def is_distilled(vit: VisionTransformer) -> bool:
     return hasattr(vit, "head_dist") and getattr(vit, "dist_token", None) is not None
 
 
-def check_supported(vit: torch.nn.Module) -> None:
+def check_vit(vit: torch.nn.Module) -> None:
     """Raise ValueError (one line) unless `vit` is a timm VisionTransformer the pruned forwards can run."""
     if not isinstance(vit, VisionTransformer):
         raise ValueError(f"expected a timm VisionTransformer, got {type(vit).__name__}")

@@ -9,11 +9,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from raggedvit.pruning._model import check_supported, classify, embed_tokens, is_distilled
-from raggedvit.pruning.packed_block import AttentionFn, module_dtype, packed_block_forward
+from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, backbone_for
 from raggedvit.pruning.select import pad_rows, pad_scores, padded_slots, select_tokens, uniform_topk
 from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
 
@@ -50,17 +48,6 @@ class PrunedOutput(NamedTuple):
     token_index: tuple[torch.Tensor, ...] = ()
     cu_seqlens: tuple[torch.Tensor, ...] = ()
     stages: tuple[StageTrace, ...] = ()
-
-
-class PackedState(NamedTuple):
-    """x [T, C]; cu [B+1] int64; seq_id [T] int64 (image of each row); pos [T] int64 (position within its image);
-    token_index [T] int64 (original token index, -1 for fused tokens)."""
-
-    x: torch.Tensor
-    cu: torch.Tensor
-    seq_id: torch.Tensor
-    pos: torch.Tensor
-    token_index: torch.Tensor
 
 
 def stage_scores(x: torch.Tensor, cls_attn: torch.Tensor | None, spec: PruneSpec) -> torch.Tensor:
@@ -155,26 +142,29 @@ def uniform_prune_stage(
 
 
 class PrunedViT(nn.Module):
-    """A timm VisionTransformer with token pruning stages, run on packed variable-length rows.
+    """A timm ViT with token pruning stages, run on packed variable-length rows.
 
     forward(images [B, 3, S, S]) -> PrunedOutput. No host reads: data-dependent sizes come from nonzero, so the
     module is torch.export-able with a data-dependent token count; stages whose counts are known before the data
     (topk-l2, evit without fuse, on equal counts per image) have static shapes.
 
-    Each submodule runs in its own dtype (see raggedvit.pruning.precision for the export recipes): the
-    embedding output is cast to the residual stream's dtype (blocks[0].norm1), the head's input to the head's.
+    The model family (VisionTransformer, and the others in raggedvit/pruning/families/) is a `Backbone`: the
+    embedding, each block on packed rows and the head; this class owns the stages. Each submodule runs in its
+    own dtype (see raggedvit.pruning.precision for the export recipes): the embedding output is cast to the
+    residual stream's dtype, the head's input to the head's.
 
     `attention` replaces raggedvit's ragged attention op in every block by a callable with the signature and
     semantics of `raggedvit.kernels.ragged_attention` (a benchmark peer, for instance); None keeps the op.
     """
 
-    def __init__(self, vit: VisionTransformer, spec: PruneSpec, attention: AttentionFn | None = None) -> None:
+    def __init__(self, vit: nn.Module, spec: PruneSpec, attention: AttentionFn | None = None) -> None:
         super().__init__()
-        check_supported(vit)
-        spec.check_model(depth=len(vit.blocks), has_class_token=vit.cls_token is not None)
+        backbone = backbone_for(vit)
+        spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
         self.vit = vit.eval()
+        self.backbone: Backbone = backbone
         self.spec = spec
-        self.num_prefix = int(vit.num_prefix_tokens)
+        self.num_prefix = backbone.num_prefix
         self.attention = attention
 
     def forward(self, images: torch.Tensor) -> PrunedOutput:
@@ -182,11 +172,11 @@ class PrunedViT(nn.Module):
 
     def forward_packed(self, images: torch.Tensor) -> PrunedOutput:
         """images [B, 3, S, S] -> PrunedOutput (logits [B, classes], token_counts [B, stages], ...)."""
-        vit, spec, p = self.vit, self.spec, self.num_prefix
-        tokens = embed_tokens(vit, images)  # [B, N, C]
+        bb, spec, p = self.backbone, self.spec, self.num_prefix
+        tokens = bb.embed(images)  # [B, N, C]
         B, N, C = tokens.shape
         dev = tokens.device
-        stream = module_dtype(vit.blocks[0].norm1, tokens.dtype) if len(vit.blocks) else tokens.dtype
+        stream = bb.stream_dtype(tokens.dtype)
         rows = torch.arange(B * N, device=dev)
         steps = torch.arange(B + 1, device=dev)  # uniform states have cu = steps * rows per image
         state = PackedState(tokens.to(stream).reshape(B * N, C), steps * N, rows // N, rows % N, rows % N)
@@ -196,7 +186,7 @@ class PrunedViT(nn.Module):
         kept_cu: list[torch.Tensor] = []
         traces: list[StageTrace] = []
         cls_attn: torch.Tensor | None = None
-        for bi, blk in enumerate(vit.blocks):
+        for bi in range(bb.depth):
             if bi in stages:
                 scores = stage_scores(state.x, cls_attn, spec)
                 if uniform is not None and spec.static_shapes:
@@ -210,49 +200,14 @@ class PrunedViT(nn.Module):
                 kept_cu.append(state.cu)
                 traces.append(trace)
             need_cls = spec.needs_cls_attn and (bi + 1) in stages
-            out = packed_block_forward(
-                blk, state.x, state.cu, max_seqlen=width, return_cls_attn=need_cls, attention=self.attention
-            )
+            out = bb.block(bi, state, max_seqlen=width, return_cls_attn=need_cls, attention=self.attention)
             if need_cls:
                 x, cls_attn = out
             else:
                 x = out
             state = state._replace(x=x)
-        logits = self._head(state, width)
+        logits = bb.head(state, width)
         token_counts = (
             torch.stack([t.kept for t in traces], dim=1) if traces else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         )
         return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces))
-
-    def _head(self, state: PackedState, width: int) -> torch.Tensor:
-        """Final norm, pooling per image, classifier -> logits [B, classes] in the head's dtype (features [B, C]
-        for headless models)."""
-        vit = self.vit
-        dtype = module_dtype(vit.norm, module_dtype(vit.head, torch.float32))
-        starts = state.cu[:-1]
-        if vit.global_pool == "token":  # the norm is per row: normalise only the rows the head reads
-            first = vit.norm(state.x.index_select(0, starts).to(dtype))
-            second = vit.norm(state.x.index_select(0, starts + 1).to(dtype)) if is_distilled(vit) else None
-            return classify(vit, first, second, None)
-        x = vit.norm(state.x.to(dtype))
-        n = state.cu[1:] - state.cu[:-1]
-        rows, valid = padded_slots(state.cu, n, width)
-        slot = torch.arange(width, device=x.device)
-        include = valid & (slot >= (0 if vit.pool_include_prefix else self.num_prefix))  # [B, W]
-        pooled = _padded_pool(pad_rows(x, rows), include, vit.global_pool)
-        return classify(vit, pooled, None, pooled)
-
-
-def _padded_pool(x: torch.Tensor, include: torch.Tensor, pool: str) -> torch.Tensor:
-    """Per-image mean / max over the included slots: x [B, W, C], include [B, W] -> [B, C] in x's dtype
-    (mean summed in float32)."""
-    m = include.unsqueeze(2)
-    out = []
-    if pool in ("avg", "avgmax"):
-        total = torch.where(m, x.float(), 0.0).sum(dim=1)
-        out.append((total / include.sum(dim=1, keepdim=True).to(torch.float32)).to(x.dtype))
-    if pool in ("max", "avgmax"):
-        out.append(x.masked_fill(~m, float("-inf")).amax(dim=1))
-    if pool == "avgmax":
-        return 0.5 * (out[1] + out[0])
-    return out[0]

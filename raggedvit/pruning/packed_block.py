@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 from torch import nn
 
 from raggedvit.kernels import ragged_attention
+from raggedvit.pruning.backbone import AttentionFn
 
 __all__ = ["AttentionFn", "block_tail", "module_dtype", "packed_block_forward"]
-
-# Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
-# (qkv [T, 3*H*D], cu_seqlens [B+1], num_heads, *, scale, max_seqlen, return_cls_attn)
-#   -> out [T, H*D] or (out, cls_attn [T] float32)
-AttentionFn = Callable[..., "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
 
 
 def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Block, VisionTransformer
 
-from raggedvit.pruning._model import check_supported, classify, embed_tokens, is_distilled
+from raggedvit.pruning._model import check_vit, classify, embed_tokens, is_distilled
 from raggedvit.pruning.packed import PrunedOutput
 from raggedvit.pruning.packed_block import block_tail
 from raggedvit.pruning.select import select_tokens
@@ -128,7 +128,7 @@ def padded_reference_forward(
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
-    check_supported(vit)
+    check_vit(vit)
     spec.check_model(depth=len(vit.blocks), has_class_token=vit.cls_token is not None)
     p = int(vit.num_prefix_tokens)
     x = embed_tokens(vit, images)

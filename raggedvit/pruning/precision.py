@@ -27,11 +27,9 @@ def apply_dtype(vit: nn.Module, dtype: str) -> nn.Module:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "fp32":
         return vit
+    from raggedvit.pruning.backbone import backbone_for
+
     out = copy.deepcopy(vit).float()
-    for blk in out.blocks:
-        if dtype == "fp16-all":
-            blk.half()
-        else:
-            blk.attn.half()
-            blk.mlp.half()
+    for module in backbone_for(out).half_modules(dtype):
+        module.half()
     return out.eval()

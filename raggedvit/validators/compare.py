@@ -92,9 +92,10 @@ def validate(
     lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
     lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     # one PrunedViT forward over all images for the stage decisions: every cut's margin (eps inf) and kept tokens
+    pruned = PrunedViT(vit, spec)
     with torch.no_grad():
-        ref_out = PrunedViT(vit, spec)(images) if spec.prune_at else None
-    margins = stage_margins(ref_out, spec, int(vit.num_prefix_tokens), math.inf) if ref_out is not None else []
+        ref_out = pruned(images) if spec.prune_at else None
+    margins = stage_margins(ref_out, spec, pruned.num_prefix, math.inf) if ref_out is not None else []
     kept_r = _reference_kept(ref_out) if kept_o and ref_out is not None else []
     ties = [t for t in margins if t.gap < th.tie_eps]
     tied = {t.image for t in ties}

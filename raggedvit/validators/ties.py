@@ -63,7 +63,8 @@ def find_near_ties(vit: torch.nn.Module, spec: PruneSpec, images: torch.Tensor, 
     The scores, counts and cuts are the ones PrunedViT's own forward decided on (PrunedOutput.stages)."""
     if spec.policy == "none":
         return []
-    return stage_margins(PrunedViT(vit, spec)(images), spec, int(vit.num_prefix_tokens), eps)
+    model = PrunedViT(vit, spec)
+    return stage_margins(model(images), spec, model.num_prefix, eps)
 
 
 def stage_margins(out: PrunedOutput, spec: PruneSpec, num_prefix: int, eps: float) -> list[NearTie]:

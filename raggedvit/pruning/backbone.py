@@ -1,0 +1,141 @@
+"""What PrunedViT needs from one timm model family: the `Backbone` interface and the family registry.
+
+PrunedViT (packed.py) owns the pruning: the packed state, the stages, the stage diagnostics. A backbone owns
+everything family-specific around it (DESIGN.md section 4): the embedding, each block on packed rows (which
+may read each row's original token index: rotary rows and relative-position bias follow the kept token, never
+the packed row), and the head over each image's kept rows. One backbone class per timm model class, in
+`raggedvit/pruning/families/`, registered with `register_backbone`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+__all__ = [
+    "AttentionFn",
+    "Backbone",
+    "PackedState",
+    "backbone_for",
+    "check_supported",
+    "register_backbone",
+    "supported_classes",
+]
+
+# Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
+# (qkv [T, 3*H*D], cu_seqlens [B+1], num_heads, *, scale, max_seqlen, return_cls_attn)
+#   -> out [T, H*D] or (out, cls_attn [T] float32)
+AttentionFn = Callable[..., "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
+
+
+class PackedState(NamedTuple):
+    """x [T, C]; cu [B+1] int64; seq_id [T] int64 (image of each row); pos [T] int64 (position within its image);
+    token_index [T] int64 (original token index: prefix tokens 0..p-1, then patches in raster order; -1 for
+    fused tokens)."""
+
+    x: torch.Tensor
+    cu: torch.Tensor
+    seq_id: torch.Tensor
+    pos: torch.Tensor
+    token_index: torch.Tensor
+
+
+class Backbone:
+    """A timm model seen as: embed -> blocks on packed rows -> head. Subclasses set the class attributes below
+    and implement the methods; `__init__` raises ValueError (one line) for models the family cannot run.
+
+    Attributes:
+        model: the timm model (eval mode; PrunedViT registers it as a submodule, the backbone only reads it).
+        num_prefix: p, leading tokens per image that no stage prunes (class / distillation / register tokens).
+        has_class_token: row 0 of each image is a class token whose attention row the cls-attention policies
+            (evit, cls-mass) read; False refuses those policies with a clear message.
+    """
+
+    model_classes: ClassVar[tuple[type, ...]] = ()  # the timm classes this backbone runs (and their subclasses)
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.num_prefix = 0
+        self.has_class_token = False
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        """The blocks a prune index counts (a stage "at i" runs before blocks[i])."""
+        return self.model.blocks
+
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
+
+    def tokens_per_image(self) -> int:
+        """N: tokens per image entering the blocks at the model's own image size (prefix included)."""
+        raise NotImplementedError
+
+    def stream_dtype(self, default: torch.dtype) -> torch.dtype:
+        """The residual stream's dtype (the first block's input dtype)."""
+        from raggedvit.pruning.packed_block import module_dtype
+
+        return module_dtype(self.blocks[0], default) if len(self.blocks) else default
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """images [B, 3, H, W] -> tokens [B, N, C] (any dtype; PrunedViT casts to the stream dtype)."""
+        raise NotImplementedError
+
+    def block(
+        self,
+        index: int,
+        state: PackedState,
+        *,
+        max_seqlen: int,
+        return_cls_attn: bool,
+        attention: AttentionFn | None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """blocks[index] on packed rows: state.x [T, C] -> x' [T, C] (and cls_attn [T] float32 when asked)."""
+        raise NotImplementedError
+
+    def head(self, state: PackedState, width: int) -> torch.Tensor:
+        """After the last block: per-image output [B, classes] (headless: features [B, C]). width: static bound
+        of every image's row count."""
+        raise NotImplementedError
+
+    def half_modules(self, recipe: str) -> list[nn.Module]:
+        """The submodules the export recipe `recipe` ("fp16" or "fp16-all") runs in float16
+        (raggedvit.pruning.precision)."""
+        if recipe == "fp16-all":
+            return list(self.blocks)
+        return [m for blk in self.blocks for m in (blk.attn, blk.mlp)]
+
+
+_REGISTRY: dict[str, type[Backbone]] = {}
+
+
+def register_backbone(cls: type[Backbone]) -> type[Backbone]:
+    """Class decorator: `cls` runs the timm classes named in cls.model_classes."""
+    for klass in cls.model_classes:
+        _REGISTRY[f"{klass.__module__}.{klass.__qualname__}"] = cls
+    return cls
+
+
+def supported_classes() -> tuple[str, ...]:
+    import raggedvit.pruning.families  # noqa: F401  (registers the families)
+
+    return tuple(sorted({name.rsplit(".", 1)[1] for name in _REGISTRY}))
+
+
+def backbone_for(model: nn.Module) -> Backbone:
+    """The backbone of a timm model; ValueError (one line) if no family runs it or the family refuses it."""
+    import raggedvit.pruning.families  # noqa: F401  (registers the families)
+
+    for klass in type(model).__mro__:  # subclasses (e.g. VisionTransformerDistilled) run as their base
+        cls = _REGISTRY.get(f"{klass.__module__}.{klass.__qualname__}")
+        if cls is not None:
+            return cls(model)
+    raise ValueError(f"expected a timm {' / '.join(supported_classes())}, got {type(model).__name__}")
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise ValueError (one line) unless PrunedViT can run `model`."""
+    backbone_for(model)
