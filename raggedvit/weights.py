@@ -10,7 +10,9 @@ from typing import Any
 import timm
 import torch
 from timm.layers import Attention
+from timm.models.beit import Attention as BeitAttention
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from timm.models.vision_transformer_relpos import RelPosAttention
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",
@@ -99,15 +101,18 @@ def sharpen_qk_(model: torch.nn.Module, factor: float) -> None:
     Attention logits scale by factor**2, so seeded random weights give peaked attention and pruning
     decisions that are not near-ties."""
     for mod in model.modules():
-        if isinstance(mod, Attention):
+        if isinstance(mod, (Attention, BeitAttention, RelPosAttention)):
             rows = 2 * mod.qkv.out_features // 3
             mod.qkv.weight[:rows].mul_(factor)
             if mod.qkv.bias is not None:
                 mod.qkv.bias[:rows].mul_(factor)
+            if getattr(mod, "q_bias", None) is not None:  # BEiT: q / v biases beside a bias-free qkv (k: zero)
+                mod.q_bias.mul_(factor)
 
 
 def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
-    """Add scale * N(0, 1) to every bias, LayerNorm gain, token (cls / reg / dist / pos) and LayerScale gamma.
+    """Add scale * N(0, 1) to every bias (BEiT's q / v biases too), LayerNorm gain, token (cls / reg / dist / pos),
+    LayerScale gamma (BEiT's gamma_1 / gamma_2) and relative position bias table.
 
     timm initialises Linear biases and LayerNorm shifts to 0 and gains to 1, so seeded weights alone cannot show
     an export that drops or misplaces one of them; real checkpoints have them all. In place; returns `model`."""
@@ -116,7 +121,7 @@ def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: floa
         for name, p in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             if (
-                leaf in ("bias", "gamma")
+                leaf in ("bias", "gamma", "q_bias", "v_bias", "gamma_1", "gamma_2", "relative_position_bias_table")
                 or (leaf == "weight" and "norm" in name)
                 or "token" in name
                 or "pos_embed" in name
