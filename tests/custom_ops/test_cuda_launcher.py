@@ -124,9 +124,7 @@ def test_config_follows_T_and_large_shared_memory_is_opted_in_once(harness, tmp_
     res, log = run(harness, tmp_path, [scenario(T=2047, cls=0), scenario(T=2048, cls=0), scenario(T=9000, cls=0)])
     assert res == ["OK"] * 3
     images = [x["image"] for x in launches(log)]
-    assert images == [
-        i.replace("X", m) for i, m in zip(["kForward/kFloat16/kInt32/d64/posfalse/sm90/minX"] * 3, ["0", "2048", "2048"])
-    ]
+    assert images == [f"kForward/kFloat16/kInt32/d64/posfalse/sm90/min{m}" for m in ("0", "2048", "2048")]
     assert launches(log)[1]["grid"] == "32,12,1"  # cdiv(2048, 64)
     assert [x for x in log if x.startswith("setattr")] == [
         "setattr kForward/kFloat16/kInt32/d64/posfalse/sm90/min2048 attr=8 value=60000"
