@@ -215,3 +215,41 @@ def test_op_equals_timm_attention(gen, interpreted, name):
             assert_close(o[: len(sub)], ref, name=f"{name} {impl} pruned out")
             assert_close(c[: len(sub)], prob[:, 0].mean(0), name=f"{name} {impl} pruned cls_attn")
             assert_close(attn.proj(o[len(sub) :]), want[1], name=f"{name} {impl} unpruned image")
+
+
+class _PrunedRelPos(torch.nn.Module):
+    """Keeps the rows where keep is set (data-dependent T); their original indices are the token positions."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = keep.nonzero().squeeze(1)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), keep.sum().reshape(1)])
+        pos = {"pos_table": self.table, "token_pos": rows, "grid": (3, 3), "num_prefix": 1}
+        return ragged_attention(x[rows], cu, 2, return_cls_attn=True, **pos)
+
+
+def test_export_with_data_dependent_rows(gen):
+    table = torch.randn(2, pos_table_size((3, 3)), generator=gen)
+    x = torch.randn(10, 3 * 2 * 16, generator=gen)
+    keep = torch.tensor([1, 1, 0, 1, 0, 1, 1, 1, 0, 1], dtype=torch.bool)
+    ep = torch.export.export(_PrunedRelPos(table), (x, keep))
+    node = next(n for n in ep.graph.nodes if n.target == torch.ops.raggedvit.ragged_attention.default)
+    assert len(node.args) == 11  # the five position arguments are traced
+    keep2 = torch.tensor([1, 0, 0, 1, 0, 1, 0, 0, 1, 0], dtype=torch.bool)
+    got = ep.module()(x, keep2)
+    rows = keep2.nonzero().squeeze(1)
+    want = ragged_attention(
+        x[rows],
+        torch.tensor([0, 4]),
+        2,
+        return_cls_attn=True,
+        pos_table=table,
+        token_pos=rows,
+        grid=(3, 3),
+        num_prefix=1,
+    )
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
