@@ -28,7 +28,12 @@ REPRESENTATIVES = [
     ("vit_small_patch14_reg4_dinov2", {}),  # registers
     ("aimv2_large_patch14_224", {}),  # RmsNorm, SwiGLU, no class token
     ("vit_small_patch16_224", {"qk_norm": True}),
+    ("beit_base_patch16_224", {}),  # relative position bias per block, q/v bias, gamma layer scale, avg + fc_norm
+    ("vit_relpos_small_patch16_224", {}),  # RelPosMlp, no class token
+    ("vit_relpos_medium_patch16_rpn_224", {}),  # ResPostRelPosBlock
+    ("vit_relpos_medium_patch16_cls_224", {}),  # RelPosMlp with a class token, token pool
 ]
+NO_CLASS_TOKEN = ("siglip", "aimv2", "vit_relpos_small", "_rpn_")  # evit ranks by the class token
 
 
 @pytest.mark.parametrize("name,kwargs", REPRESENTATIVES, ids=[n + ("-qknorm" if k else "") for n, k in REPRESENTATIVES])
@@ -140,7 +145,7 @@ def test_cli_input_errors_exit_2(tmp_path, args, fragment):
 
 @pytest.mark.parametrize(
     "name,kwargs",
-    [r for r in REPRESENTATIVES if "siglip" not in r[0] and "aimv2" not in r[0]],  # evit ranks by the class token
+    [r for r in REPRESENTATIVES if not any(k in r[0] for k in NO_CLASS_TOKEN)],
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_representative_evit_policies_match(name, kwargs, tmp_path):
