@@ -40,3 +40,13 @@ def test_policy_none_equals_timm(ort_session, name):
     with torch.no_grad():
         ref = model(x).numpy()
     assert float(np.abs(logits - ref).max()) <= 1e-4 * float(np.abs(ref).max())
+
+
+@pytest.mark.parametrize("name,dtype", [("beit-shared-swiglu", "fp16"), ("relpos-swin-cls", "fp16-all")])
+def test_half_recipes_on_ort_cpu(ort_session, name, dtype):
+    """The fp16 recipes (float32 pos_table into the half op) run on ORT's CPU EP within fp16 rounding of timm."""
+    model, x = build(name), _images()
+    (logits,) = ort_session(build_model(model, PruneSpec(), dtype=dtype)).run(["logits"], {"images": x.numpy()})
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert float(np.abs(logits - ref).max()) <= 1e-2 * float(np.abs(ref).max())
