@@ -35,12 +35,12 @@ MODELS = {
 WITH_CLASS_TOKEN = [k for k, (cls, kw) in MODELS.items() if cls is Beit or kw.get("class_token")]
 
 
-def build(name: str, seed: int = 0) -> torch.nn.Module:
+def build(name: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """The model, eval mode, with random biases / norms / gammas, sharpened q/k, strong position biases (tables
     N(0, 1), RelPosMlp weights N(0, 1): timm's init makes the bias nearly constant) and a head of unit gain."""
     cls, kwargs = MODELS[name]
     torch.manual_seed(seed)
-    model = cls(**TINY, **kwargs)
+    model = cls(**{**TINY, **kwargs, **overrides})
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for pname, p in model.named_parameters():
@@ -55,7 +55,8 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
 
 def key_mask(keep: torch.Tensor) -> torch.Tensor:
     """keep [B, N] bool -> additive attention mask [B, 1, 1, N]: 0 for kept keys, -inf for the others."""
-    return torch.zeros(keep.shape, dtype=torch.float32).masked_fill(~keep, float("-inf"))[:, None, None, :]
+    zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
+    return zeros.masked_fill(~keep, float("-inf"))[:, None, None, :]
 
 
 def masked_dense_forward(model: torch.nn.Module, images: torch.Tensor, keep: torch.Tensor, at: int) -> torch.Tensor:
