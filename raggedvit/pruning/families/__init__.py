@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from raggedvit.pruning.families import vit
+from raggedvit.pruning.families import beit, relpos, vit
 
-__all__ = ["vit"]
+__all__ = ["beit", "relpos", "vit"]
