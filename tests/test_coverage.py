@@ -29,6 +29,7 @@ REPRESENTATIVES = [
     ("vit_small_patch14_reg4_dinov2", {}),  # registers
     ("aimv2_large_patch14_224", {}),  # RmsNorm, SwiGLU, no class token
     ("vit_small_patch16_224", {"qk_norm": True}),
+    ("cait_xxs24_224", {}),  # talking-heads patch blocks (no class token), class-attention tail
 ]
 
 
@@ -141,7 +142,7 @@ def test_cli_input_errors_exit_2(tmp_path, args, fragment):
 
 @pytest.mark.parametrize(
     "name,kwargs",
-    [r for r in REPRESENTATIVES if "siglip" not in r[0] and "aimv2" not in r[0]],  # evit ranks by the class token
+    [r for r in REPRESENTATIVES if not r[0].startswith(("vit_base_patch16_siglip", "aimv2", "cait"))],  # no cls token
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_representative_evit_policies_match(name, kwargs, tmp_path):
