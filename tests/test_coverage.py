@@ -24,10 +24,12 @@ REPRESENTATIVES = [
     ("deit_tiny_distilled_patch16_224", {}),
     ("vit_base_patch32_clip_quickgelu_224", {}),  # QuickGELU, pre-norm, no patch bias
     ("vit_base_patch16_siglip_gap_224", {}),  # GELUTanh, avg pool, no class token, headless
+    ("vit_base_patch16_siglip_224", {}),  # MAP head (AttentionPoolLatent over the kept rows), headless
     ("vit_small_patch14_dinov2", {}),  # LayerScale, headless
     ("vit_small_patch14_reg4_dinov2", {}),  # registers
     ("aimv2_large_patch14_224", {}),  # RmsNorm, SwiGLU, no class token
     ("vit_small_patch16_224", {"qk_norm": True}),
+    ("cait_xxs24_224", {}),  # talking-heads patch blocks (no class token), class-attention tail
 ]
 
 
@@ -110,15 +112,15 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_writes_table_and_json(tmp_path):
     out, js = tmp_path / "docs" / "coverage.md", tmp_path / "cov.json"
-    res = cli("--filter", "cait_xxs24_224,resnet18", "--img-size", str(IMG), "--out", str(out), "--json", str(js))
+    res = cli("--filter", "xcit_nano_12_p16_224,resnet18", "--img-size", str(IMG), "--out", str(out), "--json", str(js))
     assert res.returncode == 0, res.stderr
     assert f"wrote {out} and {js}: 1 ViT-like, 0 run in PrunedViT" in res.stdout
-    assert "[1/1] cait_xxs24_224: runs=FAIL exports=- matches=-" in res.stderr
+    assert "[1/1] xcit_nano_12_p16_224: runs=FAIL exports=- matches=-" in res.stderr
     data = json.loads(js.read_text())
     assert data["totals"] == {"vit_like": 1, "runs": 0, "exports": 0, "matches": 0}
-    assert data["meta"]["depth"] == 2 and data["meta"]["filter"] == "cait_xxs24_224,resnet18"
+    assert data["meta"]["depth"] == 2 and data["meta"]["filter"] == "xcit_nano_12_p16_224,resnet18"
     assert data["meta"]["names_listed"] == 2
-    assert "| `cait_xxs24_224` | cait | 64x64 | **no** | – | – |" in out.read_text()
+    assert "| `xcit_nano_12_p16_224` | xcit | 64x64 | **no** | – | – |" in out.read_text()
 
 
 @pytest.mark.parametrize(
@@ -140,7 +142,7 @@ def test_cli_input_errors_exit_2(tmp_path, args, fragment):
 
 @pytest.mark.parametrize(
     "name,kwargs",
-    [r for r in REPRESENTATIVES if "siglip" not in r[0] and "aimv2" not in r[0]],  # evit ranks by the class token
+    [r for r in REPRESENTATIVES if not r[0].startswith(("vit_base_patch16_siglip", "aimv2", "cait"))],  # no cls token
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_representative_evit_policies_match(name, kwargs, tmp_path):

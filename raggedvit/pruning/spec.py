@@ -122,7 +122,10 @@ class PruneSpec:
             if bad:
                 raise ValueError(f"prune index {bad[0]} out of range 1..{depth - 1} for a model with {depth} blocks")
         if has_class_token is False and self.needs_cls_attn:
-            raise ValueError(f"policy {self.policy!r} needs a class token; the model has none")
+            raise ValueError(
+                f"policy {self.policy!r} needs a class token in the pruned blocks (it ranks tokens by the class "
+                "token's attention); the model has none there: use topk-l2"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -61,8 +61,8 @@ def test_pruned_vit_checks_the_model() -> None:
 
 
 def test_unsupported_pooling_and_model() -> None:
-    vit, _ = load_vit("deit_tiny_patch16_224", model_kwargs={"depth": 2, "global_pool": "map"})
-    with pytest.raises(ValueError, match="attention pooling"):
+    vit, _ = load_vit("deit_tiny_patch16_224", model_kwargs={"depth": 2, "global_pool": "prr"})
+    with pytest.raises(ValueError, match="attention pooling AttentionPoolPrr"):
         PrunedViT(vit, PruneSpec())
     with pytest.raises(ValueError, match="expected a timm VisionTransformer"):
         PrunedViT(torch.nn.Linear(2, 2), PruneSpec())  # type: ignore[arg-type]
