@@ -201,8 +201,9 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
   if (table != nullptr) {
     job.pos = static_cast<const float*>(table);
     job.pos_size = attrs.pos_size;
+    const I* token_pos = static_cast<const I*>(tokens);
     job.codes.resize(static_cast<size_t>(d.T));
-    for (int64_t t = 0; t < d.T; ++t) job.codes[static_cast<size_t>(t)] = MakeRelCode(static_cast<const I*>(tokens)[t], attrs);
+    for (int64_t t = 0; t < d.T; ++t) job.codes[static_cast<size_t>(t)] = MakeRelCode(token_pos[t], attrs);
   }
   job.d = d;
   job.scale = attrs.has_scale ? attrs.scale : 1.0f / std::sqrt(static_cast<float>(d.D));
