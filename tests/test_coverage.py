@@ -30,7 +30,12 @@ REPRESENTATIVES = [
     ("aimv2_large_patch14_224", {}),  # RmsNorm, SwiGLU, no class token
     ("vit_small_patch16_224", {"qk_norm": True}),
     ("cait_xxs24_224", {}),  # talking-heads patch blocks (no class token), class-attention tail
+    ("beit_base_patch16_224", {}),  # relative position bias per block, q/v bias, gamma layer scale, avg + fc_norm
+    ("vit_relpos_small_patch16_224", {}),  # RelPosMlp, no class token
+    ("vit_relpos_medium_patch16_rpn_224", {}),  # ResPostRelPosBlock
+    ("vit_relpos_medium_patch16_cls_224", {}),  # RelPosMlp with a class token, token pool
 ]
+NO_CLASS_TOKEN = ("siglip", "aimv2", "cait", "vit_relpos_small", "_rpn_")  # evit ranks by the class token
 
 
 @pytest.mark.parametrize("name,kwargs", REPRESENTATIVES, ids=[n + ("-qknorm" if k else "") for n, k in REPRESENTATIVES])
@@ -142,7 +147,7 @@ def test_cli_input_errors_exit_2(tmp_path, args, fragment):
 
 @pytest.mark.parametrize(
     "name,kwargs",
-    [r for r in REPRESENTATIVES if not r[0].startswith(("vit_base_patch16_siglip", "aimv2", "cait"))],  # no cls token
+    [r for r in REPRESENTATIVES if not any(k in r[0] for k in NO_CLASS_TOKEN)],
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_representative_evit_policies_match(name, kwargs, tmp_path):

@@ -67,5 +67,5 @@ def test_unsupported_pooling_and_model() -> None:
         PrunedViT(vit, PruneSpec())
     with pytest.raises(ValueError, match="not a ViT raggedvit runs: attention pooling AttentionPoolPrr"):
         load_vit("deit_tiny_patch16_224", model_kwargs={"depth": 2, "global_pool": "prr"})
-    with pytest.raises(ValueError, match="expected a timm .*VisionTransformer.*, got Linear"):
+    with pytest.raises(ValueError, match="expected a timm .*VisionTransformer.*, got Linear$"):
         PrunedViT(torch.nn.Linear(2, 2), PruneSpec())  # type: ignore[arg-type]
