@@ -195,8 +195,9 @@ def _fp32_noise(vit, spec, images, got, ref32) -> dict[str, Any] | None:
     from raggedvit.kernels import ragged_attention_reference
     from raggedvit.pruning import PrunedViT
 
-    def attention64(qkv, cu, heads, *, scale=None, max_seqlen=None, return_cls_attn=False):
-        return ragged_attention_reference(qkv, cu, heads, scale=scale, return_cls_attn=return_cls_attn)
+    def attention64(qkv, cu, heads, *, scale=None, max_seqlen=None, return_cls_attn=False, **pos):
+        # pos: pos_table / token_pos / grid / num_prefix of the relative-position families
+        return ragged_attention_reference(qkv, cu, heads, scale=scale, return_cls_attn=return_cls_attn, **pos)
 
     vit64 = copy.deepcopy(vit).double()
     with torch.no_grad():

@@ -5,8 +5,10 @@
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
 call draws T and cu_seqlens afresh, valid or invalid (decreasing, above T, negative, last != T), and every tenth
-call also passes a qkv bias, of the right or a wrong shape or type. Invalid device data must not fault (the kernel
-clamps); the outputs of valid calls are checked for finiteness. Before them, sessions with crafted attributes
+call also passes a qkv bias, of the right or a wrong shape or type; every fifth call (and its neighbour's) passes the
+relative position bias (pos_table, token_pos with out-of-range values: class rows), sometimes a pos_table or
+token_pos of the wrong shape. Invalid device data must not fault (the kernel clamps; token_pos values never index
+outside pos_table); the outputs of valid calls are checked for finiteness. Before them, sessions with crafted attributes
 (num_heads 0x5555555555555555, 2**62, INT64_MAX, 0, -1, a width that is not a multiple of 3*num_heads) must be
 refused with an error, never a crash; they count as calls.
 Progress is printed every 100 calls; exit 1 on any unexpected error.
@@ -34,15 +36,27 @@ CASES = [  # (numpy dtype, onnx dtype, cu dtype, heads, head dim)
 CRAFTED_HEADS = [0x5555555555555555, 2**62, 2**63 - 1, 0, -1, 5]  # 5: the width 3*2*64 is no multiple of 15
 
 
-def model(elem: int, cu_elem: int, heads: int, dim: int, *, bias: bool = False, width: int | None = None) -> bytes:
+POS = ((14, 14), 1)  # grid and num_prefix of the relative position sessions
+POS_ODD = (-1, 197, 2**31 - 1, -(2**31), 10**6)  # token_pos values outside the patches: class rows
+
+
+def model(
+    elem: int, cu_elem: int, heads: int, dim: int, *, bias: bool = False, width: int | None = None, pos: bool = False
+) -> bytes:
     inputs = ["qkv", "cu"] + (["bias"] if bias else [])
-    node = helper.make_node("RaggedAttention", inputs, ["out", "cls"], domain="com.raggedvit", num_heads=heads)
+    attrs = {"num_heads": heads}
+    if pos:
+        inputs = [*inputs, *[""] * (3 - len(inputs)), "pos_table", "token_pos"]
+        attrs.update(grid_h=POS[0][0], grid_w=POS[0][1], num_prefix=POS[1])
+    node = helper.make_node("RaggedAttention", inputs, ["out", "cls"], domain="com.raggedvit", **attrs)
     width = 3 * heads * dim if width is None else width
     graph = helper.make_graph(
         [node], "fuzz",
         [helper.make_tensor_value_info("qkv", elem, ["T", width]),
          helper.make_tensor_value_info("cu", cu_elem, ["B1"])]
-        + ([helper.make_tensor_value_info("bias", elem, ["W"])] if bias else []),
+        + ([helper.make_tensor_value_info("bias", elem, ["W"])] if bias else [])
+        + ([helper.make_tensor_value_info("pos_table", TensorProto.FLOAT, ["H", "R"]),
+            helper.make_tensor_value_info("token_pos", cu_elem, ["T2"])] if pos else []),
         [helper.make_tensor_value_info("out", elem, ["T", "HD"]),
          helper.make_tensor_value_info("cls", TensorProto.FLOAT, ["T"])],
     )  # fmt: skip
@@ -93,12 +107,13 @@ def main() -> int:
         cu_elem = TensorProto.INT32 if cut == np.int32 else TensorProto.INT64
         sessions.append((create_session(model(elem, cu_elem, heads, dim), "cuda", disable_cpu_fallback=True),
                          create_session(model(elem, cu_elem, heads, dim, bias=True), "cuda", disable_cpu_fallback=True),
+                         create_session(model(elem, cu_elem, heads, dim, pos=True), "cuda", disable_cpu_fallback=True),
                          npt, cut, heads, dim))  # fmt: skip
     kinds = ["valid"] * 5 + ["decreasing", "above_t", "negative", "last_ne_t"]
     counts: dict[str, int] = {"crafted_attributes": crafted}
     t0 = time.time()
     for call in range(max(args.calls - crafted, 0)):
-        sess, sess_bias, npt, cut, heads, dim = sessions[call % len(sessions)]
+        sess, sess_bias, sess_pos, npt, cut, heads, dim = sessions[call % len(sessions)]
         T = int(rng.integers(0, args.max_t + 1))
         kind = kinds[int(rng.integers(0, len(kinds)))]
         cu = draw_cu(rng, T, kind).astype(cut)
@@ -111,6 +126,20 @@ def main() -> int:
             feeds["bias"] = rng.standard_normal(width).astype(npt if which != 2 else np.float64)
             if which and kind == "valid":
                 kind = "bad_bias"
+        elif call % 5 in (3, 4):  # relative position bias: right shapes, or a wrong table / token_pos length
+            sess = sess_pos
+            grid, p = POS
+            R = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
+            which = int(rng.integers(0, 8))
+            table = (heads, R + (1 if which == 1 else 0))
+            n_tokens = T + (int(rng.integers(1, 4)) if which == 2 else 0)
+            tokens = rng.integers(0, p + grid[0] * grid[1], n_tokens)
+            odd = rng.random(n_tokens) < 0.2
+            tokens[odd] = rng.choice(POS_ODD, int(odd.sum()))
+            feeds["pos_table"] = rng.standard_normal(table).astype(np.float32)
+            feeds["token_pos"] = tokens.astype(cut)
+            if which in (1, 2) and kind == "valid":
+                kind = "bad_pos"
         try:
             out, cls = sess.run(None, feeds)
             if kind == "valid" and not (np.isfinite(out).all() and np.isfinite(cls).all()):

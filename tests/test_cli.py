@@ -67,7 +67,7 @@ def test_info():
     "args,fragment",
     [
         (["nosuchmodel"], "unknown timm model 'nosuchmodel'"),
-        (["resnet18"], "not a VisionTransformer"),
+        (["resnet18"], "not a ViT raggedvit runs"),
         ([MODEL, "--keep", "1.5"], "keep must be in (0, 1]"),
         ([MODEL, "--policy", "cls-mass", "--mass", "0"], "mass must be in (0, 1]"),
         ([MODEL, "--prune-at", "12"], "out of range 1..11"),

@@ -42,8 +42,11 @@ FALLBACK_CONFIG: dict[str, int] = {
 }
 
 # Kernel parameters in order; "ptr" args get the 16-byte divisibility hint, like D (the launcher checks both).
-_FWD_ARGS = ("QKV", "Bias", "CU", "Out", "Lse", "T", "B", "H", "D", "scale_bits", "store_lse", "has_bias")
-_CLS_ARGS = ("QKV", "Bias", "CU", "Lse", "ClsAttn", "T", "B", "H", "D", "scale_bits", "has_bias")
+_FWD_ARGS = ("QKV", "Bias", "CU", "Out", "Lse", "PosTable", "TokPos", "T", "B", "H", "D", "scale_bits", "store_lse",
+             "has_bias", "grid_h", "grid_w", "num_prefix")  # fmt: skip
+_CLS_ARGS = ("QKV", "Bias", "CU", "Lse", "ClsAttn", "PosTable", "TokPos", "T", "B", "H", "D", "scale_bits", "has_bias",
+             "grid_h", "grid_w", "num_prefix")  # fmt: skip
+HAS_POS = (False, True)  # every kernel without and with the relative position bias
 _HINTED_INTS = ("D",)
 
 
@@ -58,6 +61,7 @@ class AotJob:
     block_n: int
     num_warps: int
     num_stages: int
+    has_pos: bool = False  # HAS_POS: relative position bias (PosTable, TokPos)
 
     @property
     def function(self) -> str:
@@ -66,12 +70,13 @@ class AotJob:
     def signature(self) -> tuple[dict[str, str], dict[str, int]]:
         """Triton signature (arg -> type) and constexprs of this job."""
         ptr = {"QKV": self.dtype, "Bias": self.dtype, "Out": self.dtype, "CU": self.cu_dtype, "Lse": "fp32",
-               "ClsAttn": "fp32"}  # fmt: skip
+               "ClsAttn": "fp32", "PosTable": "fp32", "TokPos": self.cu_dtype}  # fmt: skip
         names = _FWD_ARGS if self.kernel == "fwd" else _CLS_ARGS
         sig = {n: ("*" + ptr[n]) if n in ptr else "i32" for n in names}
         consts = {"BLOCK_N": self.block_n, "BLOCK_D": self.block_d}
         if self.kernel == "fwd":
             consts = {"BLOCK_M": self.block_m, **consts}
+        consts["HAS_POS"] = self.has_pos
         sig.update({k: "constexpr" for k in consts})
         return sig, consts
 
@@ -115,7 +120,8 @@ def kernel_configs() -> list[dict[str, Any]]:
 
 
 def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, int]]]:
-    """Unique compile jobs, and the kernel table rows (job, min_tokens): every kernel x config x cu dtype x arch.
+    """Unique compile jobs, and the kernel table rows (job, min_tokens): every kernel x config x cu dtype x arch x
+    HAS_POS.
 
     Configs that differ only in min_tokens share a job (the cls kernel usually does).
     """
@@ -123,19 +129,23 @@ def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, 
     for arch in archs:
         for c in kernel_configs():
             for cu in CU_DTYPES:
-                fwd = AotJob(
-                    "fwd",
-                    c["dtype"],
-                    cu,
-                    c["block_d"],
-                    arch,
-                    c["block_m"],
-                    c["block_n"],
-                    c["num_warps"],
-                    c["num_stages"],
-                )
-                cls = AotJob("cls", c["dtype"], cu, c["block_d"], arch, 0, c["cls_block_n"], c["cls_num_warps"], 1)
-                rows += [(fwd, c["min_tokens"]), (cls, c["min_tokens"])]
+                for has_pos in HAS_POS:
+                    fwd = AotJob(
+                        "fwd",
+                        c["dtype"],
+                        cu,
+                        c["block_d"],
+                        arch,
+                        c["block_m"],
+                        c["block_n"],
+                        c["num_warps"],
+                        c["num_stages"],
+                        has_pos,
+                    )
+                    cls = AotJob(
+                        "cls", c["dtype"], cu, c["block_d"], arch, 0, c["cls_block_n"], c["cls_num_warps"], 1, has_pos
+                    )
+                    rows += [(fwd, c["min_tokens"]), (cls, c["min_tokens"])]
     rows = list(dict.fromkeys(rows))  # identical (job, min_tokens) rows once
     jobs = list(dict.fromkeys(job for job, _ in rows))
     return jobs, rows

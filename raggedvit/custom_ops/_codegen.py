@@ -21,13 +21,14 @@ def build_info(rows: Sequence[tuple[AotResult, int]], version: str, triton_versi
     for r, min_tokens in rows:
         j = r.job
         entry = configs.setdefault(f"{j.dtype}/d{j.block_d}/T>={min_tokens}", {})
-        entry[j.kernel] = {
+        entry[j.kernel + ("+pos" if j.has_pos else "")] = {
             "block_m": j.block_m,
             "block_n": j.block_n,
             "num_warps": j.num_warps,
             "num_stages": j.num_stages,
         }
-        entry.setdefault("shared_bytes", {})[f"{j.kernel}/sm_{j.arch}/{j.cu_dtype}"] = r.shared_bytes
+        kind = j.kernel + ("+pos" if j.has_pos else "")
+        entry.setdefault("shared_bytes", {})[f"{kind}/sm_{j.arch}/{j.cu_dtype}"] = r.shared_bytes
     results = list({id(r): r for r, _ in rows}.values())
     return {
         "version": version,
@@ -36,6 +37,7 @@ def build_info(rows: Sequence[tuple[AotResult, int]], version: str, triton_versi
         "dtypes": sorted({r.job.dtype for r in results}),
         "cu_dtypes": sorted({r.job.cu_dtype for r in results}),
         "head_dim_blocks": sorted({r.job.block_d for r in results}),
+        "relative_position_bias": any(r.job.has_pos for r in results),
         "min_tokens": sorted({m for _, m in rows}),
         "num_cubins": len(results),
         "num_kernel_images": len(rows),
@@ -76,13 +78,15 @@ def write_cubin_source(path: Path, rows: Sequence[tuple[AotResult, int]], info: 
     for r, min_tokens in rows:
         j, i = r.job, index[id(r)]
         table.append(
-            f"    {{{_KIND[j.kernel]}, {_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.block_d}, {j.arch}, {min_tokens}, "
+            f"    {{{_KIND[j.kernel]}, {_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.block_d}, "
+            f"{'true' if j.has_pos else 'false'}, {j.arch}, {min_tokens}, "
             f'"{r.function_name}", kCubin{i}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {j.block_m}, '
             f"{j.block_n}, {r.num_params}}},"
         )
     if not table:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
         table.append(
-            '    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, 0, 0, "", nullptr, 0, 0, 0, 0, 0, 0},'
+            "    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, false, 0, 0, "
+            '"", nullptr, 0, 0, 0, 0, 0, 0},'
         )
     out.append("const KernelImage kKernelImages[] = {")
     out.extend(table)

@@ -3,7 +3,10 @@
 A case is a pure function of (seed, index) (`draw_case`), so a crash at one index can be replayed alone. It
 covers the attributes (num_heads incl. values whose 3*num_heads overflows int64, scale incl. NaN/inf,
 max_seqlen, wrong attribute types), qkv/bias/cu_seqlens element types, shapes and ranks, and cu_seqlens
-values (valid, or broken in one of several ways). `expected_error` is the op's contract written
+values (valid, or broken in one of several ways), and the relative position bias: attributes grid_h, grid_w,
+num_prefix (incl. negative, float and overflowing values), pos_table / token_pos present, absent or alone, of
+wrong shapes and types, and token_pos values out of range (negative, past the grid, the dtype's extremes: valid,
+they are class rows). `expected_error` is the op's contract written
 independently of the C++ checks: a case it accepts must run and match the float64 torch reference, any
 other case must fail with an ONNX Runtime error.
 """
@@ -17,6 +20,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 from onnx import TensorProto, helper
+
+from raggedvit.custom_ops._fuzz_pos import draw_pos, pos_attr_error, pos_input_error, token_pos
 
 __all__ = ["CRAFTED_NUM_HEADS", "Case", "draw_case", "expected_error", "run_case"]
 
@@ -78,6 +83,16 @@ class Case:
     cu: list  # nested list for a rank-2 cu_seqlens
     amplitude: float
     data_seed: int
+    # relative position bias: attributes (None: absent), inputs (elem None: absent), token_pos values drawn from
+    # data_seed with `token_pos_odd` of the rows set to out-of-range values
+    grid_h: int | float | None = None
+    grid_w: int | float | None = None
+    num_prefix: int | float | None = None
+    pos_table_elem: str | None = None
+    pos_table_shape: tuple[int, ...] | None = None
+    token_pos_elem: str | None = None
+    token_pos_shape: tuple[int, ...] | None = None
+    token_pos_odd: float = 0.0
 
     def describe(self) -> str:
         d = asdict(self)
@@ -174,7 +189,7 @@ def draw_case(seed: int, index: int) -> Case:
                 bias_elem = rng.choice([e for e in FLOATS if e != qkv_elem])
             else:
                 bias_shape = rng.choice([(W + 1,), (1, W), ()])
-    return Case(
+    case = Case(
         index=index,
         qkv_elem=qkv_elem,
         cu_elem=cu_elem,
@@ -190,6 +205,7 @@ def draw_case(seed: int, index: int) -> Case:
         amplitude=rng.choice((1.0, 1.0, 4.0)),
         data_seed=rng.getrandbits(62),
     )
+    return draw_pos(rng, case) if rng.random() < 0.3 else case
 
 
 def expected_error(c: Case) -> str | None:
@@ -204,6 +220,12 @@ def expected_error(c: Case) -> str | None:
         return f"scale: {c.scale!r}"
     if c.max_seqlen is not None and (not isinstance(c.max_seqlen, int) or c.max_seqlen < 0):
         return f"max_seqlen: {c.max_seqlen!r}"
+    if (err := pos_attr_error(c)) is not None:
+        return err
+    if c.cu_elem in ("int32", "int64") and c.token_pos_elem is not None and c.token_pos_elem != c.cu_elem:
+        return f"token_pos: type {c.token_pos_elem} vs cu_seqlens {c.cu_elem}"  # no kernel for the node
+    if c.pos_table_elem not in (None, "float"):
+        return f"pos_table: type {c.pos_table_elem}"  # refused by the node's declared float
     if len(c.qkv_shape) != 2:
         return f"qkv rank: {len(c.qkv_shape)}"
     T, W = c.qkv_shape
@@ -222,15 +244,20 @@ def expected_error(c: Case) -> str | None:
             return f"max_seqlen: length {hi - lo} above {c.max_seqlen}"
     if c.bias_elem is not None and (c.bias_elem != c.qkv_elem or c.bias_shape != (W,)):
         return f"bias: {c.bias_elem} {c.bias_shape} vs width {W}"
-    return None
+    return pos_input_error(c, T)
 
 
 def build_model(c: Case) -> bytes:
     """One RaggedAttention node with the case's attributes and declared input types."""
-    attrs = {
-        k: v for k, v in (("num_heads", c.num_heads), ("scale", c.scale), ("max_seqlen", c.max_seqlen)) if v is not None
-    }
+    named = (("num_heads", c.num_heads), ("scale", c.scale), ("max_seqlen", c.max_seqlen), ("grid_h", c.grid_h),
+             ("grid_w", c.grid_w), ("num_prefix", c.num_prefix))  # fmt: skip
+    attrs = {k: v for k, v in named if v is not None}
     ins = ["qkv", "cu_seqlens"] + (["bias"] if c.bias_elem else [])
+    if c.pos_table_elem or c.token_pos_elem:
+        ins += [""] * (3 - len(ins)) + [
+            "pos_table" if c.pos_table_elem else "",
+            "token_pos" if c.token_pos_elem else "",
+        ]
     outs = ["out", "cls_attn"] if c.cls_attn else ["out"]
     node = helper.make_node("RaggedAttention", ins, outs, domain="com.raggedvit", **attrs)
     cu_elem = TensorProto.FLOAT if c.cu_elem == "float" else ELEM[c.cu_elem]
@@ -240,6 +267,9 @@ def build_model(c: Case) -> bytes:
     ]
     if c.bias_elem:
         inputs.append(helper.make_tensor_value_info("bias", ELEM[c.bias_elem], None))
+    for name, elem in (("pos_table", c.pos_table_elem), ("token_pos", c.token_pos_elem)):
+        if elem:
+            inputs.append(helper.make_tensor_value_info(name, ELEM[elem], None))
     outputs = [helper.make_tensor_value_info("out", ELEM[c.qkv_elem], None)]
     if c.cls_attn:
         outputs.append(helper.make_tensor_value_info("cls_attn", TensorProto.FLOAT, None))
@@ -262,6 +292,12 @@ def _tensors(c: Case) -> dict[str, torch.Tensor]:
     feeds = {"qkv": qkv, "cu_seqlens": torch.tensor(c.cu, dtype=cu_dtype)}
     if c.bias_elem:
         feeds["bias"] = (torch.randn(c.bias_shape, generator=gen, dtype=torch.float64) * 0.5).to(TORCH[c.bias_elem])
+    if c.pos_table_elem:
+        feeds["pos_table"] = (torch.randn(c.pos_table_shape, generator=gen, dtype=torch.float64) * 2).to(
+            TORCH[c.pos_table_elem]
+        )
+    if c.token_pos_elem:
+        feeds["token_pos"] = token_pos(c, gen)
     return feeds
 
 
@@ -279,8 +315,12 @@ def _check_outputs(c: Case, feeds: dict[str, torch.Tensor], outs: dict[str, torc
     if "bias" in feeds:  # rounded in qkv's type, as the op (and an ONNX Add) does
         qkv = (qkv.float() + feeds["bias"].float()).to(dtype)
     scale = None if c.scale is None else float(np.float32(c.scale))
+    pos = {}
+    if "pos_table" in feeds:
+        pos = {"pos_table": feeds["pos_table"], "token_pos": feeds["token_pos"], "grid": (c.grid_h, c.grid_w),
+               "num_prefix": c.num_prefix or 0}  # fmt: skip
     ref, ref_cls = ragged_attention_reference(
-        qkv, feeds["cu_seqlens"], c.num_heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64
+        qkv, feeds["cu_seqlens"], c.num_heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64, **pos
     )
     try:
         assert_close(outs["out"], ref.to(dtype), name="out")
@@ -302,7 +342,8 @@ def run_case(c: Case, sessions: dict) -> tuple[str, str | None]:
 
     expected = expected_error(c)
     # repr: 2.0 == 2 as a dict key, but a float num_heads is a different node
-    key = repr((c.qkv_elem, c.cu_elem, c.num_heads, c.scale, c.max_seqlen, c.cls_attn, c.declared, c.bias_elem))
+    key = repr((c.qkv_elem, c.cu_elem, c.num_heads, c.scale, c.max_seqlen, c.cls_attn, c.declared, c.bias_elem,
+                c.grid_h, c.grid_w, c.num_prefix, c.pos_table_elem, c.token_pos_elem))  # fmt: skip
     try:
         sess = sessions.get(key)
         if sess is None:

@@ -40,12 +40,16 @@ def attention_model(
     qkv_elem: int | None = None,
     any_rank: bool = False,
     bias_elem: int | None = None,
+    pos_elems: tuple[int | None, int | None] | None = None,
     **attrs: float | int,
 ) -> bytes:
-    """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] (, bias [W]) -> out [T, W/3] (, cls_attn [T]).
+    """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] (, bias [W]) (, pos_table [H, R], token_pos [T])
+    -> out [T, W/3] (, cls_attn [T]).
 
     any_rank declares the inputs without a shape, so that bad ranks reach the op's own checks. bias_elem adds
-    the optional third input `bias` of that element type (any shape, to test the op's checks).
+    the optional third input `bias` of that element type (any shape, to test the op's checks). pos_elems =
+    (pos_table element type, token_pos element type) adds inputs 3 and 4 (None: that one left empty); the
+    attributes grid_h, grid_w, num_prefix go in **attrs.
     """
     elem = DTYPES[dtype] if qkv_elem is None else qkv_elem
     outs = ["out", "cls_attn"] if cls_attn else ["out"]
@@ -53,6 +57,13 @@ def attention_model(
     if num_heads is not None:
         node_attrs["num_heads"] = num_heads
     ins = ["qkv", "cu_seqlens"] + (["bias"] if bias_elem is not None else [])
+    pos_inputs = []
+    if pos_elems is not None:
+        ins = ins + [""] * (3 - len(ins))
+        for name, pos_elem in zip(("pos_table", "token_pos"), pos_elems):
+            ins.append(name if pos_elem is not None else "")
+            if pos_elem is not None:
+                pos_inputs.append(helper.make_tensor_value_info(name, pos_elem, None))
     node = helper.make_node("RaggedAttention", ins, outs, domain="com.raggedvit", **node_attrs)
     outputs = [helper.make_tensor_value_info("out", elem, None)]
     if cls_attn:
@@ -64,7 +75,8 @@ def attention_model(
             helper.make_tensor_value_info("qkv", elem, None if any_rank else ["T", "W"]),
             helper.make_tensor_value_info("cu_seqlens", _CU[cu_dtype], None if any_rank else ["B1"]),
         ]
-        + ([helper.make_tensor_value_info("bias", bias_elem, None)] if bias_elem is not None else []),
+        + ([helper.make_tensor_value_info("bias", bias_elem, None)] if bias_elem is not None else [])
+        + pos_inputs,
         outputs,
     )
     return _finish(graph)

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace raggedvit {
 
@@ -78,6 +79,64 @@ std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
   } else if (TryAttrFloat(info, "max_seqlen", &as_float)) {
     return "attribute 'max_seqlen' must be an int, got a float";
   }
+  const std::pair<const char*, int64_t*> pos_attrs[] = {
+      {"grid_h", &attrs->grid_h}, {"grid_w", &attrs->grid_w}, {"num_prefix", &attrs->num_prefix}};
+  for (const auto& [name, value] : pos_attrs) {
+    if (!TryAttrInt(info, name, value)) {
+      if (TryAttrFloat(info, name, &as_float)) return std::string("attribute '") + name + "' must be an int, got a float";
+      *value = 0;
+    }
+    if (*value < 0) return std::string("attribute '") + name + "' must be >= 0, got " + std::to_string(*value);
+  }
+  if (attrs->grid_h > 0 && attrs->grid_w > 0) {
+    // R = (2*grid_h-1)*(2*grid_w-1) + 3 and num_prefix + grid_h*grid_w, each step checked
+    int64_t h2 = 0, w2 = 0, r = 0, area = 0, end = 0;
+    const bool ok = CheckedMul(2, attrs->grid_h, &h2) && CheckedMul(2, attrs->grid_w, &w2) &&
+                    CheckedMul(h2 - 1, w2 - 1, &r) && CheckedAdd(r, 3, &r) &&
+                    CheckedMul(attrs->grid_h, attrs->grid_w, &area) && CheckedAdd(area, attrs->num_prefix, &end);
+    if (!ok) {
+      return "attributes grid_h = " + std::to_string(attrs->grid_h) + ", grid_w = " + std::to_string(attrs->grid_w) +
+             ", num_prefix = " + std::to_string(attrs->num_prefix) +
+             ": (2*grid_h-1)*(2*grid_w-1)+3 or num_prefix + grid_h*grid_w overflows int64";
+    }
+    attrs->pos_size = r;
+    attrs->patch_end = end;
+  }
+  return "";
+}
+
+std::string CheckPos(bool has_table, const std::vector<int64_t>& table_shape, ONNXTensorElementDataType table_type,
+                     bool has_token_pos, const std::vector<int64_t>& token_pos_shape,
+                     ONNXTensorElementDataType token_pos_type, ONNXTensorElementDataType cu_type,
+                     const std::vector<int64_t>& qkv_shape, const Attrs& attrs) {
+  if (!has_table && !has_token_pos) return "";
+  const std::string where = " (qkv shape " + ShapeString(qkv_shape) + ", num_heads = " +
+                            std::to_string(attrs.num_heads) + ", grid_h = " + std::to_string(attrs.grid_h) +
+                            ", grid_w = " + std::to_string(attrs.grid_w) + ")";
+  if (has_table != has_token_pos) {
+    return std::string("input '") + (has_table ? "pos_table" : "token_pos") + "' needs input '" +
+           (has_table ? "token_pos" : "pos_table") + "' too" + where;
+  }
+  if (attrs.pos_size == 0) {
+    return "attributes 'grid_h' and 'grid_w' must be >= 1 with input 'pos_table'" + where;
+  }
+  if (table_shape.size() != 2 || table_shape[0] != attrs.num_heads || table_shape[1] != attrs.pos_size) {
+    return "input 'pos_table' must be [num_heads, (2*grid_h-1)*(2*grid_w-1)+3] = [" + std::to_string(attrs.num_heads) +
+           ", " + std::to_string(attrs.pos_size) + "], got shape " + ShapeString(table_shape) + where;
+  }
+  if (table_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    return std::string("input 'pos_table' (shape ") + ShapeString(table_shape) + ") must be float, got " +
+           ElementTypeName(table_type) + where;
+  }
+  const int64_t T = qkv_shape.empty() ? -1 : qkv_shape[0];
+  if (token_pos_shape.size() != 1 || token_pos_shape[0] != T) {
+    return "input 'token_pos' must be 1-D [" + std::to_string(T) + "] (one entry per qkv row), got shape " +
+           ShapeString(token_pos_shape) + where;
+  }
+  if (token_pos_type != cu_type) {
+    return std::string("input 'token_pos' (shape ") + ShapeString(token_pos_shape) + ") has element type " +
+           ElementTypeName(token_pos_type) + ", cu_seqlens has " + ElementTypeName(cu_type) + where;
+  }
   return "";
 }
 
@@ -120,6 +179,33 @@ std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector
   dims->B = B;
   dims->H = num_heads;
   dims->D = W / three_h;  // >= 1: W is a positive multiple of 3*H
+  return "";
+}
+
+std::string ReadPosInputs(Ort::KernelContext& ctx, const Attrs& attrs, const std::vector<int64_t>& qkv_shape,
+                          ONNXTensorElementDataType cu_type, const void** table, const void** token_pos) {
+  *table = *token_pos = nullptr;
+  const size_t n = ctx.GetInputCount();
+  Ort::ConstValue t = n > kPosTableInput ? ctx.GetInput(kPosTableInput) : Ort::ConstValue{nullptr};
+  Ort::ConstValue p = n > kTokenPosInput ? ctx.GetInput(kTokenPosInput) : Ort::ConstValue{nullptr};
+  if (!t && !p) return "";
+  std::vector<int64_t> t_shape, p_shape;
+  auto t_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, p_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  if (t) {
+    auto info = t.GetTensorTypeAndShapeInfo();
+    t_shape = info.GetShape();
+    t_type = info.GetElementType();
+  }
+  if (p) {
+    auto info = p.GetTensorTypeAndShapeInfo();
+    p_shape = info.GetShape();
+    p_type = info.GetElementType();
+  }
+  std::string err = CheckPos(static_cast<bool>(t), t_shape, t_type, static_cast<bool>(p), p_shape, p_type, cu_type,
+                             qkv_shape, attrs);
+  if (!err.empty()) return err;
+  *table = t.GetTensorRawData();
+  *token_pos = p.GetTensorRawData();
   return "";
 }
 

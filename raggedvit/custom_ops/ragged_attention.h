@@ -4,6 +4,10 @@
 //   qkv        [T, 3*H*D] float16 | float | bfloat16 (row t = q heads | k heads | v heads)
 //   cu_seqlens [B+1] int32 | int64, 0 = cu[0] <= ... <= cu[B] = T
 //   bias       [3*H*D] qkv's type (optional input): the qkv Linear's bias, added to q, k, v on load
+//   pos_table  [H, R] float (optional input, with token_pos): relative position bias table,
+//              R = (2*grid_h-1)*(2*grid_w-1) + 3 (attributes grid_h, grid_w, num_prefix)
+//   token_pos  [T] cu_seqlens's type (optional input, with pos_table): each row's original token index;
+//              logit(q, k) += pos_table[h, RelIndex(token_pos[q], token_pos[k])] (DESIGN.md section 3)
 //   out        [T, H*D] same type as qkv
 //   cls_attn   [T] float (optional output)
 #pragma once
@@ -26,7 +30,13 @@ struct Attrs {
   float scale = 0.0f;  // 0 -> 1/sqrt(D)
   bool has_scale = false;
   int64_t max_seqlen = -1;  // -1 -> unbounded
+  int64_t grid_h = 0, grid_w = 0, num_prefix = 0;  // relative position bias (0: no grid)
+  int64_t pos_size = 0;    // R = (2*grid_h-1)*(2*grid_w-1) + 3 when grid_h, grid_w >= 1, else 0
+  int64_t patch_end = 0;   // num_prefix + grid_h*grid_w: token indices in [num_prefix, patch_end) are patches
 };
+
+// Input positions of the optional inputs.
+constexpr size_t kBiasInput = 2, kPosTableInput = 3, kTokenPosInput = 4, kNumInputs = 5;
 
 struct Dims {
   int64_t T = 0, B = 0, H = 0, D = 0;
@@ -62,6 +72,44 @@ std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector
 // Checks the optional bias input against qkv: 1-D [3*H*D], qkv's element type. "" when fine.
 std::string CheckBias(const std::vector<int64_t>& bias_shape, ONNXTensorElementDataType bias_type,
                       const std::vector<int64_t>& qkv_shape, ONNXTensorElementDataType qkv_type);
+
+// Checks the optional relative position inputs (both present or both absent; shapes [num_heads, R] float and
+// [T] of cu_seqlens's type; attributes grid_h, grid_w >= 1). "" when fine.
+std::string CheckPos(bool has_table, const std::vector<int64_t>& table_shape, ONNXTensorElementDataType table_type,
+                     bool has_token_pos, const std::vector<int64_t>& token_pos_shape,
+                     ONNXTensorElementDataType token_pos_type, ONNXTensorElementDataType cu_type,
+                     const std::vector<int64_t>& qkv_shape, const Attrs& attrs);
+
+// Reads the optional inputs pos_table and token_pos of a kernel call and checks them (CheckPos); *table and
+// *token_pos get their data (nullptr when absent). "" when fine.
+std::string ReadPosInputs(Ort::KernelContext& ctx, const Attrs& attrs, const std::vector<int64_t>& qkv_shape,
+                          ONNXTensorElementDataType cu_type, const void** table, const void** token_pos);
+
+// Relative position of one (query, key) pair from the rows' precomputed codes (RelCode): the table column.
+// A patch row has code.patch = 1, base = (y+grid_h-1)*(2*grid_w-1) + x+grid_w-1 and off = y*(2*grid_w-1) + x;
+// the pair's column is q.base - k.off for two patch rows, else R-1 - q.patch - 2*k.patch (R-1 class->class,
+// R-2 patch->class, R-3 class->patch). Always in [0, R).
+struct RelCode {
+  int64_t base = 0, off = 0;
+  int64_t patch = 0;
+};
+
+template <typename I>
+inline RelCode MakeRelCode(I token, const Attrs& a) {
+  const int64_t t = static_cast<int64_t>(token);
+  RelCode c;
+  if (t >= a.num_prefix && t < a.patch_end) {
+    const int64_t rel = t - a.num_prefix, y = rel / a.grid_w, x = rel % a.grid_w, w2 = 2 * a.grid_w - 1;
+    c.patch = 1;
+    c.base = (y + a.grid_h - 1) * w2 + x + a.grid_w - 1;
+    c.off = y * w2 + x;
+  }
+  return c;
+}
+
+inline int64_t RelColumn(const RelCode& q, const RelCode& k, int64_t pos_size) {
+  return (q.patch & k.patch) ? q.base - k.off : pos_size - 1 - q.patch - 2 * k.patch;
+}
 
 // Host-side check of the cu_seqlens values (CPU EP only; the CUDA kernel clamps them instead).
 template <typename I>
@@ -126,9 +174,11 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
 
   const char* GetName() const { return kOpName; }
   const char* GetExecutionProviderType() const { return provider_; }
-  size_t GetInputTypeCount() const { return 3; }
+  size_t GetInputTypeCount() const { return kNumInputs; }
+  // qkv, bias: UNDEFINED (one type constraint, checked by the kernel); pos_table float; token_pos cu_seqlens's type
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 1 ? cu_type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // qkv, bias: checked by the kernel
+    if (i == 1 || i == kTokenPosInput) return cu_type_;
+    return i == kPosTableInput ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;

@@ -26,17 +26,26 @@ RAGGED_ATTENTION_SCHEMA = OpSchema(
     "RaggedAttention",
     RAGGED_DOMAIN,
     1,
-    inputs=[_P("qkv", "T"), _P("cu_seqlens", "I"), _P("bias", "T", param_option=_OPTIONAL)],
+    inputs=[
+        _P("qkv", "T"),
+        _P("cu_seqlens", "I"),
+        _P("bias", "T", param_option=_OPTIONAL),
+        _P("pos_table", "F", param_option=_OPTIONAL),
+        _P("token_pos", "I", param_option=_OPTIONAL),
+    ],
     outputs=[_P("out", "T"), _P("cls_attn", "F", param_option=_OPTIONAL)],
     type_constraints=[
         ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "qkv, bias and out"),
-        ("I", ["tensor(int32)", "tensor(int64)"], "cu_seqlens"),
-        ("F", ["tensor(float)"], "cls_attn"),
+        ("I", ["tensor(int32)", "tensor(int64)"], "cu_seqlens and token_pos"),
+        ("F", ["tensor(float)"], "pos_table and cls_attn"),
     ],
     attributes=[
         OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "H", required=True),
         OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "softmax scale (default 1/sqrt(D))", required=False),
         OpSchema.Attribute("max_seqlen", OpSchema.AttrType.INT, "hint, unused by the kernels", required=False),
+        OpSchema.Attribute("grid_h", OpSchema.AttrType.INT, "patch grid rows (with pos_table)", required=False),
+        OpSchema.Attribute("grid_w", OpSchema.AttrType.INT, "patch grid columns (with pos_table)", required=False),
+        OpSchema.Attribute("num_prefix", OpSchema.AttrType.INT, "prefix tokens (with pos_table)", required=False),
     ],
 )
 _EMPTY_F32 = onnx.helper.make_tensor("empty", onnx.TensorProto.FLOAT, [0], [])
@@ -44,10 +53,29 @@ _RAGGED = onnxscript.values.Opset(RAGGED_DOMAIN, 1)
 _RAGGED_ATTENTION = onnxscript.values.Op(_RAGGED, "RaggedAttention", RAGGED_ATTENTION_SCHEMA)
 
 
-def ragged_attention(qkv, cu_seqlens, bias=None, num_heads: int = 1, scale: float = 1.0, return_cls_attn=False):
-    """raggedvit::ragged_attention(qkv [T, 3HD], cu [B+1], bias [3HD]?) -> (out [T, HD], cls_attn [T] or [0])."""
+def ragged_attention(
+    qkv,
+    cu_seqlens,
+    bias=None,
+    num_heads: int = 1,
+    scale: float = 1.0,
+    return_cls_attn=False,
+    pos_table=None,
+    token_pos=None,
+    grid_h: int = 0,
+    grid_w: int = 0,
+    num_prefix: int = 0,
+):
+    """raggedvit::ragged_attention(qkv [T, 3HD], cu [B+1], bias [3HD]?, ..., pos_table [H, R]?, token_pos [T]?,
+    grid_h, grid_w, num_prefix) -> (out [T, HD], cls_attn [T] or [0]).
+
+    Without pos_table the node is what it always was (2 or 3 inputs, no grid attributes); with it, inputs 3 and 4
+    (bias left empty when absent) and the attributes grid_h, grid_w, num_prefix."""
     inputs = [qkv, cu_seqlens] + ([bias] if bias is not None else [])
     attrs = {"num_heads": int(num_heads), "scale": float(scale)}
+    if pos_table is not None:
+        inputs = [qkv, cu_seqlens, bias, pos_table, token_pos]
+        attrs.update(grid_h=int(grid_h), grid_w=int(grid_w), num_prefix=int(num_prefix))
     if return_cls_attn:
         out, cls_attn = _RAGGED_ATTENTION(*inputs, **attrs, _outputs=2)
         return out, cls_attn

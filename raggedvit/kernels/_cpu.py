@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from raggedvit.kernels.reference import relative_position_index
+
 __all__ = ["ragged_attention_cpu"]
 
 
@@ -33,11 +35,18 @@ def ragged_attention_cpu(
     return_cls_attn: bool,
     *,
     bias: torch.Tensor | None = None,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid: tuple[int, int] = (0, 0),
+    num_prefix: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, 3*H*D] contiguous, cu_seqlens [B+1] (host) (, bias [3*H*D] qkv's dtype: attention of qkv + bias)
+    (, pos_table [H, R] fp32 and token_pos [T]: relative position bias, DESIGN.md section 1)
     -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
 
     Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] = T).
+    With pos_table, each group's bias [G, H, L, L] is gathered from the table (this path is the CPU fallback;
+    the kernels compute the index per pair instead).
     """
     T, width = qkv.shape
     H = num_heads
@@ -61,12 +70,21 @@ def ragged_attention_cpu(
         rows = torch.where(valid, rows, rows[:, :1])  # padding rows repeat the first row (masked as keys)
         q, k, v = x[rows].to(compute).permute(2, 0, 3, 1, 4).unbind(0)  # each [G, H, L, D]
         mask = None if bool(valid.all()) else valid[:, None, None, :]
+        pos = None
+        if pos_table is not None:
+            idx = relative_position_index(token_pos[rows], token_pos[rows], grid, num_prefix)  # [G, L, L]
+            pos = pos_table.to(compute)[:, idx].transpose(0, 1)  # [G, H, L, L]
+            if mask is not None:
+                pos = pos.masked_fill(~mask, float("-inf"))
+            mask = pos
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [G, H, L, D]
         o = o.permute(0, 2, 1, 3).reshape(len(group) * L, H * D)[valid.flatten()]
         out[rows[valid]] = o.to(qkv.dtype)
         if return_cls_attn:
             s = torch.einsum("ghd,ghkd->ghk", q[:, :, 0], k) * scale  # [G, H, L]
-            if mask is not None:
+            if pos is not None:
+                s = s + pos[:, :, 0]  # padding keys already -inf
+            elif mask is not None:
                 s = s.masked_fill(~valid[:, None, :], float("-inf"))
             cls_attn[rows[valid]] = torch.softmax(s, dim=-1).mean(1)[valid].to(torch.float32)
     return out, cls_attn

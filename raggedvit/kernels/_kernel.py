@@ -5,6 +5,12 @@ CU [B+1] int32/int64. A query tile owns BLOCK_M consecutive packed rows and may 
 every row finds its sequence by a binary search of CU and attends only to that sequence's keys.
 CU is clamped to [0, T] in-kernel and every load is masked, so a bad CU never reads out of bounds.
 
+Relative position bias (HAS_POS, a constexpr: the kernels without it are unchanged): PosTable [H, R] fp32 and
+TokPos [T] (CU's type) = each row's original token index; the bias of a (query, key) pair is
+PosTable[h, rel(TokPos[q], TokPos[k])] (DESIGN.md section 1), added to the fp32 logits before the softmax. The
+index is computed per pair from the two rows' grid coordinates: no [L, L] tensor; any TokPos value is either a
+patch (p <= t < p + grid_h*grid_w) or a class row, so every table read is in [0, R).
+
 Lse units: log2 of the row's softmax denominator over scores already multiplied by scale*log2(e),
 i.e. softmax(row)[k] = exp2(s_k * scale * log2(e) - Lse[h, row]).
 
@@ -67,6 +73,19 @@ def _dot(a, b):
         else:
             c = tl.dot(a, b)
     return c
+
+
+@triton.jit
+def _pos_split(TokPos, idx, ok, grid_h, grid_w, num_prefix):
+    """idx [N] row indices -> (patch [N] int32 0/1, y [N] int32, x [N] int32) of each row's original token.
+
+    A row is a patch row iff p <= t < p + grid_h*grid_w (compared in TokPos's type, so huge int64 values stay
+    class rows); masked-off rows read t = -1 (a class row). Class rows get y = x = 0."""
+    t = tl.load(TokPos + idx, mask=ok, other=-1)
+    patch = (t >= num_prefix) & (t < num_prefix + grid_h * grid_w)
+    rel = tl.where(patch, t - num_prefix, 0).to(tl.int32)
+    y = rel // grid_w
+    return patch.to(tl.int32), y, rel - y * grid_w
 
 
 @triton.jit
@@ -135,13 +154,15 @@ def _seq_bounds(CU, rows, r_first, r_last, T, B, CHUNK: tl.constexpr, COARSE: tl
     return start, end
 
 
-@triton.jit(do_not_specialize=["T", "B", "scale_bits", "store_lse", "has_bias"])
+@triton.jit(do_not_specialize=["T", "B", "scale_bits", "store_lse", "has_bias", "grid_h", "grid_w", "num_prefix"])
 def _ragged_attn_fwd(
     QKV,
     Bias,
     CU,
     Out,
     Lse,
+    PosTable,
+    TokPos,
     T,
     B,
     H,
@@ -149,14 +170,20 @@ def _ragged_attn_fwd(
     scale_bits,
     store_lse,
     has_bias,
+    grid_h,
+    grid_w,
+    num_prefix,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_POS: tl.constexpr,
 ):
-    """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale) v within each row's sequence.
+    """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale + pos) v within each row's sequence.
 
     has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias): q + bq in QKV's dtype, the k bias
-    cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias."""
+    cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias.
+    HAS_POS: pos = PosTable[h, rel(TokPos[q], TokPos[k])] (PosTable, TokPos, grid_h, grid_w, num_prefix unread
+    otherwise); Lse includes it."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -180,6 +207,15 @@ def _ragged_attn_fwd(
     q = q + tl.load(Bias + head_off + offs_d, mask=b_ok, other=0.0)[None, :]
     vb = tl.load(Bias + 2 * H * D + head_off + offs_d, mask=b_ok, other=0.0).to(tl.float32)
 
+    if HAS_POS:
+        # pair index = q_base - k_off for patch/patch pairs, else R - 1 - q_patch - 2 * k_patch (R-1, R-2, R-3)
+        w2 = 2 * grid_w - 1
+        R = (2 * grid_h - 1) * w2 + 3
+        q_patch, yq, xq = _pos_split(TokPos, rows, row_ok, grid_h, grid_w, num_prefix)
+        q_base = (yq + grid_h - 1) * w2 + xq + grid_w - 1
+        q_cls = R - 1 - q_patch
+        pos_row = PosTable + h * R
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)
@@ -195,6 +231,11 @@ def _ragged_attn_fwd(
         k_ptrs = QKV + cols.to(tl.int64)[:, None] * row_stride + (H * D + head_off) + offs_d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         s = _dot(q, tl.trans(k)) * qk_scale
+        if HAS_POS:
+            k_patch, yk, xk = _pos_split(TokPos, cols, cols < hi, grid_h, grid_w, num_prefix)
+            both = (q_patch[:, None] & k_patch[None, :]) != 0
+            idx = tl.where(both, q_base[:, None] - (yk * w2 + xk)[None, :], q_cls[:, None] - 2 * k_patch[None, :])
+            s += tl.load(pos_row + idx) * 1.4426950408889634  # bias in log2 units; idx in [0, R) always
         in_seq = (cols[None, :] >= row_start[:, None]) & (cols[None, :] < row_end[:, None])
         s = tl.where(in_seq, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
@@ -215,27 +256,34 @@ def _ragged_attn_fwd(
         tl.store(Lse + h * T + rows, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["T", "B", "scale_bits", "has_bias"])
+@triton.jit(do_not_specialize=["T", "B", "scale_bits", "has_bias", "grid_h", "grid_w", "num_prefix"])
 def _ragged_cls_attn(
     QKV,
     Bias,
     CU,
     Lse,
     ClsAttn,
+    PosTable,
+    TokPos,
     T,
     B,
     H,
     D,
     scale_bits,
     has_bias,
+    grid_h,
+    grid_w,
+    num_prefix,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_POS: tl.constexpr,
 ):
     """grid = (cdiv(T, BLOCK_N),). ClsAttn[t] = mean_h softmax(row cu[b])[t] for token t of sequence b.
 
     Needs Lse [H, T] of the sequences' first rows from _ragged_attn_fwd(store_lse=1). Deterministic.
     Heads are processed HG = 1024 // BLOCK_D at a time as [BLOCK_N, HG, BLOCK_D] tiles (one pass for
-    H <= HG), so all heads' loads are in flight together.
+    H <= HG), so all heads' loads are in flight together. HAS_POS: the scores get the same position bias as in
+    _ragged_attn_fwd (query = the sequence's first row, key = the token).
     """
     HG: tl.constexpr = 1024 // BLOCK_D
     pid = tl.program_id(0)
@@ -252,6 +300,13 @@ def _ragged_cls_attn(
     q_rows = QKV + start.to(tl.int64)[:, None, None] * row_stride
     k_rows = QKV + cols.to(tl.int64)[:, None, None] * row_stride + H * D
     lse_rows = Lse + start[:, None]
+    if HAS_POS:
+        w2 = 2 * grid_w - 1
+        R = (2 * grid_h - 1) * w2 + 3
+        q_patch, yq, xq = _pos_split(TokPos, start, ok, grid_h, grid_w, num_prefix)
+        k_patch, yk, xk = _pos_split(TokPos, cols, ok, grid_h, grid_w, num_prefix)
+        both = (q_patch & k_patch) != 0
+        pos_idx = tl.where(both, (yq - yk + grid_h - 1) * w2 + xq - xk + grid_w - 1, R - 1 - q_patch - 2 * k_patch)
     acc = tl.full([BLOCK_N], 0.0, dtype=tl.float32)
     for h0 in range(0, H, HG):
         heads = h0 + offs_g
@@ -264,6 +319,9 @@ def _ragged_cls_attn(
         k = tl.load(k_rows + offs, mask=mask, other=0.0).to(tl.float32)
         lse = tl.load(lse_rows + heads[None, :] * T, mask=ok[:, None] & h_ok[None, :], other=0.0)
         s = tl.reduce(q * k, 2, _add_fn) * qk_scale  # [BLOCK_N, HG]
+        if HAS_POS:
+            pos = tl.load(PosTable + heads[None, :] * R + pos_idx[:, None], mask=h_ok[None, :], other=0.0)
+            s += pos * 1.4426950408889634
         p = tl.where(ok[:, None] & h_ok[None, :], tl.math.exp2(s - lse), 0.0)
         acc += tl.reduce(p, 1, _add_fn)
     tl.store(ClsAttn + cols, acc / H, mask=col_ok)

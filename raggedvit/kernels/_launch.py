@@ -23,7 +23,7 @@ from raggedvit.kernels._config import KernelConfig, pick_config
 __all__ = ["_launch_triton", "load_interpreted_kernels", "scale_bits"]
 
 _BUFFERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-# Compiled kernels per (device, dtype, cu dtype, H, D, store_lse, config), launched without Triton's
+# Compiled kernels per (device, dtype, cu dtype, H, D, store_lse, has_pos, config), launched without Triton's
 # per-call binder. Set RAGGEDVIT_NO_FAST_LAUNCH=1 to always go through JITFunction.run.
 _FAST: dict[tuple, tuple[Any, Any]] = {}
 try:
@@ -98,9 +98,14 @@ def _launch_triton(
     out: torch.Tensor | None = None,
     cls_attn: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid: tuple[int, int] = (0, 0),
+    num_prefix: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qkv [T, 3*H*D] (contiguous), cu_seqlens [B+1] (, bias [3*H*D] qkv's dtype) -> out [T, H*D], cls_attn [T]
-    fp32 (or [0]).
+    """qkv [T, 3*H*D] (contiguous), cu_seqlens [B+1] (, bias [3*H*D] qkv's dtype) (, pos_table [H, R] fp32
+    contiguous, token_pos [T] cu_seqlens's dtype, grid (grid_h, grid_w), num_prefix: relative position bias)
+    -> out [T, H*D], cls_attn [T] fp32 (or [0]).
 
     Inputs must already be validated; CUDA tensors must be on the current device. `kernels` defaults
     to `raggedvit.kernels._kernel`; `config` defaults to `pick_config(T, D, dtype)` (the benchmark's
@@ -118,6 +123,11 @@ def _launch_triton(
         bias = qkv  # any valid pointer of qkv's type: never read
     else:
         ptrs |= bias.data_ptr()
+    has_pos = pos_table is not None
+    if has_pos:
+        ptrs |= pos_table.data_ptr() | token_pos.data_ptr()
+    else:  # never read: any valid pointers of the right types
+        pos_table, token_pos = _cached(device, 1), cu_seqlens
     if out is None:
         out = torch.empty((T, H * D), dtype=qkv.dtype, device=device)
     else:
@@ -138,6 +148,7 @@ def _launch_triton(
         return out, cls_attn
     cfg = pick_config(T, D, qkv.dtype) if config is None else config
     bits = scale_bits(scale)
+    pos_ints = (int(grid[0]), int(grid[1]), int(num_prefix))  # grid_h, grid_w, num_prefix
     grid_m = -(-T // cfg.block_m)
     fwd_args = (
         qkv,
@@ -145,6 +156,8 @@ def _launch_triton(
         cu_seqlens,
         out,
         lse,
+        pos_table,
+        token_pos,
         T,
         B,
         H,
@@ -152,17 +165,20 @@ def _launch_triton(
         bits,
         store,
         has_bias,
+        *pos_ints,
         cfg.block_m,
         cfg.block_n,
         cfg.block_d,
+        has_pos,
     )
-    cls_args = (qkv, bias, cu_seqlens, lse, cls_attn, T, B, H, D, bits, has_bias, cfg.cls_block_n, cfg.block_d)
+    cls_args = (qkv, bias, cu_seqlens, lse, cls_attn, pos_table, token_pos, T, B, H, D, bits, has_bias, *pos_ints,
+                cfg.cls_block_n, cfg.block_d, has_pos)  # fmt: skip
     grid_c = -(-T // cfg.cls_block_n)
 
     key = None
     if kernels is None and config is None and _FAST_ENABLED and qkv.is_cuda and ptrs & 15 == 0:
         # built-in configs are immortal singletons, so their id() is a stable key
-        key = (device.index, qkv.dtype, cu_seqlens.dtype, H, D, store, id(cfg))
+        key = (device.index, qkv.dtype, cu_seqlens.dtype, H, D, store, has_pos, id(cfg))
         fast = _FAST.get(key)
         if fast is not None:
             stream = torch._C._cuda_getCurrentRawStream(device.index)
@@ -176,13 +192,14 @@ def _launch_triton(
                 key = None
     k = _default_kernels() if kernels is None else kernels
     ck_fwd = k._ragged_attn_fwd[(grid_m, H)](
-        *fwd_args[:12], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
+        *fwd_args[:17], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     ck_cls = None
     if store:
         ck_cls = k._ragged_cls_attn[(grid_c,)](
-            *cls_args[:11], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, num_warps=cfg.cls_num_warps, num_stages=1,
+            *cls_args[:16], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos,
+            num_warps=cfg.cls_num_warps, num_stages=1,
         )  # fmt: skip
     if key is not None and _Compiled.usable(ck_fwd) and (not store or _Compiled.usable(ck_cls)):
         _FAST[key] = (_Compiled(ck_fwd), _Compiled(ck_cls) if store else None)

@@ -1,7 +1,9 @@
 """`torch.ops.raggedvit.ragged_attention`: the custom op seen by torch.compile / torch.export.
 
 Schema: (qkv [T, 3*H*D], cu_seqlens [B+1], bias [3*H*D] or None (the qkv Linear's bias: attention of qkv + bias),
-         num_heads, scale, return_cls_attn)
+         num_heads, scale, return_cls_attn,
+         pos_table [H, R] fp32 or None, token_pos [T] cu's dtype or None, grid_h, grid_w, num_prefix
+         (relative position bias, DESIGN.md section 1; the last five default to "none", so older calls still bind))
         -> (out [T, H*D] qkv.dtype, cls_attn [T] fp32, or [0] when not requested).
 The fake implementation reads shapes only (T may be unbacked, e.g. from nonzero under export).
 """
@@ -16,6 +18,14 @@ from raggedvit.kernels._launch import _launch_triton
 __all__ = ["ragged_attention_op"]
 
 
+def _pos(pos_table, token_pos, grid_h: int, grid_w: int, num_prefix: int) -> dict:
+    """The kernels' relative position keyword arguments ({} without a table)."""
+    if pos_table is None:
+        return {}
+    return {"pos_table": pos_table.contiguous(), "token_pos": token_pos.contiguous(), "grid": (grid_h, grid_w),
+            "num_prefix": num_prefix}  # fmt: skip
+
+
 @torch.library.custom_op("raggedvit::ragged_attention", mutates_args=())
 def ragged_attention_op(
     qkv: torch.Tensor,
@@ -24,6 +34,11 @@ def ragged_attention_op(
     num_heads: int,
     scale: float,
     return_cls_attn: bool,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid_h: int = 0,
+    grid_w: int = 0,
+    num_prefix: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     raise NotImplementedError(f"raggedvit::ragged_attention has no kernel for device {qkv.device}")
 
@@ -36,8 +51,21 @@ def _cpu_kernel(
     num_heads: int,
     scale: float,
     return_cls_attn: bool,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid_h: int = 0,
+    grid_w: int = 0,
+    num_prefix: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return ragged_attention_cpu(qkv.contiguous(), cu_seqlens, num_heads, scale, return_cls_attn, bias=bias)
+    return ragged_attention_cpu(
+        qkv.contiguous(),
+        cu_seqlens,
+        num_heads,
+        scale,
+        return_cls_attn,
+        bias=bias,
+        **_pos(pos_table, token_pos, grid_h, grid_w, num_prefix),
+    )
 
 
 @ragged_attention_op.register_kernel("cuda")
@@ -48,6 +76,11 @@ def _cuda_kernel(
     num_heads: int,
     scale: float,
     return_cls_attn: bool,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid_h: int = 0,
+    grid_w: int = 0,
+    num_prefix: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.cuda.device(qkv.device):
         out, cls_attn = _launch_triton(
@@ -57,6 +90,7 @@ def _cuda_kernel(
             scale,
             return_cls_attn,
             bias=None if bias is None else bias.contiguous(),
+            **_pos(pos_table, token_pos, grid_h, grid_w, num_prefix),
         )
     # custom ops must not return an output aliasing another call's output: the cached empty cls_attn is copied
     return out, cls_attn if return_cls_attn else cls_attn.new_empty(0)
@@ -70,6 +104,11 @@ def _fake(
     num_heads: int,
     scale: float,
     return_cls_attn: bool,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid_h: int = 0,
+    grid_w: int = 0,
+    num_prefix: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     T = qkv.shape[0]
     width = qkv.shape[1]

@@ -9,6 +9,7 @@ import torch
 from raggedvit.kernels._cpu import ragged_attention_cpu
 from raggedvit.kernels._launch import _launch_triton
 from raggedvit.kernels._op import ragged_attention_op
+from raggedvit.kernels.reference import pos_table_size
 
 __all__ = ["ragged_attention"]
 
@@ -47,6 +48,42 @@ def _check(qkv: torch.Tensor, cu_seqlens: torch.Tensor, num_heads: int, bias: to
     return D
 
 
+def _check_pos(
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    num_heads: int,
+    pos_table: torch.Tensor | None,
+    token_pos: torch.Tensor | None,
+    grid: tuple[int, int] | None,
+    num_prefix: int,
+) -> tuple[int, int]:
+    """Validate the relative position inputs (never reads tensor data); (grid_h, grid_w), or (0, 0) if absent."""
+    if pos_table is None and token_pos is None:
+        return (0, 0)
+    if pos_table is None or token_pos is None or grid is None:
+        raise ValueError("pos_table, token_pos and grid go together: pass all three or none")
+    gh, gw = (int(g) for g in grid)
+    if gh < 1 or gw < 1 or num_prefix < 0:
+        raise ValueError(
+            f"grid must be two ints >= 1 and num_prefix >= 0, got grid={tuple(grid)}, num_prefix={num_prefix}"
+        )
+    R = pos_table_size((gh, gw))
+    if pos_table.shape != (num_heads, R) or pos_table.dtype != torch.float32 or pos_table.device != qkv.device:
+        raise ValueError(
+            f"pos_table must be [num_heads, (2*grid_h-1)*(2*grid_w-1)+3] = [{num_heads}, {R}] float32 on {qkv.device} "
+            f"(grid {gh}x{gw}), got {tuple(pos_table.shape)} {pos_table.dtype} on {pos_table.device}"
+        )
+    T = qkv.shape[0]
+    if token_pos.shape != (T,) or token_pos.dtype != cu_seqlens.dtype or token_pos.device != qkv.device:
+        raise ValueError(
+            f"token_pos must be [{T}] {cu_seqlens.dtype} (cu_seqlens's dtype) on {qkv.device} (qkv shape "
+            f"{tuple(qkv.shape)}), got {tuple(token_pos.shape)} {token_pos.dtype} on {token_pos.device}"
+        )
+    if num_prefix + gh * gw >= 2**31 or num_heads * R >= 2**31:
+        raise ValueError(f"grid {gh}x{gw} with num_prefix={num_prefix} and {num_heads} heads exceeds int32 indexing")
+    return gh, gw
+
+
 def ragged_attention(
     qkv: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -56,6 +93,10 @@ def ragged_attention(
     max_seqlen: int | None = None,
     return_cls_attn: bool = False,
     bias: torch.Tensor | None = None,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid: tuple[int, int] | None = None,
+    num_prefix: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Bidirectional attention within each packed sequence (inference only, no autograd).
 
@@ -69,6 +110,13 @@ def ragged_attention(
         return_cls_attn: also return cls_attn.
         bias: optional [3*H*D] in qkv's dtype, the qkv Linear's bias: the result is attention of qkv + bias
             (the kernels add it on load; the exported graph passes it to RaggedAttention instead of an Add).
+        pos_table: optional [H, R] float32 relative position bias table, R = (2*grid_h-1)*(2*grid_w-1) + 3
+            (BEiT's layout, transposed: offsets in raster order, then class->patch, patch->class, class->class).
+        token_pos: [T] cu_seqlens's dtype, each row's ORIGINAL token index in its image (prefix tokens 0..p-1,
+            then patches in raster order; -1 or any other value outside [p, p + grid_h*grid_w): a class row).
+            The logit of a (query, key) pair gets pos_table[h, relative_position_index(...)] (reference.py).
+        grid: (grid_h, grid_w) patch grid, with pos_table.
+        num_prefix: p, prefix tokens before the patches in token_pos's numbering.
 
     Returns:
         out [T, H*D] in qkv.dtype, or (out, cls_attn [T] float32) where cls_attn[t] is the mean over
@@ -79,21 +127,32 @@ def ragged_attention(
     `torch.ops.raggedvit.ragged_attention`.
     """
     D = _check(qkv, cu_seqlens, num_heads, bias)
+    gh, gw = _check_pos(qkv, cu_seqlens, num_heads, pos_table, token_pos, grid, num_prefix)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     scale = float(scale)
-    if torch.compiler.is_compiling() or type(qkv) is not torch.Tensor or type(cu_seqlens) is not torch.Tensor:
-        out, cls_attn = ragged_attention_op(qkv, cu_seqlens, bias, num_heads, scale, return_cls_attn)
-    elif qkv.is_cuda:
+    tensors = (qkv, cu_seqlens) if token_pos is None else (qkv, cu_seqlens, pos_table, token_pos)
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors):
+        out, cls_attn = ragged_attention_op(
+            qkv, cu_seqlens, bias, num_heads, scale, return_cls_attn, pos_table, token_pos, gh, gw, num_prefix
+        )
+        return (out, cls_attn) if return_cls_attn else out
+    pos = {}
+    if pos_table is not None:
+        pos = {"pos_table": pos_table.contiguous(), "token_pos": token_pos.contiguous(), "grid": (gh, gw),
+               "num_prefix": num_prefix}  # fmt: skip
+    if qkv.is_cuda:
         if not qkv.is_contiguous():
             qkv = qkv.contiguous()
         if not cu_seqlens.is_contiguous():
             cu_seqlens = cu_seqlens.contiguous()
         if qkv.get_device() == torch.cuda.current_device():
-            out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn, bias=bias)
+            out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn, bias=bias, **pos)
         else:
             with torch.cuda.device(qkv.device):
-                out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn, bias=bias)
+                out, cls_attn = _launch_triton(qkv, cu_seqlens, num_heads, scale, return_cls_attn, bias=bias, **pos)
     else:
-        out, cls_attn = ragged_attention_cpu(qkv.contiguous(), cu_seqlens, num_heads, scale, return_cls_attn, bias=bias)
+        out, cls_attn = ragged_attention_cpu(
+            qkv.contiguous(), cu_seqlens, num_heads, scale, return_cls_attn, bias=bias, **pos
+        )
     return (out, cls_attn) if return_cls_attn else out

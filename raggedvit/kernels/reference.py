@@ -3,6 +3,12 @@
 The reference defines the semantics every implementation must match (Triton
 kernel, ORT CPU kernel, ORT CUDA kernel). It loops over sequences, so it is
 exact and simple rather than fast; it runs in any dtype, float64 included.
+
+Relative position bias (DESIGN.md section 1): each packed row carries its ORIGINAL token index t within its
+image (`token_pos`); with p prefix tokens and a grid_h x grid_w patch grid, a row is a patch row iff
+p <= t < p + grid_h*grid_w, at (y, x) = divmod(t - p, grid_w); every other row (prefix, an evit fused token
+with t = -1, any out-of-range t) is a class row. `relative_position_index` gives BEiT's index of a
+(query, key) pair into a per-head table of R = (2*grid_h-1)*(2*grid_w-1) + 3 entries.
 """
 
 from __future__ import annotations
@@ -11,7 +17,40 @@ import math
 
 import torch
 
-__all__ = ["ragged_attention_reference"]
+__all__ = ["pos_table_size", "ragged_attention_reference", "relative_position_index"]
+
+
+def pos_table_size(grid: tuple[int, int]) -> int:
+    """R = (2*grid_h-1)*(2*grid_w-1) + 3: the relative offsets, then class->patch, patch->class, class->class."""
+    gh, gw = grid
+    return (2 * gh - 1) * (2 * gw - 1) + 3
+
+
+def relative_position_index(
+    token_pos_q: torch.Tensor, token_pos_k: torch.Tensor, grid: tuple[int, int], num_prefix: int
+) -> torch.Tensor:
+    """[..., Lq] x [..., Lk] original token indices (any integer values) -> [..., Lq, Lk] int64 indices in [0, R).
+
+    patch q, patch k: (yq - yk + gh - 1) * (2*gw - 1) + (xq - xk + gw - 1) (timm's gen_relative_position_index,
+    query minus key); class q, patch k: R-3; patch q, class k: R-2; class q, class k: R-1.
+    """
+    gh, gw = grid
+    R = pos_table_size(grid)
+
+    def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = t.to(torch.int64)
+        patch = (t >= num_prefix) & (t < num_prefix + gh * gw)
+        rel = torch.where(patch, t - num_prefix, 0)
+        return patch, rel // gw, rel % gw
+
+    pq, yq, xq = split(token_pos_q)
+    pk, yk, xk = split(token_pos_k)
+    both = (yq[..., :, None] - yk[..., None, :] + gh - 1) * (2 * gw - 1) + (
+        xq[..., :, None] - xk[..., None, :] + gw - 1
+    )
+    pq, pk = pq[..., :, None], pk[..., None, :]
+    cls_q = torch.where(pk, R - 3, R - 1)
+    return torch.where(pq, torch.where(pk, both, R - 2), cls_q)
 
 
 def ragged_attention_reference(
@@ -22,6 +61,10 @@ def ragged_attention_reference(
     scale: float | None = None,
     return_cls_attn: bool = False,
     compute_dtype: torch.dtype | None = None,
+    pos_table: torch.Tensor | None = None,
+    token_pos: torch.Tensor | None = None,
+    grid: tuple[int, int] | None = None,
+    num_prefix: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention within each packed sequence.
 
@@ -33,6 +76,11 @@ def ragged_attention_reference(
         return_cls_attn: also return cls_attn.
         compute_dtype: dtype of the arithmetic (default: float32 for half
             inputs, else the input dtype; pass torch.float64 for a gold reference).
+        pos_table: optional [H, R] relative position bias table, R = pos_table_size(grid); logits are
+            scale * q.k + pos_table[h, relative_position_index(token_pos[q], token_pos[k])].
+        token_pos: [T] each row's original token index (needed with pos_table).
+        grid: (grid_h, grid_w) patch grid (needed with pos_table).
+        num_prefix: prefix tokens p (before the patches in token index order).
 
     Returns:
         out [T, H*D] in qkv.dtype, and if requested cls_attn [T] float32: for
@@ -46,6 +94,8 @@ def ragged_attention_reference(
         scale = 1.0 / math.sqrt(D)
     if compute_dtype is None:
         compute_dtype = torch.float32 if qkv.dtype in (torch.float16, torch.bfloat16) else qkv.dtype
+    if pos_table is not None and (token_pos is None or grid is None):
+        raise ValueError("pos_table needs token_pos and grid")
     x = qkv.to(compute_dtype).reshape(T, 3, H, D)
     out = torch.empty(T, H * D, dtype=compute_dtype, device=qkv.device)
     cls = torch.zeros(T, dtype=compute_dtype, device=qkv.device)
@@ -55,6 +105,10 @@ def ragged_attention_reference(
             continue
         q, k, v = x[start:end].unbind(1)  # each [L, H, D]
         s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if pos_table is not None:
+            tp = token_pos[start:end]
+            idx = relative_position_index(tp, tp, grid, num_prefix)  # [L, L]
+            s = s + pos_table.to(compute_dtype)[:, idx]  # [H, L, L]
         p = torch.softmax(s, dim=-1)  # [H, L, L]
         out[start:end] = torch.einsum("hqk,khd->qhd", p, v).reshape(end - start, H * D)
         cls[start:end] = p[:, 0, :].mean(0)

@@ -75,8 +75,10 @@ def run(harness: Path, tmp_path: Path, scenarios: list[str], *, fake: bool = Tru
     return proc.stdout.splitlines(), (log.read_text().splitlines() if log.exists() else [])
 
 
-def scenario(*, dtype=1, index=0, T=100, B=3, H=12, D=64, cls=1, stream=0, device=0, misalign=0, scale=0.125):
-    return f"{dtype} {index} {T} {B} {H} {D} {cls} {stream} {device} {misalign} {scale}"
+def scenario(*, dtype=1, index=0, T=100, B=3, H=12, D=64, cls=1, stream=0, device=0, misalign=0, scale=0.125, pos=None):
+    """pos: (flag, grid_h, grid_w, num_prefix), flag 1 = pos_table and token_pos, 2 = token_pos misaligned."""
+    line = f"{dtype} {index} {T} {B} {H} {D} {cls} {stream} {device} {misalign} {scale}"
+    return line if pos is None else line + " " + " ".join(map(str, pos))
 
 
 def launches(log: list[str]) -> list[dict[str, str]]:
@@ -95,12 +97,26 @@ def test_launch_parameters_match_the_kernel_signatures(harness, tmp_path):
     bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
     assert fwd["name"] == "_ragged_attn_fwd" and fwd["image"].endswith("/sm90/min0")
     assert fwd["grid"] == "4,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"  # cdiv(100, 32), H
-    # QKV, Bias (no bias: QKV's pointer, never read), CU, Out, Lse, T, B, H, D, scale_bits, store_lse, has_bias,
+    # QKV, Bias (no bias: QKV's pointer, never read), CU, Out, Lse, PosTable, TokPos (no pos: QKV's and CU's
+    # pointers, never read), T, B, H, D, scale_bits, store_lse, has_bias, grid_h, grid_w, num_prefix,
     # global_scratch, profile_scratch
-    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,100,3,12,64,{bits},1,0,0,0"
+    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,a00000,b00000,100,3,12,64,{bits},1,0,0,0,0,0,0"
     assert cls["name"] == "_ragged_cls_attn" and cls["grid"] == "1,1,1"  # cdiv(100, 128)
-    # QKV, Bias, CU, Lse, ClsAttn, T, B, H, D, scale_bits, has_bias, global_scratch, profile_scratch
-    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,100,3,12,64,{bits},0,0,0"
+    # QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, T, B, H, D, scale_bits, has_bias, grid_h, grid_w, num_prefix,
+    # global_scratch, profile_scratch
+    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,a00000,b00000,100,3,12,64,{bits},0,0,0,0,0,0"
+    assert "/posfalse/" in fwd["image"] and "/posfalse/" in cls["image"]
+
+
+def test_relative_position_images_and_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [scenario(pos=(1, 14, 14, 1)), scenario(pos=(1, 3, 5, 0), cls=0)])
+    assert res == ["OK", "OK"]
+    fwd, cls, fwd2 = launches(log)
+    assert fwd["image"] == "kForward/kFloat16/kInt32/d64/postrue/sm90/min0" and "/postrue/" in cls["image"]
+    bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
+    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,f00000,f80000,100,3,12,64,{bits},1,0,14,14,1,0,0"
+    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,f00000,f80000,100,3,12,64,{bits},0,14,14,1,0,0"
+    assert fwd2["args"].endswith(",0,0,3,5,0,0,0") and "/postrue/" in fwd2["image"]
     assert fwd["stream"] == cls["stream"] == "5000" and fwd["ctx"] == "0"
 
 
@@ -108,12 +124,10 @@ def test_config_follows_T_and_large_shared_memory_is_opted_in_once(harness, tmp_
     res, log = run(harness, tmp_path, [scenario(T=2047, cls=0), scenario(T=2048, cls=0), scenario(T=9000, cls=0)])
     assert res == ["OK"] * 3
     images = [x["image"] for x in launches(log)]
-    assert images == [
-        i.replace("X", m) for i, m in zip(["kForward/kFloat16/kInt32/d64/sm90/minX"] * 3, ["0", "2048", "2048"])
-    ]
+    assert images == [f"kForward/kFloat16/kInt32/d64/posfalse/sm90/min{m}" for m in ("0", "2048", "2048")]
     assert launches(log)[1]["grid"] == "32,12,1"  # cdiv(2048, 64)
     assert [x for x in log if x.startswith("setattr")] == [
-        "setattr kForward/kFloat16/kInt32/d64/sm90/min2048 attr=8 value=60000"
+        "setattr kForward/kFloat16/kInt32/d64/posfalse/sm90/min2048 attr=8 value=60000"
     ]
     assert len([x for x in log if x.startswith("load")]) == 2  # one module per image and context
 
@@ -160,7 +174,16 @@ def test_empty_grid_launches_nothing(harness, tmp_path):
         ({"D": 256}, {}, "ERR head dim D = 256 is not supported"),
         ({"misalign": 8}, {}, "ERR device buffer 'qkv' is not 16-byte aligned"),
         ({"T": 3_000_000, "H": 12, "D": 64}, {}, "exceed the int32 indexing"),
-        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 10 parameters, launcher passes 14"),
+        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 14 parameters, launcher passes 19"),
+        (
+            {"pos": (1, 14, 14, 1)},
+            {"FAKE_CUDA_ARCH": "80"},
+            "ERR no cubin for sm_80 fp16/int32 BLOCK_D=64 with relative",
+        ),
+        ({"pos": (2, 14, 14, 1)}, {}, "ERR device buffer 'token_pos' is not 16-byte aligned"),
+        ({"pos": (1, 0, 14, 1)}, {}, "ERR relative position grid 0x14"),
+        ({"pos": (1, 2**31, 2, 0)}, {}, "must be in the kernel's int32 range"),
+        ({"pos": (1, 20000, 20000, 1)}, {}, "must be in the kernel's int32 range"),  # H * R = 12 * 1.6e9
         (
             {},
             {"FAKE_CUDA_LAUNCH_ERR": "700"},

@@ -40,6 +40,13 @@ def test_cases_cover_the_crafted_inputs():
     kinds = ("valid", "num_heads", "scale", "max_seqlen", "qkv type", "qkv rank", "qkv width", "bias")
     assert all(reasons[k] > 50 for k in (*kinds, "cu_seqlens values", "cu_seqlens shape", "cu_seqlens type")), reasons
     assert len(BAD_CU) == 10 and any(c.bias_elem for c in cases) and any(c.declared for c in cases)
+    # relative position bias: refusals of each kind, and valid calls with out-of-range token_pos values
+    assert all(reasons[k] > 50 for k in ("pos attributes", "pos_table", "token_pos")), reasons
+    valid_pos = [c for c in cases if c.pos_table_elem and expected_error(c) is None]
+    assert len(valid_pos) > 300 and sum(c.token_pos_odd > 0 for c in valid_pos) > 100
+    assert {0, 1, 2} <= {c.num_prefix for c in valid_pos} and {"int32", "int64"} <= {
+        c.token_pos_elem for c in valid_pos
+    }
     assert draw_case(SEED, 123) == draw_case(SEED, 123)  # a reported call replays alone
 
 

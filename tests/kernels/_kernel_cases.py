@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from raggedvit.kernels.reference import ragged_attention_reference
+from raggedvit.kernels.reference import pos_table_size, ragged_attention_reference
 from raggedvit.testing import assert_close
 
 LENGTHS = (1, 2, 63, 64, 65, 197, 577)
@@ -52,12 +52,47 @@ def poisoned_outputs(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, t
 
 
 def reference(
-    qkv: torch.Tensor, cu: torch.Tensor, num_heads: int, scale: float | None = None
+    qkv: torch.Tensor, cu: torch.Tensor, num_heads: int, scale: float | None = None, **pos
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 reference (out [T, H*D], cls_attn [T]) computed on qkv's device."""
+    """float64 reference (out [T, H*D], cls_attn [T]) computed on qkv's device (pos: relative position kwargs)."""
     return ragged_attention_reference(
-        qkv, cu, num_heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64
+        qkv, cu, num_heads, scale=scale, return_cls_attn=True, compute_dtype=torch.float64, **pos
     )
+
+
+def relpos_inputs(
+    lengths: list[int],
+    num_heads: int,
+    grid: tuple[int, int],
+    num_prefix: int,
+    gen: torch.Generator,
+    *,
+    cu_dtype: torch.dtype = torch.int32,
+    odd_rows: int = 0,
+    device: str = "cpu",
+) -> dict:
+    """Relative position kwargs for packed sequences of `lengths`: pos_table [H, R] fp32 (scale ~2, so the bias
+    matters), token_pos [T] (each sequence: its prefix tokens, then distinct patch indices in random order, as
+    after pruning; sequences longer than p + grid area repeat patches), grid, num_prefix. `odd_rows` rows get
+    values that are class rows by the contract: -1 (a fused token), a prefix index, p + area, huge ones."""
+    area = grid[0] * grid[1]
+    table = torch.randn(num_heads, pos_table_size(grid), generator=gen) * 2
+    rows = []
+    for n in lengths:
+        patches = torch.randperm(area, generator=gen).repeat(n // max(area, 1) + 1)[: max(n - num_prefix, 0)]
+        rows.append(torch.cat([torch.arange(min(n, num_prefix)), patches + num_prefix]))
+    token_pos = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
+    info = torch.iinfo(cu_dtype)
+    odd = [-1, num_prefix + area, info.max, info.min, -(2**20), 2**20, 0]
+    for i in range(min(odd_rows, token_pos.numel())):
+        j = int(torch.randint(0, token_pos.numel(), (1,), generator=gen))
+        token_pos[j] = odd[i % len(odd)]
+    return {
+        "pos_table": table.to(device),
+        "token_pos": token_pos.to(cu_dtype).to(device),
+        "grid": grid,
+        "num_prefix": num_prefix,
+    }
 
 
 def check_against_reference(
@@ -70,9 +105,11 @@ def check_against_reference(
     scale: float | None = None,
     name: str = "",
     ref: tuple[torch.Tensor, torch.Tensor] | None = None,
+    pos: dict | None = None,
 ) -> None:
-    """out (and cls_attn) vs the float64 reference (`ref` if precomputed); cls_attn sums to 1 per sequence."""
-    ref_out, ref_cls = reference(qkv, cu, num_heads, scale) if ref is None else ref
+    """out (and cls_attn) vs the float64 reference (`ref` if precomputed; `pos`: relative position kwargs);
+    cls_attn sums to 1 per sequence."""
+    ref_out, ref_cls = reference(qkv, cu, num_heads, scale, **(pos or {})) if ref is None else ref
     assert out.dtype == qkv.dtype
     assert_close(out.cpu(), ref_out.to(qkv.dtype), name=f"{name} out")
     if cls_attn is None:

@@ -37,6 +37,9 @@ struct Job {
   const T* bias;  // [3*H*D] or nullptr
   T* out;
   float* cls;  // nullptr when the output is absent
+  const float* pos = nullptr;  // pos_table [H, pos_size] or nullptr
+  int64_t pos_size = 0;
+  std::vector<RelCode> codes;  // [T] with pos: each row's relative position code (from token_pos)
   Dims d;
   float scale;
   std::vector<Task> tasks;
@@ -89,6 +92,15 @@ void RunTask(const Job<T>& job, const Task& task) {
     std::fill(s.begin(), s.end(), 0.0f);
     for (int64_t e = 0; e < D; ++e) {
       for (int64_t r = 0; r < R; ++r) Axpy(s.data() + r * L, q[r * D + e], kt.data() + e * L, L);
+    }
+    if (job.pos != nullptr) {  // relative position bias, added to the scaled logits before the softmax
+      const float* table = job.pos + h * job.pos_size;
+      const RelCode* keys = job.codes.data() + task.seq_begin;
+      for (int64_t r = 0; r < R; ++r) {
+        const RelCode& query = job.codes[static_cast<size_t>(task.row_begin + r)];
+        float* p = s.data() + r * L;
+        for (int64_t j = 0; j < L; ++j) p[j] += table[RelColumn(query, keys[j], job.pos_size)];
+      }
     }
     for (int64_t r = 0; r < R; ++r) {  // softmax rows in fp32
       float* p = s.data() + r * L;
@@ -171,8 +183,9 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
   Job<T> job;
   job.qkv = qkv.GetTensorData<T>();
   job.bias = nullptr;
-  if (ctx.GetInputCount() > 2) {
-    Ort::ConstValue bias = ctx.GetInput(2);
+  const size_t n_inputs = ctx.GetInputCount();
+  if (n_inputs > kBiasInput) {
+    Ort::ConstValue bias = ctx.GetInput(kBiasInput);
     if (bias) {
       auto info = bias.GetTensorTypeAndShapeInfo();
       err = CheckBias(info.GetShape(), info.GetElementType(), qkv_shape,
@@ -180,6 +193,16 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
       if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
       job.bias = bias.GetTensorData<T>();
     }
+  }
+  const void* table = nullptr;
+  const void* tokens = nullptr;
+  err = ReadPosInputs(ctx, attrs, qkv_shape, cu_value.GetTensorTypeAndShapeInfo().GetElementType(), &table, &tokens);
+  if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+  if (table != nullptr) {
+    job.pos = static_cast<const float*>(table);
+    job.pos_size = attrs.pos_size;
+    job.codes.resize(static_cast<size_t>(d.T));
+    for (int64_t t = 0; t < d.T; ++t) job.codes[static_cast<size_t>(t)] = MakeRelCode(static_cast<const I*>(tokens)[t], attrs);
   }
   job.d = d;
   job.scale = attrs.has_scale ? attrs.scale : 1.0f / std::sqrt(static_cast<float>(d.D));

@@ -116,6 +116,7 @@ long PickImage(KernelKind kind, const AttentionLaunch& a, int block_d, int arch)
   for (size_t i = 0; i < kNumKernelImages; ++i) {
     const KernelImage& im = kKernelImages[i];
     if (im.kind != kind || im.dtype != a.dtype || im.index_type != a.index_type || im.block_d != block_d) continue;
+    if (im.has_pos != (a.pos_table != nullptr)) continue;
     if (im.arch / 10 != arch / 10 || im.arch > arch || im.min_tokens > a.T) continue;
     if (best < 0) {
       best = static_cast<long>(i);
@@ -241,9 +242,26 @@ std::string CheckSupported(const AttentionLaunch& a) {
            " elements (B = " + std::to_string(a.B) + ") exceed the int32 indexing of the kernel";
   }
   if (a.H > 65535) return "num_heads = " + std::to_string(a.H) + " exceeds the CUDA grid limit 65535";
-  const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn, a.bias};
-  const char* names[] = {"qkv", "cu_seqlens", "out", "lse scratch", "cls_attn", "bias"};
-  for (int i = 0; i < 6; ++i) {
+  if ((a.pos_table == nullptr) != (a.token_pos == nullptr)) return "pos_table and token_pos go together";
+  if (a.pos_table != nullptr) {
+    // the kernel computes h*R + column and num_prefix + grid_h*grid_w in int32; every step checked in 64-bit
+    int64_t h2 = 0, w2 = 0, r = 0, table = 0, area = 0, end = 0;
+    const bool ok = a.grid_h >= 1 && a.grid_w >= 1 && a.num_prefix >= 0 &&
+                    __builtin_mul_overflow(a.grid_h, int64_t{2}, &h2) == 0 &&
+                    __builtin_mul_overflow(a.grid_w, int64_t{2}, &w2) == 0 &&
+                    __builtin_mul_overflow(h2 - 1, w2 - 1, &r) == 0 && __builtin_add_overflow(r, int64_t{3}, &r) == 0 &&
+                    __builtin_mul_overflow(r, a.H, &table) == 0 &&
+                    __builtin_mul_overflow(a.grid_h, a.grid_w, &area) == 0 &&
+                    __builtin_add_overflow(area, a.num_prefix, &end) == 0;
+    if (!ok || table >= (int64_t{1} << 31) || end >= (int64_t{1} << 31)) {
+      return "relative position grid " + std::to_string(a.grid_h) + "x" + std::to_string(a.grid_w) +
+             " (num_prefix = " + std::to_string(a.num_prefix) + ", H = " + std::to_string(a.H) +
+             "): H*((2*grid_h-1)*(2*grid_w-1)+3) and num_prefix + grid_h*grid_w must be in the kernel's int32 range";
+    }
+  }
+  const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn, a.bias, a.pos_table, a.token_pos};
+  const char* names[] = {"qkv", "cu_seqlens", "out", "lse scratch", "cls_attn", "bias", "pos_table", "token_pos"};
+  for (int i = 0; i < 8; ++i) {
     if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) {
       return std::string("device buffer '") + names[i] + "' is not 16-byte aligned";
     }
@@ -289,6 +307,7 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
     if (fwd_index < 0 || cls_index < 0) {
       return std::string("no cubin for sm_") + std::to_string(st.arch) + " " + DTypeName(a.dtype) +
              (a.index_type == IndexType::kInt32 ? "/int32" : "/int64") + " BLOCK_D=" + std::to_string(block_d) +
+             (a.pos_table != nullptr ? " with relative position bias" : "") +
              " in this library (it holds " + AvailableArchs() + "; rebuild with build.py --archs)";
     }
     err = GetFunction(st, static_cast<size_t>(fwd_index), &fwd);
@@ -302,6 +321,11 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   int32_t has_bias = a.bias != nullptr ? 1 : 0;
   CUdeviceptr out = reinterpret_cast<CUdeviceptr>(a.out), lse = reinterpret_cast<CUdeviceptr>(a.lse);
   CUdeviceptr cls_attn = reinterpret_cast<CUdeviceptr>(a.cls_attn), scratch = 0, profile_scratch = 0;
+  // no relative position bias: qkv's and cu's pointers stand in (never read, HAS_POS = false in that cubin)
+  CUdeviceptr pos_table = reinterpret_cast<CUdeviceptr>(a.pos_table != nullptr ? a.pos_table : a.qkv);
+  CUdeviceptr token_pos = reinterpret_cast<CUdeviceptr>(a.token_pos != nullptr ? a.token_pos : a.cu);
+  int32_t grid_h = static_cast<int32_t>(a.grid_h), grid_w = static_cast<int32_t>(a.grid_w);
+  int32_t num_prefix = static_cast<int32_t>(a.num_prefix);
   int32_t T = static_cast<int32_t>(a.T), B = static_cast<int32_t>(a.B);
   int32_t H = static_cast<int32_t>(a.H), D = static_cast<int32_t>(a.D);
   int32_t scale_bits = 0, store_lse = a.cls_attn != nullptr ? 1 : 0;
@@ -309,8 +333,9 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   CUstream stream = static_cast<CUstream>(a.stream);
 
   const KernelImage& f = kKernelImages[fwd_index];
-  void* fwd_args[] = {&qkv,       &bias,      &cu,       &out,    &lse,    &T, &B, &H, &D, &scale_bits,
-                      &store_lse, &has_bias, &scratch, &profile_scratch};
+  void* fwd_args[] = {&qkv,        &bias,     &cu,     &out,    &lse,    &pos_table,  &token_pos,
+                      &T,          &B,        &H,      &D,      &scale_bits, &store_lse, &has_bias,
+                      &grid_h,     &grid_w,   &num_prefix, &scratch, &profile_scratch};
   constexpr int kFwdParams = static_cast<int>(sizeof(fwd_args) / sizeof(void*));
   if (f.num_params != kFwdParams) {
     return std::string(f.function_name) + ": cubin expects " + std::to_string(f.num_params) +
@@ -323,8 +348,9 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
 
   if (a.cls_attn != nullptr) {
     const KernelImage& c = kKernelImages[cls_index];
-    void* cls_args[] = {&qkv, &bias, &cu,       &lse,     &cls_attn, &T, &B, &H, &D, &scale_bits,
-                        &has_bias, &scratch, &profile_scratch};
+    void* cls_args[] = {&qkv,    &bias,   &cu,         &lse,    &cls_attn, &pos_table, &token_pos,
+                        &T,      &B,      &H,          &D,      &scale_bits, &has_bias, &grid_h,
+                        &grid_w, &num_prefix, &scratch, &profile_scratch};
     constexpr int kClsParams = static_cast<int>(sizeof(cls_args) / sizeof(void*));
     if (c.num_params != kClsParams) {
       return std::string(c.function_name) + ": cubin expects " + std::to_string(c.num_params) +

@@ -56,6 +56,17 @@ OrtStatusPtr RaggedAttentionCudaKernel::ComputeV2(OrtKernelContext* context) {
                         std::string("input 'cu_seqlens' must be int32 or int64, got ") + ElementTypeName(cu_type));
     }
     a.index_type = cu_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 ? cuda::IndexType::kInt32 : cuda::IndexType::kInt64;
+    const void* table = nullptr;
+    const void* tokens = nullptr;
+    err = ReadPosInputs(ctx, attrs_, qkv_shape, cu_type, &table, &tokens);
+    if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+    a.pos_table = table;
+    a.token_pos = tokens;
+    if (table != nullptr) {
+      a.grid_h = attrs_.grid_h;
+      a.grid_w = attrs_.grid_w;
+      a.num_prefix = attrs_.num_prefix;
+    }
     a.T = d.T;
     a.B = d.B;
     a.H = d.H;
@@ -75,8 +86,8 @@ OrtStatusPtr RaggedAttentionCudaKernel::ComputeV2(OrtKernelContext* context) {
     if (d.T == 0) return nullptr;  // empty grid: outputs are empty, nothing to launch
 
     a.qkv = qkv.GetTensorRawData();
-    if (ctx.GetInputCount() > 2) {
-      Ort::ConstValue bias = ctx.GetInput(2);
+    if (ctx.GetInputCount() > kBiasInput) {
+      Ort::ConstValue bias = ctx.GetInput(kBiasInput);
       if (bias) {
         auto bias_info = bias.GetTensorTypeAndShapeInfo();
         err = CheckBias(bias_info.GetShape(), bias_info.GetElementType(), qkv_shape, qkv_info.GetElementType());

@@ -123,15 +123,16 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   if (stream && current() != ctx_of_device((int)((uintptr_t)stream & 0xf))) return 201;
   if (!current() || extra) return 201;
   int fwd = strcmp(fn->name, "_ragged_attn_fwd") == 0;
-  /* 5 pointers (QKV, Bias, CU, and Out/Lse or Lse/ClsAttn), then int32s, then Triton's 2 scratch pointers */
-  int n_int = fwd ? 7 : 6;
+  /* 7 pointers (QKV, Bias, CU, Out/Lse or Lse/ClsAttn, PosTable, TokPos), then int32s, then Triton's 2 scratch
+     pointers */
+  int n_ptr = 7, n_int = fwd ? 10 : 9;
   char args[512];
-  int pos = snprintf(args, sizeof args, "%llx,%llx,%llx,%llx,%llx", *(unsigned long long*)params[0],
-                     *(unsigned long long*)params[1], *(unsigned long long*)params[2],
-                     *(unsigned long long*)params[3], *(unsigned long long*)params[4]);
-  for (int i = 0; i < n_int; ++i) pos += snprintf(args + pos, sizeof args - pos, ",%d", *(int32_t*)params[5 + i]);
-  pos += snprintf(args + pos, sizeof args - pos, ",%llx,%llx", *(unsigned long long*)params[5 + n_int],
-                  *(unsigned long long*)params[6 + n_int]);
+  int pos = 0;
+  for (int i = 0; i < n_ptr; ++i)
+    pos += snprintf(args + pos, sizeof args - pos, "%s%llx", i ? "," : "", *(unsigned long long*)params[i]);
+  for (int i = 0; i < n_int; ++i) pos += snprintf(args + pos, sizeof args - pos, ",%d", *(int32_t*)params[n_ptr + i]);
+  pos += snprintf(args + pos, sizeof args - pos, ",%llx,%llx", *(unsigned long long*)params[n_ptr + n_int],
+                  *(unsigned long long*)params[n_ptr + 1 + n_int]);
   log_line("launch %s %s grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%llx ctx=%d args=%s", fn->name, fn->tag, gx, gy,
            gz, bx, by, bz, smem, (unsigned long long)(uintptr_t)stream, device_of_ctx(current()), args);
   return 0;

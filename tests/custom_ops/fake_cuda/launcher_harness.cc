@@ -1,6 +1,7 @@
 // Drives cuda/launcher.cc against fake_libcuda.c with a small hand-written kernel table.
 // stdin: one scenario per line: dtype(0 fp32,1 fp16,2 bf16) index(0 i32,1 i64) T B H D cls stream_dev
-//        device_ordinal misalign scale        (stream_dev -1 = null stream)
+//        device_ordinal misalign scale [pos grid_h grid_w num_prefix]   (stream_dev -1 = null stream; pos 1:
+//        pos_table 0xf00000 and token_pos 0xf80000)
 // stdout: "OK" or "ERR <message>" per line.
 #include <cstdint>
 #include <iostream>
@@ -11,25 +12,30 @@
 
 namespace raggedvit::cuda {
 namespace {
-#define IMG(kind, dt, it, bd, arch, min_t, name, shared, bm, bn, np)                                               \
-  {KernelKind::kind, DType::dt, IndexType::it, bd, arch, min_t, name,                                               \
-   reinterpret_cast<const unsigned char*>(#kind "/" #dt "/" #it "/d" #bd "/sm" #arch "/min" #min_t), 8, shared, 4, \
-   bm, bn, np}
+#define IMGP(kind, dt, it, bd, pos, arch, min_t, name, shared, bm, bn, np)                                       \
+  {KernelKind::kind, DType::dt, IndexType::it, bd, pos, arch, min_t, name,                                          \
+   reinterpret_cast<const unsigned char*>(#kind "/" #dt "/" #it "/d" #bd "/pos" #pos "/sm" #arch "/min" #min_t), 8, \
+   shared, 4, bm, bn, np}
+#define IMG(kind, dt, it, bd, arch, min_t, name, shared, bm, bn, np) \
+  IMGP(kind, dt, it, bd, false, arch, min_t, name, shared, bm, bn, np)
 }  // namespace
 
 const KernelImage kKernelImages[] = {
-    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 14),
-    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 14),
-    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 14),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 14),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 14),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
-    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 14),
-    IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 13),
-    IMG(kForward, kBFloat16, kInt32, 32, 90, 0, "_ragged_attn_fwd", 8192, 64, 64, 10),  // wrong param count
-    IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 13),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 19),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 19),
+    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 19),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 19),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 19),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
+    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 19),
+    IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 18),
+    IMG(kForward, kBFloat16, kInt32, 32, 90, 0, "_ragged_attn_fwd", 8192, 64, 64, 14),  // wrong param count
+    IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
+    // relative position bias variants (fp16/int32/d64 on sm_90 only)
+    IMGP(kForward, kFloat16, kInt32, 64, true, 90, 0, "_ragged_attn_fwd", 20480, 32, 64, 19),
+    IMGP(kClsAttn, kFloat16, kInt32, 64, true, 90, 0, "_ragged_cls_attn", 2048, 0, 128, 18),
 };
 const size_t kNumKernelImages = sizeof(kKernelImages) / sizeof(kKernelImages[0]);
 const char* const kBuildInfoJson = "{}";
@@ -54,6 +60,11 @@ int main() {
       a.cls_attn = reinterpret_cast<void*>(uintptr_t{0xe00000});
     }
     a.stream = stream_dev < 0 ? nullptr : reinterpret_cast<void*>(uintptr_t{0x5000} + stream_dev);
+    int pos = 0;
+    if (in >> pos >> a.grid_h >> a.grid_w >> a.num_prefix && pos) {
+      a.pos_table = reinterpret_cast<const void*>(uintptr_t{0xf00000});
+      a.token_pos = reinterpret_cast<const void*>(uintptr_t{0xf80000} + (pos == 2 ? 4 : 0));  // 2: misaligned
+    }
     std::string err = LaunchRaggedAttention(a);
     std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
   }
