@@ -82,3 +82,22 @@ def test_unsupported_pool_is_refused():
         check_map_pool(pool)
     with pytest.raises(ValueError, match="only timm's AttentionPoolLatent"):
         check_map_pool(torch.nn.Identity())
+
+
+def test_pruned_siglip_equals_timm_on_the_kept_tokens(no_grad):
+    """SigLIP (MAP head) with a topk-l2 stage at block 1: timm's block 1, norm and MAP head run on each image's
+    kept tokens (taken from the token grid by token_index) give PrunedViT's output."""
+    from raggedvit._coverage_model import reduced_model
+    from raggedvit.pruning import PrunedViT, PruneSpec
+
+    vit, _ = reduced_model("vit_base_patch16_siglip_224", depth=2, img_size=64)
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    out = PrunedViT(vit, PruneSpec("topk-l2", (1,), keep=0.4))(images)
+    x = vit.blocks[0](vit.norm_pre(vit._pos_embed(vit.patch_embed(images))))
+    index, cu = out.token_index[0], out.cu_seqlens[0]
+    ref = []
+    for b in range(2):
+        kept = index[cu[b] : cu[b + 1]]
+        assert kept.tolist() != list(range(len(kept)))  # not a prefix of the grid: positions matter
+        ref.append(vit.forward_head(vit.norm(vit.blocks[1](x[b : b + 1, kept]))))
+    assert_close(out.logits, torch.cat(ref), rtol=1e-5, name="pooled features")
