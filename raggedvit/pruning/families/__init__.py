@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from raggedvit.pruning.families import vit
+from raggedvit.pruning.families import eva, vit
 
-__all__ = ["vit"]
+__all__ = ["eva", "vit"]
