@@ -9,7 +9,8 @@ from typing import Any
 
 import timm
 import torch
-from timm.layers import Attention
+from timm.layers import Attention, AttentionRope
+from timm.models.eva import EvaAttention
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 __all__ = [
@@ -99,15 +100,24 @@ def sharpen_qk_(model: torch.nn.Module, factor: float) -> None:
     Attention logits scale by factor**2, so seeded random weights give peaked attention and pruning
     decisions that are not near-ties."""
     for mod in model.modules():
-        if isinstance(mod, Attention):
+        fused = isinstance(mod, Attention) or (isinstance(mod, (EvaAttention, AttentionRope)) and mod.qkv is not None)
+        if fused:
             rows = 2 * mod.qkv.out_features // 3
             mod.qkv.weight[:rows].mul_(factor)
             if mod.qkv.bias is not None:
                 mod.qkv.bias[:rows].mul_(factor)
+            if getattr(mod, "q_bias", None) is not None:  # Eva: q_bias | k_bias (zeros) | v_bias
+                mod.q_bias.mul_(factor)
+        elif isinstance(mod, (EvaAttention, AttentionRope)):  # separate q / k / v projections
+            for lin in (mod.q_proj, mod.k_proj):
+                lin.weight.mul_(factor)
+                if lin.bias is not None:
+                    lin.bias.mul_(factor)
 
 
 def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
-    """Add scale * N(0, 1) to every bias, LayerNorm gain, token (cls / reg / dist / pos) and LayerScale gamma.
+    """Add scale * N(0, 1) to every bias (Eva's q_bias / v_bias too), LayerNorm gain, token (cls / reg / dist / pos)
+    and LayerScale gamma (Eva's gamma_1 / gamma_2 too).
 
     timm initialises Linear biases and LayerNorm shifts to 0 and gains to 1, so seeded weights alone cannot show
     an export that drops or misplaces one of them; real checkpoints have them all. In place; returns `model`."""
@@ -116,7 +126,7 @@ def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: floa
         for name, p in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             if (
-                leaf in ("bias", "gamma")
+                leaf in ("bias", "gamma", "q_bias", "v_bias", "gamma_1", "gamma_2")
                 or (leaf == "weight" and "norm" in name)
                 or "token" in name
                 or "pos_embed" in name

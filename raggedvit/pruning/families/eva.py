@@ -11,6 +11,9 @@ index (raggedvit.pruning.rope), never from its packed row; absolute position emb
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 import torch
 from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
 from timm.models.eva import Eva
@@ -30,12 +33,9 @@ ROPES = (RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed)
 
 def check_eva(model: Eva) -> None:
     """Raise ValueError (one line) unless PrunedViT can run the timm Eva `model`."""
-    if model.global_pool == "map" or getattr(model, "attn_pool", None) is not None:
-        raise ValueError(
-            "attention pooling (global_pool='map', Perception Encoder core) is not supported yet; "
-            "use global_pool 'token' or 'avg'"
-        )
-    if model.global_pool not in POOLS:
+    if model.global_pool == "map":
+        _map_head().check_map_pool(model.attn_pool)
+    elif model.global_pool not in POOLS:
         raise ValueError(f"global_pool {model.global_pool!r} is not supported; expected one of {', '.join(POOLS)}")
     rope = model.rope
     if rope is not None and not isinstance(rope, ROPES):
@@ -55,10 +55,21 @@ def check_eva(model: Eva) -> None:
             )
 
 
+def _map_head() -> ModuleType:
+    """raggedvit.pruning.map_head (the packed MAP pool), or ValueError where this build lacks it."""
+    try:
+        return importlib.import_module("raggedvit.pruning.map_head")
+    except ModuleNotFoundError:
+        raise ValueError(
+            "attention pooling (global_pool='map') needs raggedvit.pruning.map_head, which this build lacks; "
+            "use global_pool 'token' or 'avg'"
+        ) from None
+
+
 @register_backbone
 class EvaBackbone(Backbone):
     """timm Eva: embedding with rope table, Eva blocks on packed rows with rope by original token index, token /
-    avg / max / avgmax pooling.
+    avg / max / avgmax pooling, 'map' attention pooling where raggedvit.pruning.map_head is present.
 
     `embed` keeps the forward's rope table (from timm's own `_pos_embed`, for the images' grid) for the blocks of
     the same forward: [Np + 1, 2D], or [depth, H, Np + 1, 2D] for mixed rope (row 0 the identity)."""
@@ -111,12 +122,15 @@ class EvaBackbone(Backbone):
         )
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:
-        """Final norm, pooling per image (prefix rows excluded from avg / max, as timm), fc_norm, classifier ->
+        """Final norm, pooling per image (prefix rows excluded from avg / max, as timm; 'map' attention pooling
+        over every row), fc_norm, classifier ->
         logits [B, classes] (features [B, C] for headless models)."""
         m = self.model
         dtype = module_dtype(m.norm, module_dtype(m.fc_norm, module_dtype(m.head, torch.float32)))
         if m.global_pool == "token":  # the norm is per row: normalise only the rows the head reads
             feats = m.norm(state.x.index_select(0, state.cu[:-1]).to(dtype))
+        elif m.global_pool == "map":  # timm pools every row, prefix included
+            feats = _map_head().map_pool(m.attn_pool, m.norm(state.x.to(dtype)), state.cu, width)
         else:
             x = m.norm(state.x.to(dtype))
             n = state.cu[1:] - state.cu[:-1]
