@@ -28,6 +28,9 @@ REPRESENTATIVES = [
     ("vit_small_patch14_reg4_dinov2", {}),  # registers
     ("aimv2_large_patch14_224", {}),  # RmsNorm, SwiGLU, no class token
     ("vit_small_patch16_224", {"qk_norm": True}),
+    ("eva02_tiny_patch14_224", {}),  # Eva: axial rope, fused qkv with q/v bias, SwiGLU (GluMlp), avg pool
+    ("vit_small_patch16_rope_mixed_224", {}),  # Eva: per-block per-head mixed rope, AttentionRope, LayerScale
+    ("vit_small_patch16_dinov3", {}),  # Eva: DINOv3 rope (rotate-half), 4 registers, dynamic-size patch embedding
 ]
 
 

@@ -52,7 +52,12 @@ def test_policy_none_equals_timm(name: str, no_grad) -> None:
 
 @pytest.mark.parametrize(
     "name,policy",
-    [(n, p) for n in VARIANTS for p in ("topk-l2", "cls-mass") if p == "topk-l2" or VARIANTS[n].get("class_token", True)],
+    [
+        (n, p)
+        for n in VARIANTS
+        for p in ("topk-l2", "cls-mass")
+        if p == "topk-l2" or VARIANTS[n].get("class_token", True)
+    ],
 )
 def test_pruned_forward_keeps_original_positions(name: str, policy: str, no_grad) -> None:
     """Each image of a pruned packed batch equals timm's blocks on that image's kept tokens, with their rope
@@ -122,3 +127,10 @@ def test_attention_pool(no_grad) -> None:
         assert "\n" not in str(info.value)
     else:
         _assert_rel(PrunedViT(model, PruneSpec())(x).logits, model(x))
+
+
+def test_unsupported_rope_refused() -> None:
+    model = Eva(**{**BASE, "use_rot_pos_emb": True, "rope_type": "mrope"})  # no registered model uses MRoPE
+    with pytest.raises(ValueError, match="rope RotaryEmbeddingMRope is not supported; expected one of") as info:
+        PrunedViT(model, PruneSpec())
+    assert "\n" not in str(info.value)

@@ -45,7 +45,8 @@ def check_eva(model: Eva) -> None:
     p = int(model.num_prefix_tokens)
     for i, blk in enumerate(model.blocks):
         if type(blk) not in BLOCKS:
-            raise ValueError(f"block {i} is {type(blk).__name__}; expected one of {', '.join(b.__name__ for b in BLOCKS)}")
+            names = ", ".join(b.__name__ for b in BLOCKS)
+            raise ValueError(f"block {i} is {type(blk).__name__}; expected one of {names}")
         if type(blk.attn) not in ATTENTIONS:
             names = ", ".join(a.__name__ for a in ATTENTIONS)
             raise ValueError(f"block {i} attention is {type(blk.attn).__name__}; expected one of {names}")
