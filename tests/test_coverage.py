@@ -34,6 +34,9 @@ REPRESENTATIVES = [
     ("vit_relpos_small_patch16_224", {}),  # RelPosMlp, no class token
     ("vit_relpos_medium_patch16_rpn_224", {}),  # ResPostRelPosBlock
     ("vit_relpos_medium_patch16_cls_224", {}),  # RelPosMlp with a class token, token pool
+    ("eva02_tiny_patch14_224", {}),  # Eva: axial rope, fused qkv with q/v bias, SwiGLU (GluMlp), avg pool
+    ("vit_small_patch16_rope_mixed_224", {}),  # Eva: per-block per-head mixed rope, AttentionRope, LayerScale
+    ("vit_small_patch16_dinov3", {}),  # Eva: DINOv3 rope (rotate-half), 4 registers, dynamic-size patch embedding
 ]
 NO_CLASS_TOKEN = ("siglip", "aimv2", "cait", "vit_relpos_small", "_rpn_")  # evit ranks by the class token
 

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from raggedvit.pruning.families import beit, cait, relpos, vit
+from raggedvit.pruning.families import beit, cait, eva, relpos, vit
 
-__all__ = ["beit", "cait", "relpos", "vit"]
+__all__ = ["beit", "cait", "eva", "relpos", "vit"]
