@@ -37,18 +37,20 @@ def ragged_attention_cpu(
     """qkv [T, 3*H*D] contiguous, cu_seqlens [B+1] (host) (, bias [3*H*D] qkv's dtype: attention of qkv + bias)
     -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
 
-    Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] = T).
+    Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] <= T);
+    rows >= cu[B] are dead (the capacity layout, DESIGN.md section 4): out and cls_attn are zero there.
     """
     T, width = qkv.shape
     H = num_heads
     D = width // (3 * H)
     cu = cu_seqlens.to(torch.int64)
-    if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:16]}")
+    if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) > T or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must rise from 0 to at most T={T}, got {cu.tolist()[:16]}")
+    live = int(cu[-1])
     if bias is not None:
         qkv = qkv + bias
     compute = torch.float32 if qkv.dtype in (torch.float16, torch.bfloat16) else qkv.dtype
-    out = qkv.new_empty((T, H * D))
+    out = qkv.new_empty((T, H * D)) if live == T else qkv.new_zeros((T, H * D))
     cls_attn = torch.zeros(T if return_cls_attn else 0, dtype=torch.float32)
     starts = cu[:-1].tolist()
     lengths = (cu[1:] - cu[:-1]).tolist()

@@ -76,8 +76,10 @@ class PruneSpec:
 
     @property
     def static_shapes(self) -> bool:
-        """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): the traced graph
-        has static shapes at a given batch size (no NonZero) and runs as a CUDA graph."""
+        """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): PrunedViT runs
+        them as uniform stages, and its traced graph has static shapes at a given batch size (no NonZero) and
+        runs as a CUDA graph in either layout. Other policies need the capacity layout for that
+        (`raggedvit.policies.static_shapes(policy, fuse, capacity=True)`)."""
         return static_shapes(self.policy, self.fuse)
 
     @classmethod
