@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import onnx
@@ -51,6 +52,13 @@ def recipe_static_shapes(recipe: dict) -> bool:
     return static_shapes(recipe.get("prune", {}), bool(recipe.get("capacity", False)))
 
 
+def _shape_symbols(model: onnx.ModelProto) -> set[str]:
+    """The symbols in the graph's symbolic dimensions (e.g. "197*batch" -> batch; an unbacked "u0" from NonZero)."""
+    values = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    dims = (d.dim_param for vi in values for d in vi.type.tensor_type.shape.dim if d.dim_param)
+    return {name for dim in dims for name in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", dim)}
+
+
 def _elem_and_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[str | int]]:
     t = vi.type.tensor_type
     return t.elem_type, [d.dim_param or d.dim_value for d in t.shape.dim]
@@ -90,6 +98,10 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
             problems.append(f"pruning ops missing: {missing}")
     if static and ops[("", "NonZero")]:
         problems.append("NonZero in a static-shape pruning graph (it syncs with the host; CUDA graphs impossible)")
+    if static:
+        free = sorted(_shape_symbols(model) - {"batch"})
+        if free:
+            problems.append(f"static-shape pruning graph has dimensions not fixed by the batch: {free}")
     ins = {vi.name: _elem_and_dims(vi) for vi in model.graph.input}
     outs = {vi.name: _elem_and_dims(vi) for vi in model.graph.output}
     if list(ins) != ["images"] or ins["images"][0] != TensorProto.FLOAT or ins["images"][1][:1] != ["batch"]:

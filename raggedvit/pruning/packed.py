@@ -179,9 +179,7 @@ def capacity_prune_stage(
     order = torch.zeros_like(slot).scatter(0, dest, slot)[: B * bound]  # [B*bound] the slot each row copies
     src = rows.reshape(-1).index_select(0, order)
     pos = (torch.cumsum(keep.to(torch.int64), dim=1) - 1).clamp_min(0).reshape(-1).index_select(0, order)
-    new = PackedState(
-        x_src.index_select(0, src), cu_new, order // slots, pos, index_src.index_select(0, src)
-    )
+    new = PackedState(x_src.index_select(0, src), cu_new, order // slots, pos, index_src.index_select(0, src))
     return new, trace
 
 
