@@ -112,7 +112,7 @@ def packed_prune_stage(
     """One prune stage (DESIGN.md section 4) on packed rows, any per-image counts (data-dependent: nonzero).
 
     Args:
-        state: packed rows after the previous block (every row live: cu[B] = T).
+        state: packed rows after the previous block (rows past cu[B], if any, are never read).
         scores: [T] float32 score of each row (ignored for prefix rows).
         cls_attn: [T] float32 cls attention of the previous block (needed for evit fuse), else None.
         width: static Nmax >= every image's token count.
