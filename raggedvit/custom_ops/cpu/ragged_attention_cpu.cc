@@ -214,6 +214,17 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
     auto cls = ctx.GetOutput(1, {d.T});
     if (cls) job.cls = cls.GetTensorMutableData<float>();
   }
+  // rows [cu[B], T) are dead (the capacity layout, DESIGN.md section 4): no task writes them, so zero them here
+  const int64_t live = static_cast<int64_t>(cu[d.B]);
+  if (live < d.T) {
+    int64_t begin = 0, end = 0;  // element offsets of the dead rows in out [T, H*D]; T*H*D < T*W was checked
+    if (!CheckedMul(live, d.H * d.D, &begin) || !CheckedMul(d.T, d.H * d.D, &end)) {
+      return MakeStatus(ORT_INVALID_ARGUMENT, "out [T, H*D] overflows int64 (qkv shape " + ShapeString(qkv_shape) +
+                                                  ")");
+    }
+    std::fill(job.out + begin, job.out + end, FromFloat<T>(0.0f));
+    if (job.cls != nullptr) std::fill(job.cls + live, job.cls + d.T, 0.0f);
+  }
   err = MakeTasks(cu, d, &job.tasks);
   if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err + " (qkv shape " + ShapeString(qkv_shape) + ")");
   if (!job.tasks.empty()) ctx.ParallelFor(&RunTaskFn<T>, job.tasks.size(), 0, &job);
