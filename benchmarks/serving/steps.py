@@ -33,6 +33,12 @@ class _Messages(logging.Handler):
         self.messages.append(record.getMessage()[:300])
 
 
+def _graph_breaks() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
 def _dynamo_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
@@ -84,7 +90,7 @@ class CompiledModel:
         handler = _Messages()
         log = logging.getLogger(_CUDAGRAPH_LOGGER)
         log.addHandler(handler)
-        before = _dynamo_counts()
+        before, breaks = _dynamo_counts(), _graph_breaks()
         t0 = time.perf_counter()
         try:
             for _ in range(3):  # compile (or reuse), warm-up run, CUDA-graph record
@@ -97,6 +103,7 @@ class CompiledModel:
             "first_calls_s": round(time.perf_counter() - t0, 2),
             **{k: after[k] - before[k] for k in after},
             "cudagraph_skip_reasons": sorted(set(handler.messages)),
+            "graph_break_reasons": sorted(k[:300] for k, n in _graph_breaks().items() if n > breaks.get(k, 0)),
         }
         self.calls[int(images.shape[0])] = info
         return info
