@@ -186,6 +186,9 @@ class ModelRun:
                     steps[key] = torch_step(self.eager[key], xt)
                 elif key in self.compiled:
                     cm = self.compiled[key]
+                    if cm.error is not None:
+                        m["error"] = f"setup: torch.compile failed {cm.error} (not retried)"
+                        continue
                     m["compile"] = cm.first_call(xt, self.sync)
                     skips = sum(c["cudagraph_skips"] for c in cm.calls.values())
                     m["mode"] = "cuda_graph_trees" if skips == 0 else "inductor_no_cudagraphs"

@@ -81,6 +81,7 @@ class CompiledModel:
         self.model = model
         self.fn = torch.compile(model, mode="reduce-overhead", dynamic=dynamic)
         self.calls: dict[int, dict[str, Any]] = {}
+        self.error: str | None = None  # the first failure: later batches are not compiled again
 
     def __call__(self, images: torch.Tensor) -> Any:
         torch.compiler.cudagraph_mark_step_begin()
@@ -96,6 +97,9 @@ class CompiledModel:
             for _ in range(3):  # compile (or reuse), warm-up run, CUDA-graph record
                 self(images)
             sync()
+        except Exception as exc:
+            self.error = f"at batch {images.shape[0]}: {type(exc).__name__}: {exc}".replace("\n", " ")[:600]
+            raise
         finally:
             log.removeHandler(handler)
         after = _dynamo_counts()
