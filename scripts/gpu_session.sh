@@ -19,6 +19,7 @@
 #   graph     python3 -m benchmarks.check_cuda_graph (CUDA-graph replay of a static-shape export == per-node run)
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
 #   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
+#   serving   python3 -m benchmarks.serving: timm eager, torch.compile, ORT CUDA graphs vs raggedvit (SERVING_FLAGS)
 #   speed     python3 -m benchmarks.traced_vs_builder: traced exports vs the graph builder's (BUILDER_TGZ)
 #   wheel     the wheel in dist/ installed outside the tree: info, export, validate --device cuda, bench --cuda-graph
 #   mutants   the mutation suite on fp16 / fp16-all CUDA-EP exports (tests/validators/test_mutations.py -m gpu)
@@ -64,6 +65,9 @@ for stage in "$@"; do
     opbench) timeout 200 python3 -m benchmarks.ort_op --out "$RES" > "$RES/opbench.log" 2>&1; rc=$?; tail -25 "$RES/opbench.log";;
     graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 -m benchmarks.e2e --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
+    serving)  # issue 13: one run, both models; --time-budget (230 s) leaves the timeout room for the report
+      timeout ${SVT:-300} python3 -m benchmarks.serving --out "$RES" --work "$WORK/serving" ${SERVING_FLAGS:-} \
+        > "$RES/serving.log" 2>&1; rc=$?; tail -45 "$RES/serving.log";;
     validate)  # issue 5/6: fp16 CUDA-EP exports of deit_base pass `raggedvit validate --device cuda`
       rc=0; validate_exports deit_base "${VDTYPES:-fp16}" "$RES/validate.log" --seed 0 || rc=1
       grep -E "PASS|FAIL|max" "$RES/validate.log" | tail -8;;
