@@ -36,7 +36,7 @@ _T0 = time.time()  # the time budget counts from here, imports included
 
 from benchmarks.e2e.report import write_json  # noqa: E402
 from benchmarks.serving.config import ServingConfig  # noqa: E402
-from benchmarks.serving.names import BANDWIDTH_SOURCE, VARIANTS, table_bandwidth  # noqa: E402
+from benchmarks.serving.names import BANDWIDTH_SOURCE, VARIANTS, table_bandwidth, timm_name  # noqa: E402
 from benchmarks.serving.report import apply_floor, plot, ratios, table, targets  # noqa: E402
 
 __all__ = ["build_config", "main", "measure_copy_bandwidth"]
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python3 -m benchmarks.serving", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder (benchmarks/results)")
-    ap.add_argument("--models", help="comma-separated short names, <name>_patch16_224 in timm (deit_base,deit_small)")
+    ap.add_argument("--models", help="comma-separated short (<name>_patch16_224) or timm names (deit_base,deit_small)")
     ap.add_argument("--batches", help="comma-separated batch sizes (1,4,32,128)")
     ap.add_argument("--policies", nargs="+", help="policy strings (topk-l2:keep=0.5:at=4 cls-mass:mass=0.9:at=3,6,9)")
     ap.add_argument("--variants", help=f"comma-separated subset of {','.join(VARIANTS)}")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = {
         m: {
             p: ExportJob(
-                f"{m}_patch16_224",
+                timm_name(m),
                 p,
                 cfg.export_dtype,
                 str(work / f"{m}_{i}_{p.split(':')[0]}.onnx"),

@@ -42,13 +42,16 @@ def export_job(job: ExportJob) -> dict[str, Any]:
         spec = PruneSpec("none") if job.policy == "none" else parse_policy(job.policy)
         vit, info = load_vit(job.timm_name, seed=0, model_kwargs=dict(job.model_kwargs) or None)
         recipe = {"model": job.timm_name, "weights": info.to_dict(), "benchmark": "benchmarks.serving"}
-        export_onnx(vit, spec, job.path, dtype=job.dtype, recipe=recipe)
+        # adaptive policies export in the capacity layout (static row counts per stage): one CUDA graph per batch
+        capacity = not spec.static_shapes
+        export_onnx(vit, spec, job.path, dtype=job.dtype, recipe=recipe, capacity=capacity)
         nodes = len(onnx.load(job.path, load_external_data=False).graph.node)
         return {
             "path": job.path,
             "seconds": round(time.perf_counter() - t0, 1),
             "nodes": nodes,
-            "static_shapes": spec.static_shapes,
+            "static_shapes": True,  # static per batch size: static_shapes policies, or the capacity layout
+            "capacity": capacity,
         }
     except Exception as exc:  # noqa: BLE001 - the run records it and goes on
         traceback.print_exc()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "timm_name",
     "BANDWIDTH_SOURCE",
     "BARS",
     "BASELINE",
@@ -78,3 +79,8 @@ def table_bandwidth(gpu_name: str | None) -> float | None:
         return None
     hits = [k for k in HBM_BANDWIDTH if k in gpu_name]
     return HBM_BANDWIDTH[max(hits, key=len)] if hits else None
+
+
+def timm_name(model: str) -> str:
+    """A short name `deit_base` -> `deit_base_patch16_224`; a name with `_patch` in it is a timm name already."""
+    return model if "_patch" in model else f"{model}_patch16_224"

@@ -18,7 +18,7 @@ from benchmarks.e2e.profile import count_kernels
 from benchmarks.e2e.variants import Step, torch_step
 from benchmarks.serving.config import ServingConfig
 from benchmarks.serving.exports import ExportJob, Exports
-from benchmarks.serving.names import CUDA_ONLY, ORT, PRUNED, UNPRUNED
+from benchmarks.serving.names import CUDA_ONLY, ORT, PRUNED, UNPRUNED, timm_name
 from benchmarks.serving.steps import CompiledModel, OrtExport, compiled_step, reset_dynamo
 from raggedvit.images import sample_inputs, tile
 from raggedvit.pruning import PrunedViT
@@ -85,7 +85,7 @@ class ModelRun:
     ) -> None:
         self.cfg, self.model, self.jobs, self.exports = cfg, model, jobs, exports
         self.deadline, self.emit, self.info = deadline, emit, info
-        self.timm_name = f"{model}_patch16_224"
+        self.timm_name = timm_name(model)
         self.device = torch.device(cfg.device)
         self.dtype = _DTYPES[cfg.dtype]
         self.sync = device_sync(cfg.device)
@@ -137,7 +137,10 @@ class ModelRun:
         if self.cuda:
             reset_dynamo()  # fresh dynamo caches per model: no recompile limit shared with the previous one
             modules = {("timm_compile", "none"): vit_dev}
-            modules.update({("prunedvit_compile", p): PrunedViT(vit_dev, s).eval() for p, s in specs.items()})
+            # the capacity layout: static row counts per stage, so CUDA graph trees can record every policy
+            modules.update(
+                {("prunedvit_compile", p): PrunedViT(vit_dev, s, capacity=True).eval() for p, s in specs.items()}
+            )
             for key, module in modules.items():
                 if key[0] in cfg.variants:
                     self.compiled[key] = CompiledModel(module, dynamic=cfg.compile_dynamic)
