@@ -124,8 +124,8 @@ def sharpen_qk_(model: torch.nn.Module, factor: float) -> None:
 
 
 def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
-    """Add scale * N(0, 1) to every bias (BEiT's and Eva's q / v biases too), LayerNorm gain, token (cls / reg / dist / pos),
-    LayerScale gamma (BEiT's and Eva's gamma_1 / gamma_2) and relative position bias table.
+    """Add scale * N(0, 1) to every bias (BEiT's and Eva's q / v biases too), LayerNorm gain, token (cls / reg /
+    dist / pos), LayerScale gamma (BEiT's and Eva's gamma_1 / gamma_2) and relative position bias table.
 
     timm initialises Linear biases and LayerNorm shifts to 0 and gains to 1, so seeded weights alone cannot show
     an export that drops or misplaces one of them; real checkpoints have them all. In place; returns `model`."""

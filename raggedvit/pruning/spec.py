@@ -14,8 +14,6 @@ CLS_MASS_EPS = 1e-30  # floor of a row's patch-score sum before normalising (cls
 EVIT_FUSE_EPS = 1e-12  # floor of the dropped-attention sum in evit's fused token
 
 
-# assume_constant_result: torch.compile folds these at trace time (a Tensor.item() would break the graph)
-@torch.compiler.assume_constant_result
 def f32(value: float) -> float:
     """`value` rounded to the nearest float32 (ties to even; the precision every stage computes in).
 
@@ -29,7 +27,6 @@ def f32(value: float) -> float:
     return rounded if abs(rounded) < 2.0**128 else math.copysign(math.inf, value)
 
 
-@torch.compiler.assume_constant_result
 def uniform_keep(n: int, num_prefix: int, keep: float) -> int:
     """Patch rows kept of an image with n rows by topk-l2 / evit: clamp(ceil(f32(keep) * f32(n - p)), 1, n - p).
 
