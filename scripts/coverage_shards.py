@@ -20,7 +20,7 @@ from raggedvit.coverage import CoverageReport, run_coverage
 def _run(args: argparse.Namespace) -> None:
     old = json.loads(Path(args.models_from).read_text())
     index, count = (int(v) for v in args.shard.split("/"))
-    rows = old["models"][index::count]
+    rows = [r for r in old["models"] if not (args.failed_only and r.get("runs"))][index::count]
     family = {r["name"]: r.get("family") for r in rows}
     report = run_coverage(
         models=[(r["name"], r.get("kwargs") or {}) for r in rows],
@@ -33,7 +33,9 @@ def _run(args: argparse.Namespace) -> None:
     for rec in report.models:
         rec["family"] = family.get(rec["name"])
     listed = old["meta"].get("names_listed")
-    report.meta.update(shard=args.shard, models_from=Path(args.models_from).name, names_listed=listed)
+    report.meta.update(
+        shard=args.shard, models_from=Path(args.models_from).name, names_listed=listed, failed_only=args.failed_only
+    )
     report.write_json(args.out)
 
 
@@ -62,6 +64,7 @@ def main() -> None:
     run.add_argument("--models-from", required=True)
     run.add_argument("--shard", default="0/1", help="i/n: every n-th model from index i")
     run.add_argument("--jobs", type=int, default=1)
+    run.add_argument("--failed-only", action="store_true", help="only the models that did not run in the old sweep")
     run.add_argument("--depth", type=int, default=2)
     run.add_argument("--img-size", type=int, default=224)
     run.add_argument("--timeout-s", type=float, default=240.0)
