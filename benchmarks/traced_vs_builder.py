@@ -100,30 +100,11 @@ def _time(run: _Run, seconds: float) -> float:
 
 
 def profile_kernels(run: _Run, forwards: int = 20, top: int = 25) -> dict[str, Any]:
-    """CUDA kernels of `forwards` runs (torch.profiler's CUPTI trace sees ONNX Runtime's kernels too): kernels and
-    GPU microseconds per forward, and the `top` kernels by total time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """CUDA kernels of `forwards` runs (benchmarks.e2e.profile.count_kernels): kernels and GPU microseconds per
+    forward, and the `top` kernels by total time."""
+    from benchmarks.e2e.profile import count_kernels
 
-    run.run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(forwards):
-            run.run()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(e.name, []).append(e.device_time)
-    rows = sorted(((sum(v), len(v), k) for k, v in by_name.items()), reverse=True)
-    return {
-        "kernels_per_forward": len(kernels) / forwards,
-        "gpu_us_per_forward": sum(e.device_time for e in kernels) / forwards,
-        "top": [
-            {"kernel": k[:160], "us_per_forward": t / forwards, "calls_per_forward": n / forwards}
-            for t, n, k in rows[:top]
-        ],
-    }
+    return count_kernels(run.run, forwards=forwards, top=top)
 
 
 def _node_count(path: Path) -> dict[str, Any]:

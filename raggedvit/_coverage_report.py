@@ -80,7 +80,8 @@ def render_markdown(report: CoverageReport) -> str:
         f"- Each model runs in a child process with a {meta['timeout_s']:g} s timeout.",
         *(
             [
-                f"- Re-checked later ({meta['rechecked'].get('date', '?')}): {', '.join(meta['rechecked']['models'])}: "
+                f"- Re-checked later ({meta['rechecked'].get('date', '?')}): "
+                f"{meta['rechecked'].get('summary') or ', '.join(meta['rechecked']['models'])}: "
                 f"{meta['rechecked']['why']}."
             ]
             if meta.get("rechecked")

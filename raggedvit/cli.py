@@ -84,8 +84,28 @@ def main() -> None:
     default=False,
     help="Also output each stage's kept token indices and cu_seqlens (token_index_S, cu_seqlens_S).",
 )
+@click.option(
+    "--capacity",
+    is_flag=True,
+    default=False,
+    help="Capacity layout: each stage keeps a static row count (dead rows past cu_seqlens[B]), so every policy "
+    "has static shapes and runs as a CUDA graph (GraphRunner, bench --cuda-graph).",
+)
 def export(
-    model, output, checkpoint, pretrained, seed, img_size, policy, keep, mass, prune_at, fuse, dtype, diagnostics
+    model,
+    output,
+    checkpoint,
+    pretrained,
+    seed,
+    img_size,
+    policy,
+    keep,
+    mass,
+    prune_at,
+    fuse,
+    dtype,
+    diagnostics,
+    capacity,
 ) -> None:
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm
@@ -125,7 +145,7 @@ def export(
     recipe = {"model": model, "weights": weights}
     steps.set_postfix_str("building graph")
     try:
-        path = export_onnx(vit, spec, output, dtype=dtype, recipe=recipe, diagnostics=diagnostics)
+        path = export_onnx(vit, spec, output, dtype=dtype, recipe=recipe, diagnostics=diagnostics, capacity=capacity)
     except OSError as e:
         raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None
     steps.update(2)
@@ -135,8 +155,8 @@ def export(
 
     shapes = (
         "static shapes: CUDA-graph capturable (GraphRunner, bench --cuda-graph)"
-        if static_shapes(spec.to_dict())
-        else "data-dependent token counts: runs node by node"
+        if static_shapes(spec.to_dict(), capacity)
+        else "data-dependent token counts: runs node by node (--capacity makes it capturable)"
     )
     click.echo(f"wrote {path} ({model}, {spec.policy}, {dtype}, {size_mb:.1f} MiB; {shapes})")
 

@@ -3,14 +3,21 @@ checks read it without importing torch). `raggedvit.pruning.PruneSpec` validates
 
 from __future__ import annotations
 
-__all__ = ["CLS_ATTN_POLICIES", "COUNT_POLICIES", "POLICIES", "static_shapes"]
+__all__ = ["CLS_ATTN_POLICIES", "COUNT_POLICIES", "POLICIES", "counts_known", "static_shapes"]
 
 POLICIES = ("none", "topk-l2", "evit", "cls-mass")
 CLS_ATTN_POLICIES = ("evit", "cls-mass")  # rank by the class token's attention: need a class token
 COUNT_POLICIES = ("topk-l2", "evit")  # keep ceil(keep * patches) tokens per image, whatever the scores
 
 
-def static_shapes(policy: str, fuse: bool = False) -> bool:
-    """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): the traced graph has
-    static shapes at a given batch size (no NonZero) and runs as a CUDA graph."""
+def static_shapes(policy: str, fuse: bool = False, capacity: bool = False) -> bool:
+    """The traced graph has static shapes at a given batch size (no NonZero) and runs as a CUDA graph: in the
+    capacity layout (PrunedViT(..., capacity=True)) every policy; in the compact layout the policies whose every
+    stage keeps a count known before the data (topk-l2, evit without fuse, none)."""
+    return capacity or counts_known(policy, fuse)
+
+
+def counts_known(policy: str, fuse: bool = False) -> bool:
+    """Every stage keeps a token count known before the data and the uniform stage runs it (topk-l2, evit without
+    fuse, none): token_counts is then an export-time constant, whatever the layout."""
     return policy in ("none", "topk-l2") or (policy == "evit" and not fuse)

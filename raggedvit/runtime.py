@@ -234,23 +234,27 @@ class GraphRunner:
 
     Owns static device buffers (images [batch, 3, S, S] float32, logits, token_counts) bound once; ORT captures
     the graph on an early run and replays it afterwards. Only exports whose shapes are static at a given batch
-    (topk-l2, evit without fuse, none: `raggedvit.exporter.checks.static_shapes`) can be captured; ORT refuses
-    the session otherwise. Returned tensors are the runner's buffers: copy them to keep them past the next call.
-    Verified on the H200 for topk-l2 exports (fp16, fp16-all); policy none (an empty token_counts output, left to
-    ORT to allocate) has not been run as a CUDA graph.
+    (capacity-layout exports of every policy; compact ones of topk-l2, evit without fuse, none:
+    `raggedvit.exporter.checks.recipe_static_shapes`) can be captured; ORT refuses the session otherwise. Returned
+    tensors are the runner's buffers: copy them to keep them past the next call. Verified on the H200 for topk-l2
+    exports (fp16, fp16-all); policy none (an empty token_counts output, left to ORT to allocate) has not been run
+    as a CUDA graph.
     """
 
     def __init__(self, model: str | Path, batch: int, *, device_id: int = 0, warmup: int = 3) -> None:
         import torch
 
-        from raggedvit.exporter.checks import static_shapes
+        from raggedvit.exporter.checks import recipe_static_shapes
         from raggedvit.exporter.metadata import read_recipe
+        from raggedvit.policies import counts_known
 
         recipe = read_recipe(model)
-        if not static_shapes(recipe.get("prune", {})):
+        prune = recipe.get("prune", {})
+        if not recipe_static_shapes(recipe):
             raise ValueError(
-                f"{model}: policy {recipe.get('prune', {}).get('policy')!r} keeps data-dependent token counts; "
-                "its graph cannot be captured as a CUDA graph (use create_session + run_with_iobinding)"
+                f"{model}: policy {prune.get('policy')!r} keeps data-dependent token counts; its graph cannot be "
+                "captured as a CUDA graph (export it with capacity=True / --capacity, or use create_session + "
+                "run_with_iobinding)"
             )
         self.session = create_session(
             model, "cuda", device_id=device_id, cuda_graph=True, tf32=tf32_for(recipe), batch=batch
@@ -264,9 +268,11 @@ class GraphRunner:
         classes = int(first.shape[1])
         self.images = torch.zeros(batch, 3, s, s, dtype=torch.float32, device=dev)
         self.logits = torch.empty(batch, classes, dtype=torch.float32, device=dev)
-        # host memory: with the batch fixed, a static-shape export's counts fold into a constant, which ORT copies
-        # into the output on every run; a copy into device memory would break the graph capture
-        self.token_counts = torch.empty(batch, stages, dtype=torch.int64)
+        # counts known before the data fold into a constant with the batch fixed, which ORT copies into the output
+        # on every run: host memory, as a copy into device memory would break the graph capture. Counts computed
+        # on the device (capacity exports of cls-mass, evit with fuse) stay there: a device-to-host copy would.
+        on_host = counts_known(str(prune.get("policy", "none")), bool(prune.get("fuse", False)))
+        self.token_counts = torch.empty(batch, stages, dtype=torch.int64, device=None if on_host else dev)
         self.binding = self.session.io_binding()
         bind_tensor(self.binding, "images", self.images)
         bind_tensor(self.binding, first.name, self.logits, output=True)
@@ -280,7 +286,8 @@ class GraphRunner:
 
     def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """images [batch, 3, S, S] (any device/dtype) -> (logits [batch, classes] float32,
-        token_counts [batch, stages] int64 on the host)."""
+        token_counts [batch, stages] int64: on the host when the counts are export-time constants, else on the
+        device)."""
         import torch
 
         if tuple(images.shape) != tuple(self.images.shape):

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import timm
 import torch
-from timm.layers import Attention
-from timm.models.beit import Attention as BeitAttention
-from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
-from timm.models.vision_transformer_relpos import RelPosAttention
+from timm.models import vision_transformer
+from torch import nn
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",
@@ -99,20 +98,34 @@ def sharpen_qk_(model: torch.nn.Module, factor: float) -> None:
     """Multiply the q and k rows of every attention `qkv` weight (and bias) by `factor`, in place.
 
     Attention logits scale by factor**2, so seeded random weights give peaked attention and pruning
-    decisions that are not near-ties."""
+    decisions that are not near-ties. Every timm attention layout: a fused `qkv` Linear (its bias, or separate
+    `q_bias` / `k_bias` parameters as in BEiT and EVA), separate `q_proj` / `k_proj` (EVA) or `q` / `k` (CaiT's
+    class attention)."""
     for mod in model.modules():
-        if isinstance(mod, (Attention, BeitAttention, RelPosAttention)):
-            rows = 2 * mod.qkv.out_features // 3
-            mod.qkv.weight[:rows].mul_(factor)
-            if mod.qkv.bias is not None:
-                mod.qkv.bias[:rows].mul_(factor)
-            if getattr(mod, "q_bias", None) is not None:  # BEiT: q / v biases beside a bias-free qkv (k: zero)
-                mod.q_bias.mul_(factor)
+        qkv = getattr(mod, "qkv", None)
+        if isinstance(qkv, nn.Linear) and qkv.out_features % 3 == 0:
+            rows = 2 * qkv.out_features // 3
+            qkv.weight[:rows].mul_(factor)
+            if qkv.bias is not None:
+                qkv.bias[:rows].mul_(factor)
+            for name in ("q_bias", "k_bias"):
+                bias = getattr(mod, name, None)
+                if isinstance(bias, torch.Tensor) and bias.is_floating_point():
+                    bias.mul_(factor)
+            continue
+        for q_name, k_name in (("q_proj", "k_proj"), ("q", "k")):
+            q, k = getattr(mod, q_name, None), getattr(mod, k_name, None)
+            if isinstance(q, nn.Linear) and isinstance(k, nn.Linear):
+                for lin in (q, k):
+                    lin.weight.mul_(factor)
+                    if lin.bias is not None:
+                        lin.bias.mul_(factor)
+                break
 
 
 def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
-    """Add scale * N(0, 1) to every bias (BEiT's q / v biases too), LayerNorm gain, token (cls / reg / dist / pos),
-    LayerScale gamma (BEiT's gamma_1 / gamma_2) and relative position bias table.
+    """Add scale * N(0, 1) to every bias (BEiT's and Eva's q / v biases too), LayerNorm gain, token (cls / reg /
+    dist / pos), LayerScale gamma (BEiT's and Eva's gamma_1 / gamma_2) and relative position bias table.
 
     timm initialises Linear biases and LayerNorm shifts to 0 and gains to 1, so seeded weights alone cannot show
     an export that drops or misplaces one of them; real checkpoints have them all. In place; returns `model`."""
@@ -130,7 +143,7 @@ def perturb_biases_and_norms_(model: torch.nn.Module, seed: int = 0, scale: floa
     return model
 
 
-def _create(model_name: str, pretrained: bool, img_size: int | None, kwargs: dict[str, Any]) -> VisionTransformer:
+def _create(model_name: str, pretrained: bool, img_size: int | None, kwargs: dict[str, Any]) -> nn.Module:
     if not timm.is_model(model_name):
         raise ValueError(f"unknown timm model {model_name!r}")
     extra = dict(kwargs)
@@ -140,9 +153,20 @@ def _create(model_name: str, pretrained: bool, img_size: int | None, kwargs: dic
         model = timm.create_model(model_name, pretrained=pretrained, **extra)
     except TypeError as e:
         raise ValueError(f"cannot build {model_name!r} with {extra}: {e}") from None
-    if not isinstance(model, VisionTransformer):
-        raise ValueError(f"{model_name!r} is a timm {type(model).__name__}, not a VisionTransformer (vit_*/deit_*)")
+    from raggedvit.pruning.backbone import backbone_for
+
+    try:
+        backbone_for(model)
+    except ValueError as e:
+        raise ValueError(f"{model_name!r} is a timm {type(model).__name__}, not a ViT raggedvit runs: {e}") from None
     return model
+
+
+def _checkpoint_filter(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """timm's checkpoint filter of the model's own family (pos-embed resizing, renamed keys), ViT's by default."""
+    module = sys.modules.get(type(model).__module__)
+    fn = getattr(module, "checkpoint_filter_fn", vision_transformer.checkpoint_filter_fn)
+    return fn(state, model)
 
 
 def load_vit(
@@ -154,11 +178,11 @@ def load_vit(
     img_size: int | None = None,
     sharpen_qk: float | None = None,
     model_kwargs: dict[str, Any] | None = None,
-) -> tuple[VisionTransformer, WeightsInfo]:
+) -> tuple[nn.Module, WeightsInfo]:
     """Create a timm ViT in eval mode.
 
     Args:
-        model_name: a timm VisionTransformer name (vit_*, deit_*, incl. distilled and register variants).
+        model_name: a timm model name PrunedViT runs (raggedvit.pruning.backbone.supported_classes()).
         checkpoint: .pth/.pt/.bin/.safetensors state dict, passed through timm's ViT checkpoint filter
             (pos-embed resizing etc.) and loaded strictly.
         pretrained: download timm's weights (needs network).
@@ -184,7 +208,7 @@ def load_vit(
     ckpt_name = ckpt_sha = None
     if checkpoint is not None:
         try:
-            result = model.load_state_dict(checkpoint_filter_fn(state, model), strict=False)
+            result = model.load_state_dict(_checkpoint_filter(state, model), strict=False)
         except RuntimeError as e:  # shape mismatches raise even with strict=False
             lines = [" ".join(line.split()) for line in str(e).splitlines() if "size mismatch" in line]
             detail = "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
@@ -200,6 +224,8 @@ def load_vit(
         ckpt_name, ckpt_sha = Path(checkpoint).name, sha256_file(checkpoint)
     if sharpen_qk != 1.0:
         sharpen_qk_(model, sharpen_qk)
+    from raggedvit.pruning.backbone import backbone_for
+
     model.eval()
     info = WeightsInfo(
         model_name=model_name,
@@ -210,6 +236,6 @@ def load_vit(
         sharpen_qk=float(sharpen_qk),
         img_size=tuple(int(s) for s in model.patch_embed.img_size),
         num_classes=int(model.num_classes),
-        num_prefix_tokens=int(model.num_prefix_tokens),
+        num_prefix_tokens=backbone_for(model).num_prefix,
     )
     return model, info

@@ -19,6 +19,8 @@
 #   graph     python3 -m benchmarks.check_cuda_graph (CUDA-graph replay of a static-shape export == per-node run)
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
 #   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
+#   serving   python3 -m benchmarks.serving: timm eager, torch.compile, ORT CUDA graphs vs raggedvit (SERVING_FLAGS)
+#   families  issue 12: an EVA02 and a BEiT export, topk-l2 vs the same model unpruned, ORT fp16 CUDA graphs
 #   speed     python3 -m benchmarks.traced_vs_builder: traced exports vs the graph builder's (BUILDER_TGZ)
 #   wheel     the wheel in dist/ installed outside the tree: info, export, validate --device cuda, bench --cuda-graph
 #   mutants   the mutation suite on fp16 / fp16-all CUDA-EP exports (tests/validators/test_mutations.py -m gpu)
@@ -39,7 +41,7 @@ validate_exports() {
   local prefix=$1 dtypes=$2 log=$3 bad=0 dt pol name; shift 3
   local pids=()
   for dt in $dtypes; do
-  for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9"; do
+  for pol in "topk-l2 --keep 0.5 --prune-at 4" "cls-mass --mass 0.9 --prune-at 3,6,9${VCAP:+ --capacity}"; do
     name=${prefix}_${dt}_${pol%% *}
     (OMP_NUM_THREADS=4 timeout 400 python3 -m raggedvit.cli export deit_base_patch16_224 "$@" --dtype $dt --policy $pol \
       -o "$WORK/$name.onnx" > "$RES/$name.log" 2>&1 &&
@@ -64,6 +66,14 @@ for stage in "$@"; do
     opbench) timeout 200 python3 -m benchmarks.ort_op --out "$RES" > "$RES/opbench.log" 2>&1; rc=$?; tail -25 "$RES/opbench.log";;
     graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 -m benchmarks.e2e --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
+    serving)  # issue 13: one run, both models; --time-budget (230 s) leaves the timeout room for the report
+      timeout ${SVT:-300} python3 -m benchmarks.serving --out "$RES" --work "$WORK/serving" ${SERVING_FLAGS:-} \
+        > "$RES/serving.log" 2>&1; rc=$?; tail -45 "$RES/serving.log";;
+    families)  # issue 12: pruned speed of an EVA02 and a BEiT export against the same model unpruned in ORT fp16
+      timeout ${FMT:-280} python3 -m benchmarks.serving --out "$RES/families" --work "$WORK/families" \
+        --models eva02_small_patch14_224,beit_base_patch16_224 --batches 1,32,128 --policies topk-l2:keep=0.5:at=4 \
+        --variants ort_unpruned,ort_raggedvit --time-budget 240 > "$RES/families.log" 2>&1; rc=$?
+      tail -12 "$RES/families.log";;
     validate)  # issue 5/6: fp16 CUDA-EP exports of deit_base pass `raggedvit validate --device cuda`
       rc=0; validate_exports deit_base "${VDTYPES:-fp16}" "$RES/validate.log" --seed 0 || rc=1
       grep -E "PASS|FAIL|max" "$RES/validate.log" | tail -8;;

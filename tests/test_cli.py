@@ -56,6 +56,18 @@ def test_validate_numerical_failure_exits_1(exported):
     assert "max |Δlogit| ≤ 1e-12 + 0.001 x max |reference logit| [atol 1e-12 (given), rtol 0.001 (given)" in res.stdout
 
 
+def test_capacity_export_is_capturable_and_validates(tmp_path):
+    """cls-mass in the capacity layout: static shapes (the export says so), and it passes validate."""
+    out = tmp_path / "cap.onnx"
+    args = ("--seed", "0", "--policy", "cls-mass", "--prune-at", "4", "--capacity", "--diagnostics", "-o", str(out))
+    res = cli("export", MODEL, *args)
+    assert res.returncode == 0, res.stderr
+    assert "CUDA-graph capturable" in res.stdout
+    res = cli("validate", str(out), "--random", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("## raggedvit validation: PASS")
+
+
 def test_info():
     res = cli("info")
     assert res.returncode == 0, res.stderr
@@ -67,7 +79,7 @@ def test_info():
     "args,fragment",
     [
         (["nosuchmodel"], "unknown timm model 'nosuchmodel'"),
-        (["resnet18"], "not a VisionTransformer"),
+        (["resnet18"], "not a ViT raggedvit runs"),
         ([MODEL, "--keep", "1.5"], "keep must be in (0, 1]"),
         ([MODEL, "--policy", "cls-mass", "--mass", "0"], "mass must be in (0, 1]"),
         ([MODEL, "--prune-at", "12"], "out of range 1..11"),

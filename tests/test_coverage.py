@@ -24,16 +24,21 @@ REPRESENTATIVES = [
     ("deit_tiny_distilled_patch16_224", {}),
     ("vit_base_patch32_clip_quickgelu_224", {}),  # QuickGELU, pre-norm, no patch bias
     ("vit_base_patch16_siglip_gap_224", {}),  # GELUTanh, avg pool, no class token, headless
+    ("vit_base_patch16_siglip_224", {}),  # MAP head (AttentionPoolLatent over the kept rows), headless
     ("vit_small_patch14_dinov2", {}),  # LayerScale, headless
     ("vit_small_patch14_reg4_dinov2", {}),  # registers
     ("aimv2_large_patch14_224", {}),  # RmsNorm, SwiGLU, no class token
     ("vit_small_patch16_224", {"qk_norm": True}),
+    ("cait_xxs24_224", {}),  # talking-heads patch blocks (no class token), class-attention tail
     ("beit_base_patch16_224", {}),  # relative position bias per block, q/v bias, gamma layer scale, avg + fc_norm
     ("vit_relpos_small_patch16_224", {}),  # RelPosMlp, no class token
     ("vit_relpos_medium_patch16_rpn_224", {}),  # ResPostRelPosBlock
     ("vit_relpos_medium_patch16_cls_224", {}),  # RelPosMlp with a class token, token pool
+    ("eva02_tiny_patch14_224", {}),  # Eva: axial rope, fused qkv with q/v bias, SwiGLU (GluMlp), avg pool
+    ("vit_small_patch16_rope_mixed_224", {}),  # Eva: per-block per-head mixed rope, AttentionRope, LayerScale
+    ("vit_small_patch16_dinov3", {}),  # Eva: DINOv3 rope (rotate-half), 4 registers, dynamic-size patch embedding
 ]
-NO_CLASS_TOKEN = ("siglip", "aimv2", "vit_relpos_small", "_rpn_")  # evit ranks by the class token
+NO_CLASS_TOKEN = ("siglip", "aimv2", "cait", "vit_relpos_small", "_rpn_")  # evit ranks by the class token
 
 
 @pytest.mark.parametrize("name,kwargs", REPRESENTATIVES, ids=[n + ("-qknorm" if k else "") for n, k in REPRESENTATIVES])
@@ -115,15 +120,15 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_writes_table_and_json(tmp_path):
     out, js = tmp_path / "docs" / "coverage.md", tmp_path / "cov.json"
-    res = cli("--filter", "cait_xxs24_224,resnet18", "--img-size", str(IMG), "--out", str(out), "--json", str(js))
+    res = cli("--filter", "xcit_nano_12_p16_224,resnet18", "--img-size", str(IMG), "--out", str(out), "--json", str(js))
     assert res.returncode == 0, res.stderr
     assert f"wrote {out} and {js}: 1 ViT-like, 0 run in PrunedViT" in res.stdout
-    assert "[1/1] cait_xxs24_224: runs=FAIL exports=- matches=-" in res.stderr
+    assert "[1/1] xcit_nano_12_p16_224: runs=FAIL exports=- matches=-" in res.stderr
     data = json.loads(js.read_text())
     assert data["totals"] == {"vit_like": 1, "runs": 0, "exports": 0, "matches": 0}
-    assert data["meta"]["depth"] == 2 and data["meta"]["filter"] == "cait_xxs24_224,resnet18"
+    assert data["meta"]["depth"] == 2 and data["meta"]["filter"] == "xcit_nano_12_p16_224,resnet18"
     assert data["meta"]["names_listed"] == 2
-    assert "| `cait_xxs24_224` | cait | 64x64 | **no** | – | – |" in out.read_text()
+    assert "| `xcit_nano_12_p16_224` | xcit | 64x64 | **no** | – | – |" in out.read_text()
 
 
 @pytest.mark.parametrize(

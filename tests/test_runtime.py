@@ -106,6 +106,32 @@ def test_graph_runner_matches_per_node_run(ort_library, tmp_path, dtype):
         run(x[:2])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_graph_runner_capacity_cls_mass(ort_library, tmp_path, dtype):
+    """A capacity-layout cls-mass export (data-dependent counts, static shapes) replayed as a CUDA graph gives the
+    node-by-node run's outputs, for new input data too; its token_counts come back on the device."""
+    from raggedvit.exporter import export_onnx
+    from raggedvit.images import preprocess, sample_images
+    from raggedvit.pruning import PruneSpec
+    from raggedvit.runtime import GraphRunner
+    from raggedvit.weights import load_vit
+
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": 4})
+    spec = PruneSpec("cls-mass", (1, 3), mass=0.7)
+    path = export_onnx(vit, spec, tmp_path / "m.onnx", dtype=dtype, capacity=True)
+    x = preprocess(sample_images()[:3], vit).cuda()
+    plain = create_session(path, "cuda", batch=3)
+    run = GraphRunner(path, batch=3)
+    for images in (x, x.flip(0).contiguous()):
+        want = [torch.from_numpy(v.numpy()) for v in run_with_iobinding(plain, {"images": images}, output_device="cpu")]
+        logits, counts = run(images)
+        assert counts.is_cuda and torch.equal(counts.cpu(), want[1])
+        assert_close(logits.cpu(), want[0], rtol=1e-3, name="logits")
+    assert len({tuple(c) for c in want[1].tolist()}) > 1  # the counts follow the data
+
+
 def test_graph_runner_refuses_data_dependent_counts(ort_library, tmp_path):
     from raggedvit.exporter import export_onnx
     from raggedvit.pruning import PruneSpec

@@ -84,7 +84,7 @@ def test_checkpoint_key_mismatch_is_one_clear_error(tmp_path: Path) -> None:
 def test_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown timm model 'vit_nonexistent'"):
         load_vit("vit_nonexistent")
-    with pytest.raises(ValueError, match="not a VisionTransformer"):
+    with pytest.raises(ValueError, match="not a ViT raggedvit runs"):
         load_vit("resnet18")
     with pytest.raises(ValueError, match="does not exist"):
         load_vit("deit_tiny_patch16_224", checkpoint=tmp_path / "missing.pth")

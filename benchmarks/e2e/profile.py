@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["kernel_summary", "section_of", "summarize_ort_profile"]
+__all__ = ["count_kernels", "kernel_summary", "section_of", "summarize_ort_profile"]
 
 _SECTIONS = {
     "attention": ("RaggedAttention", "MultiHeadAttention", "PackedMultiHeadAttention", "Attention"),
@@ -108,6 +108,40 @@ def kernel_summary(run: Callable[[], None], *, runs: int = 10, top: int = 20) ->
         "kernels": [
             {"kernel": name[:120], "us_per_run": round(us / runs, 1), "calls_per_run": round(c / runs, 1)}
             for name, us, c in rows[:top]
+        ],
+    }
+
+
+def count_kernels(run: Callable[[], None], *, forwards: int = 10, top: int = 25) -> dict[str, Any]:
+    """CUDA work of one forward: `forwards` calls of `run` under torch.profiler (CUPTI traces ONNX Runtime's kernels
+    and the kernels of CUDA-graph replays too), after one untraced call.
+
+    Returns kernels_per_forward (kernel launches, memcpy/memset excluded), copies_per_forward (memcpy and memset),
+    gpu_us_per_forward (summed durations of both, overlap counted twice) and the `top` kernels by total time.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(forwards):
+            run()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    copies = [e for e in events if e.name.startswith(("Memcpy", "Memset"))]
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        by_name[e.name].append(e.device_time)
+    rows = sorted(((sum(v), len(v), k) for k, v in by_name.items()), reverse=True)
+    return {
+        "forwards": forwards,
+        "kernels_per_forward": (len(events) - len(copies)) / forwards,
+        "copies_per_forward": len(copies) / forwards,
+        "gpu_us_per_forward": sum(e.device_time for e in events) / forwards,
+        "top": [
+            {"kernel": k[:160], "us_per_forward": t / forwards, "calls_per_forward": n / forwards}
+            for t, n, k in rows[:top]
         ],
     }
 

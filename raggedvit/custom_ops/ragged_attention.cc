@@ -83,7 +83,9 @@ std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
       {"grid_h", &attrs->grid_h}, {"grid_w", &attrs->grid_w}, {"num_prefix", &attrs->num_prefix}};
   for (const auto& [name, value] : pos_attrs) {
     if (!TryAttrInt(info, name, value)) {
-      if (TryAttrFloat(info, name, &as_float)) return std::string("attribute '") + name + "' must be an int, got a float";
+      if (TryAttrFloat(info, name, &as_float)) {
+        return std::string("attribute '") + name + "' must be an int, got a float";
+      }
       *value = 0;
     }
     if (*value < 0) return std::string("attribute '") + name + "' must be >= 0, got " + std::to_string(*value);

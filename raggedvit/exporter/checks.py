@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import onnx
@@ -12,7 +13,7 @@ from raggedvit.exporter.metadata import RAGGED_DOMAIN, read_recipe
 
 OPSET = 20  # default-domain opset of every export: ONNX Gelu (opset 20) lets rewrites.bias_gelu see one node
 
-__all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph", "static_shapes"]
+__all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph", "recipe_static_shapes", "static_shapes"]
 
 MAX_IR_VERSION = 13  # onnxruntime 1.31 rejects IR 14
 # Control flow, sequences and data-dependent host ops: each forces CPU placement or Memcpy on the CUDA EP.
@@ -35,13 +36,27 @@ FORBIDDEN_OPS = frozenset(
 
 _PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterElements", "Gather")  # general (data-dependent) stages
 _STATIC_PRUNE_OPS = ("TopK", "Gather")  # uniform stages: static shapes, no NonZero
+_CAPACITY_PRUNE_OPS = ("TopK", "CumSum", "ScatterElements", "Gather")  # capacity stages: static, no NonZero
 
 
-def static_shapes(prune: dict) -> bool:
-    """True when every stage of the recipe's pruning keeps an export-time-known count (topk-l2, evit without
-    fuse): the graph then has static shapes for a given batch, no NonZero, and can run as a CUDA graph."""
+def static_shapes(prune: dict, capacity: bool = False) -> bool:
+    """True when the graph has static shapes for a given batch, no NonZero, and can run as a CUDA graph: every
+    policy in the capacity layout (the recipe's "capacity"), else when every stage keeps an export-time-known
+    count (topk-l2, evit without fuse)."""
     prune = prune or {}
-    return policies.static_shapes(str(prune.get("policy", "none")), bool(prune.get("fuse", False)))
+    return policies.static_shapes(str(prune.get("policy", "none")), bool(prune.get("fuse", False)), capacity)
+
+
+def recipe_static_shapes(recipe: dict) -> bool:
+    """static_shapes of an export's recipe (its pruning spec and layout)."""
+    return static_shapes(recipe.get("prune", {}), bool(recipe.get("capacity", False)))
+
+
+def _shape_symbols(model: onnx.ModelProto) -> set[str]:
+    """The symbols in the graph's symbolic dimensions (e.g. "197*batch" -> batch; an unbacked "u0" from NonZero)."""
+    values = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    dims = (d.dim_param for vi in values for d in vi.type.tensor_type.shape.dim if d.dim_param)
+    return {name for dim in dims for name in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", dim)}
 
 
 def _elem_and_dims(vi: onnx.ValueInfoProto) -> tuple[int, list[str | int]]:
@@ -73,13 +88,20 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
     if depth is not None and n_attn != depth:
         problems.append(f"{n_attn} RaggedAttention nodes, expected depth = {depth}")
     stages = 0 if recipe.get("prune", {}).get("policy", "none") == "none" else len(recipe["prune"].get("prune_at", ()))
-    static = static_shapes(recipe.get("prune", {}))
+    static = recipe_static_shapes(recipe)
     if stages:
-        missing = [op for op in (_STATIC_PRUNE_OPS if static else _PRUNE_OPS) if ops[("", op)] == 0]
+        prune = recipe.get("prune", {})
+        uniform = policies.counts_known(str(prune.get("policy", "none")), bool(prune.get("fuse", False)))
+        expected = _STATIC_PRUNE_OPS if uniform else _CAPACITY_PRUNE_OPS if static else _PRUNE_OPS
+        missing = [op for op in expected if ops[("", op)] == 0]
         if missing:
             problems.append(f"pruning ops missing: {missing}")
     if static and ops[("", "NonZero")]:
         problems.append("NonZero in a static-shape pruning graph (it syncs with the host; CUDA graphs impossible)")
+    if static:
+        free = sorted(_shape_symbols(model) - {"batch"})
+        if free:
+            problems.append(f"static-shape pruning graph has dimensions not fixed by the batch: {free}")
     ins = {vi.name: _elem_and_dims(vi) for vi in model.graph.input}
     outs = {vi.name: _elem_and_dims(vi) for vi in model.graph.output}
     if list(ins) != ["images"] or ins["images"][0] != TensorProto.FLOAT or ins["images"][1][:1] != ["batch"]:

@@ -71,15 +71,19 @@ def build_model(
     dtype: str = "fp32",
     recipe: dict[str, Any] | None = None,
     diagnostics: bool = False,
+    capacity: bool = False,
 ) -> ir.Model:
-    """The ONNX model (onnx_ir) of PrunedViT(vit, spec) in the export recipe `dtype`.
+    """The ONNX model (onnx_ir) of PrunedViT(vit, spec, capacity=capacity) in the export recipe `dtype`.
 
-    Input: images [batch, 3, H, W] float32 (normalised). Outputs: see `output_names`. The recipe dict (plus the
-    prune spec, dtype, sizes and version) is stored under the metadata key RECIPE_KEY.
+    Input: images [batch, 3, H, W] float32 (normalised). Outputs: see `output_names` (with `capacity`, the
+    diagnostic token_index_S has the stage's static capacity: only [0, cu_seqlens_S[batch]) are kept rows). The
+    recipe dict (plus the prune spec, layout, dtype, sizes and version) is stored under the metadata key
+    RECIPE_KEY. `capacity`: the capacity layout (DESIGN.md section 4): static shapes for every policy, so the
+    graph runs as a CUDA graph (GraphRunner).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    model = PrunedViT(apply_dtype(vit.float().eval(), dtype), spec)  # checks the model and the spec
+    model = PrunedViT(apply_dtype(vit.float().eval(), dtype), spec, capacity=capacity)  # checks model and spec
     h, w = (int(s) for s in vit.patch_embed.img_size)
     example = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
@@ -107,6 +111,7 @@ def build_model(
     full = {
         **scrub_paths(recipe or {}),
         "prune": spec.to_dict(),
+        "capacity": bool(capacity),
         "dtype": dtype,
         "img_size": h,
         "num_prefix_tokens": model.num_prefix,
@@ -149,6 +154,8 @@ def export_onnx(
     dtype: str = "fp32",
     recipe: dict[str, Any] | None = None,
     diagnostics: bool = False,
+    capacity: bool = False,
 ) -> Path:
     """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
-    return save_model(build_model(vit, spec, dtype=dtype, recipe=recipe, diagnostics=diagnostics), path)
+    model = build_model(vit, spec, dtype=dtype, recipe=recipe, diagnostics=diagnostics, capacity=capacity)
+    return save_model(model, path)

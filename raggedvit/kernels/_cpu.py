@@ -44,7 +44,8 @@ def ragged_attention_cpu(
     (, pos_table [H, R] fp32 and token_pos [T]: relative position bias, DESIGN.md section 1)
     -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
 
-    Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] = T).
+    Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] <= T);
+    rows >= cu[B] are dead (the capacity layout, DESIGN.md section 4): out and cls_attn are zero there.
     With pos_table, each group's bias [G, H, L, L] is gathered from the table (this path is the CPU fallback;
     the kernels compute the index per pair instead).
     """
@@ -52,12 +53,13 @@ def ragged_attention_cpu(
     H = num_heads
     D = width // (3 * H)
     cu = cu_seqlens.to(torch.int64)
-    if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:16]}")
+    if cu.numel() == 0 or int(cu[0]) != 0 or int(cu[-1]) > T or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must rise from 0 to at most T={T}, got {cu.tolist()[:16]}")
+    live = int(cu[-1])
     if bias is not None:
         qkv = qkv + bias
     compute = torch.float32 if qkv.dtype in (torch.float16, torch.bfloat16) else qkv.dtype
-    out = qkv.new_empty((T, H * D))
+    out = qkv.new_empty((T, H * D)) if live == T else qkv.new_zeros((T, H * D))
     cls_attn = torch.zeros(T if return_cls_attn else 0, dtype=torch.float32)
     starts = cu[:-1].tolist()
     lengths = (cu[1:] - cu[:-1]).tolist()

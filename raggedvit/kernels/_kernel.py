@@ -189,9 +189,13 @@ def _ragged_attn_fwd(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < T
     row_start, row_end = _seq_bounds_bsearch(CU, rows, T, B)
-    # keys any valid row of the tile may need
-    lo = tl.reduce(tl.where(row_ok, row_start, T), 0, _min_fn)
-    hi = tl.reduce(tl.where(row_ok, row_end, 0), 0, _max_fn)
+    # dead rows (row >= cu[B], the capacity layout's tail) fall past their clamped sequence's end: no keys, so
+    # their output is zero, and a tile of dead rows runs no key loop
+    live = row_ok & (rows < row_end)
+    row_start = tl.where(live, row_start, row_end)
+    # keys any live row of the tile may need
+    lo = tl.reduce(tl.where(live, row_start, T), 0, _min_fn)
+    hi = tl.reduce(tl.where(live, row_end, 0), 0, _max_fn)
 
     qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
     offs_d = tl.arange(0, BLOCK_D)
@@ -291,7 +295,8 @@ def _ragged_cls_attn(
     cols = r_first + tl.arange(0, BLOCK_N)
     col_ok = cols < T
     start, end = _seq_bounds(CU, cols, r_first, r_first + BLOCK_N - 1, T, B, 4096 // BLOCK_N, 64)
-    ok = col_ok & (cols >= start) & (cols < end)  # token lies inside its (clamped) sequence
+    live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T)  # rows >= cu[B] are dead: cls_attn 0
+    ok = col_ok & (cols >= start) & (cols < end) & (cols < live)  # token lies inside its (clamped) sequence
     qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
     offs_d = tl.arange(0, BLOCK_D)
     offs_g = tl.arange(0, HG)

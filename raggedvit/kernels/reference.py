@@ -70,7 +70,8 @@ def ragged_attention_reference(
 
     Args:
         qkv: [T, 3*H*D] timm's qkv Linear output (q, k, v blocks, head-major).
-        cu_seqlens: [B+1] int32/int64, 0 = cu[0] <= cu[1] <= ... <= cu[B] = T.
+        cu_seqlens: [B+1] int32/int64, 0 = cu[0] <= cu[1] <= ... <= cu[B] <= T; rows >= cu[B] are dead
+            (out and cls_attn zero there).
         num_heads: H.
         scale: softmax scale, default 1/sqrt(D).
         return_cls_attn: also return cls_attn.
@@ -97,7 +98,7 @@ def ragged_attention_reference(
     if pos_table is not None and (token_pos is None or grid is None):
         raise ValueError("pos_table needs token_pos and grid")
     x = qkv.to(compute_dtype).reshape(T, 3, H, D)
-    out = torch.empty(T, H * D, dtype=compute_dtype, device=qkv.device)
+    out = torch.zeros(T, H * D, dtype=compute_dtype, device=qkv.device)
     cls = torch.zeros(T, dtype=compute_dtype, device=qkv.device)
     bounds = [int(b) for b in cu_seqlens.tolist()]
     for start, end in zip(bounds[:-1], bounds[1:]):

@@ -10,11 +10,12 @@ from timm.layers import Attention, PatchEmbed
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
+from raggedvit.pruning.map_head import check_map_pool
 from raggedvit.pruning.packed_block import module_dtype
 
 __all__ = ["POOLS", "check_vit", "embed_tokens", "is_distilled", "classify"]
 
-POOLS = ("token", "avg", "avgmax", "max")
+POOLS = ("token", "avg", "avgmax", "max")  # and "map": timm's AttentionPoolLatent (pruning/map_head.py)
 
 
 def is_distilled(vit: VisionTransformer) -> bool:
@@ -26,9 +27,15 @@ def check_vit(vit: torch.nn.Module) -> None:
     """Raise ValueError (one line) unless `vit` is a timm VisionTransformer the pruned forwards can run."""
     if not isinstance(vit, VisionTransformer):
         raise ValueError(f"expected a timm VisionTransformer, got {type(vit).__name__}")
-    if getattr(vit, "attn_pool", None) is not None:
-        raise ValueError(f"attention pooling (global_pool={vit.global_pool!r}) is not supported; use 'token' or 'avg'")
-    if vit.global_pool not in POOLS:
+    pool = getattr(vit, "attn_pool", None)
+    if pool is not None:
+        if vit.global_pool != "map":
+            raise ValueError(
+                f"attention pooling {type(pool).__name__} (global_pool={vit.global_pool!r}) is not supported; "
+                "use 'token', 'avg' or 'map'"
+            )
+        check_map_pool(pool)
+    elif vit.global_pool not in POOLS:
         raise ValueError(f"global_pool {vit.global_pool!r} is not supported; expected one of {', '.join(POOLS)}")
     if is_distilled(vit) and vit.global_pool != "token":
         raise ValueError("distilled ViTs must use global_pool='token'")

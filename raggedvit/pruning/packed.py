@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from raggedvit.policies import COUNT_POLICIES
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, backbone_for
 from raggedvit.pruning.select import pad_rows, pad_scores, padded_slots, select_tokens, uniform_topk
 from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
@@ -20,6 +21,7 @@ __all__ = [
     "PrunedOutput",
     "PrunedViT",
     "StageTrace",
+    "capacity_prune_stage",
     "packed_prune_stage",
     "stage_scores",
     "uniform_prune_stage",
@@ -41,7 +43,8 @@ class PrunedOutput(NamedTuple):
     """logits [B, classes] float32 (headless models: the pooled features [B, C]); token_counts [B, stages] int64
     (tokens per image after each stage, prefix and fused token included); per stage: token_index [T_s] int64
     (original token index of each kept packed row, -1 for an evit fused token), cu_seqlens [B+1] int64 of the
-    packed rows after that stage, and the StageTrace."""
+    packed rows after that stage, and the StageTrace. In the capacity layout T_s is the stage's static capacity:
+    only token_index[:cu_seqlens[B]] are kept rows."""
 
     logits: torch.Tensor
     token_counts: torch.Tensor
@@ -60,30 +63,19 @@ def stage_scores(x: torch.Tensor, cls_attn: torch.Tensor | None, spec: PruneSpec
     return cls_attn
 
 
-def packed_prune_stage(
+def _decide(
     state: PackedState,
     scores: torch.Tensor,
     cls_attn: torch.Tensor | None,
     width: int,
     num_prefix: int,
     spec: PruneSpec,
-) -> tuple[PackedState, StageTrace]:
-    """One prune stage (DESIGN.md section 4) on packed rows, any per-image counts (data-dependent: nonzero).
-
-    Args:
-        state: packed rows after the previous block.
-        scores: [T] float32 score of each row (ignored for prefix rows).
-        cls_attn: [T] float32 cls attention of the previous block (needed for evit fuse), else None.
-        width: static Nmax >= every image's token count.
-        num_prefix: p.
-        spec: the policy.
-
-    Returns:
-        (new state with T' rows, the stage's StageTrace).
-    """
-    x, cu, seq_id, pos, token_index = state
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, StageTrace]:
+    """Steps 2-4 and 6 of a stage on the padded layout: (keep [B, W'] bool, source rows x [T (+B), C],
+    their token_index [T (+B)], StageTrace). W' = width, or width + 1 with evit's fuse: slot `width` of image b is
+    its fused token, appended to the sources as row T + b."""
+    x, cu, _, _, token_index = state
     B = cu.shape[0] - 1
-    T, C = x.shape
     n = cu[1:] - cu[:-1]
     S = pad_scores(scores, cu, n, width, num_prefix)
     sel = select_tokens(S, n, num_prefix, spec)
@@ -101,19 +93,94 @@ def packed_prune_stage(
         keep = torch.cat((keep, torch.ones(B, 1, dtype=torch.bool, device=x.device)), dim=1)  # slot W = fused
         x_src = torch.cat((x, fused), dim=0)
         index_src = torch.cat((token_index, torch.full((B,), -1, dtype=token_index.dtype, device=x.device)))
+    return keep, x_src, index_src, StageTrace(S, n, sel.k, keep.sum(dim=1))
+
+
+def _cu_of(counts: torch.Tensor) -> torch.Tensor:
+    """counts [B] int64 -> cu [B+1] = [0, cumsum(counts)]."""
+    return torch.cat((torch.zeros(1, dtype=torch.int64, device=counts.device), torch.cumsum(counts, dim=0)))
+
+
+def packed_prune_stage(
+    state: PackedState,
+    scores: torch.Tensor,
+    cls_attn: torch.Tensor | None,
+    width: int,
+    num_prefix: int,
+    spec: PruneSpec,
+) -> tuple[PackedState, StageTrace]:
+    """One prune stage (DESIGN.md section 4) on packed rows, any per-image counts (data-dependent: nonzero).
+
+    Args:
+        state: packed rows after the previous block (rows past cu[B], if any, are never read).
+        scores: [T] float32 score of each row (ignored for prefix rows).
+        cls_attn: [T] float32 cls attention of the previous block (needed for evit fuse), else None.
+        width: static Nmax >= every image's token count.
+        num_prefix: p.
+        spec: the policy.
+
+    Returns:
+        (new state with T' = the kept rows, the stage's StageTrace).
+    """
+    B = state.cu.shape[0] - 1
+    T = state.x.shape[0]
+    keep, x_src, index_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
     nz = torch.nonzero(keep).t()  # [2, T'] row-major: image by image, position order kept (ONNX NonZero's layout)
     b, i = nz[0], nz[1]
     t_new = nz.shape[1]
     torch._check(t_new >= B)
     torch._check(t_new <= B * keep.shape[1])
-    src = cu.index_select(0, b) + i
+    src = state.cu.index_select(0, b) + i
     if spec.fuse:
         src = torch.where(i == width, T + b, src)
-    n_new = keep.sum(dim=1)
-    cu_new = torch.cat((torch.zeros(1, dtype=torch.int64, device=x.device), torch.cumsum(n_new, dim=0)))
     pos_new = (torch.cumsum(keep.to(torch.int64), dim=1) - 1)[b, i]
-    new = PackedState(x_src.index_select(0, src), cu_new, b, pos_new, index_src.index_select(0, src))
-    return new, StageTrace(S, n, sel.k, n_new)
+    new = PackedState(x_src.index_select(0, src), _cu_of(trace.kept), b, pos_new, index_src.index_select(0, src))
+    return new, trace
+
+
+def capacity_prune_stage(
+    state: PackedState,
+    scores: torch.Tensor,
+    cls_attn: torch.Tensor | None,
+    width: int,
+    bound: int,
+    num_prefix: int,
+    spec: PruneSpec,
+) -> tuple[PackedState, StageTrace]:
+    """The same stage as `packed_prune_stage` into a static capacity of B * bound rows (DESIGN.md section 4,
+    "Capacity layout"): no nonzero, no host read, every shape known from B, width and bound.
+
+    Rows [0, cu'[B]) are the kept rows in packed_prune_stage's order (image by image, position order, the fused
+    token last); rows [cu'[B], B * bound) are dead: copies of the stage's other slots in slot order (each image's
+    dropped rows, and row 0 for padding slots past its count), with their seq_id, pos and token_index: finite and
+    in range, never read as tokens. Each slot's destination comes from cumsums of keep (kept slots first, then the
+    rest), its inverse permutation from a scatter of distinct indices (no reduction), the rows from one gather.
+
+    Args:
+        state: packed rows; only rows [0, cu[B]) are read (the padded layout of `width` slots per image).
+        scores, cls_attn, num_prefix, spec: as packed_prune_stage.
+        width: static bound of every image's row count before the stage.
+        bound: static bound of every image's row count after it (width + fuse, or p + k + fuse when the counts are
+            known before the data); the new state has B * bound rows.
+    """
+    B = state.cu.shape[0] - 1
+    T = state.x.shape[0]
+    keep, x_src, index_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
+    slots = keep.shape[1]
+    assert bound <= slots, f"capacity bound {bound} exceeds the {slots} slots per image"
+    rows, _ = padded_slots(state.cu, trace.n, width)  # [B, W] source row of each slot (padding: row 0)
+    if spec.fuse:
+        rows = torch.cat((rows, T + torch.arange(B, device=rows.device).unsqueeze(1)), dim=1)  # [B, W']
+    cu_new = _cu_of(trace.kept)
+    flat = keep.reshape(-1).to(torch.int64)  # [B*W'] row-major
+    slot = torch.arange(flat.shape[0], device=flat.device)
+    kept_before = torch.cumsum(flat, dim=0) - flat  # exclusive
+    dest = torch.where(flat > 0, kept_before, cu_new[B] + slot - kept_before)  # a permutation of the slots
+    order = torch.zeros_like(slot).scatter(0, dest, slot)[: B * bound]  # [B*bound] the slot each row copies
+    src = rows.reshape(-1).index_select(0, order)
+    pos = (torch.cumsum(keep.to(torch.int64), dim=1) - 1).clamp_min(0).reshape(-1).index_select(0, order)
+    new = PackedState(x_src.index_select(0, src), cu_new, order // slots, pos, index_src.index_select(0, src))
+    return new, trace
 
 
 def uniform_prune_stage(
@@ -148,6 +215,12 @@ class PrunedViT(nn.Module):
     module is torch.export-able with a data-dependent token count; stages whose counts are known before the data
     (topk-l2, evit without fuse, on equal counts per image) have static shapes.
 
+    `capacity=True` selects the capacity layout (DESIGN.md section 4): every stage keeps a static row count
+    (B × the rows per image the stage can keep at most), the kept rows first and dead rows after cu[B], so every
+    policy has static shapes at a given batch size: the ONNX export has no NonZero and runs as a CUDA graph, and
+    torch.compile (mode="reduce-overhead") captures it. Same logits, counts and kept rows as the default
+    (compact) layout; stages that are static already (uniform topk-l2 / evit) are the same in both.
+
     The model family (VisionTransformer, and the others in raggedvit/pruning/families/) is a `Backbone`: the
     embedding, each block on packed rows and the head; this class owns the stages. Each submodule runs in its
     own dtype (see raggedvit.pruning.precision for the export recipes): the embedding output is cast to the
@@ -157,7 +230,9 @@ class PrunedViT(nn.Module):
     semantics of `raggedvit.kernels.ragged_attention` (a benchmark peer, for instance); None keeps the op.
     """
 
-    def __init__(self, vit: nn.Module, spec: PruneSpec, attention: AttentionFn | None = None) -> None:
+    def __init__(
+        self, vit: nn.Module, spec: PruneSpec, attention: AttentionFn | None = None, *, capacity: bool = False
+    ) -> None:
         super().__init__()
         backbone = backbone_for(vit)
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
@@ -166,6 +241,7 @@ class PrunedViT(nn.Module):
         self.spec = spec
         self.num_prefix = backbone.num_prefix
         self.attention = attention
+        self.capacity = bool(capacity)
 
     def forward(self, images: torch.Tensor) -> PrunedOutput:
         return self.forward_packed(images)
@@ -192,6 +268,13 @@ class PrunedViT(nn.Module):
                 if uniform is not None and spec.static_shapes:
                     state, trace = uniform_prune_stage(state, scores, uniform, p, spec.keep, steps)
                     uniform = width = p + uniform_keep(uniform, p, spec.keep)
+                elif self.capacity:
+                    # counts known before the data (evit with fuse on a uniform state): the capacity is exact
+                    known = uniform is not None and spec.policy in COUNT_POLICIES
+                    bound = (p + uniform_keep(uniform, p, spec.keep) if known else width) + int(spec.fuse)
+                    state, trace = capacity_prune_stage(state, scores, cls_attn, width, bound, p, spec)
+                    uniform = bound if known else None
+                    width = bound
                 else:
                     state, trace = packed_prune_stage(state, scores, cls_attn, width, p, spec)
                     uniform = None

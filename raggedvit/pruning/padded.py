@@ -93,9 +93,12 @@ def _padded_head(vit: VisionTransformer, x: torch.Tensor, n: torch.Tensor, num_p
     x = vit.norm(x)
     second = x[:, 1] if is_distilled(vit) else None
     pooled = None
-    if vit.global_pool != "token":
-        idx = torch.arange(x.shape[1], device=x.device)
-        lo = 0 if vit.pool_include_prefix else num_prefix
+    idx = torch.arange(x.shape[1], device=x.device)
+    lo = 0 if vit.pool_include_prefix else num_prefix
+    if vit.attn_pool is not None:  # timm's own module with an additive key mask over the padding
+        mask = torch.where(idx[lo:] < n.unsqueeze(1), 0.0, float("-inf"))  # [B, W - lo]
+        pooled = vit.attn_pool(x[:, lo:], attn_mask=mask[:, None, None, :].to(x.dtype))
+    elif vit.global_pool != "token":
         include = ((idx >= lo) & (idx < n.unsqueeze(1))).unsqueeze(2)  # [B, W, 1]
         mean = (x * include).sum(1) / include.sum(1).to(x.dtype)
         amax = x.masked_fill(~include, float("-inf")).amax(1)

@@ -6,8 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from raggedvit.policies import CLS_ATTN_POLICIES, POLICIES, static_shapes
 
 __all__ = ["CLS_MASS_EPS", "EVIT_FUSE_EPS", "POLICIES", "PruneSpec", "f32", "uniform_keep"]
@@ -17,14 +15,24 @@ EVIT_FUSE_EPS = 1e-12  # floor of the dropped-attention sum in evit's fused toke
 
 
 def f32(value: float) -> float:
-    """`value` rounded to the nearest float32 (the precision every stage computes in)."""
-    return float(torch.tensor(value, dtype=torch.float32))
+    """`value` rounded to the nearest float32 (ties to even; the precision every stage computes in).
+
+    Plain Python arithmetic, no tensor: torch.compile folds it into a constant (a float() of a tensor would be a
+    graph break). Exact for normal and subnormal float32 values; beyond the float32 range -> +-inf."""
+    value = float(value)
+    if value == 0.0 or not math.isfinite(value):
+        return value
+    exp = max(math.frexp(value)[1] - 24, -149)  # the float32 ulp of value is 2**exp (24 significant bits)
+    rounded = math.ldexp(round(math.ldexp(value, -exp)), exp)  # round(): ties to even
+    return rounded if abs(rounded) < 2.0**128 else math.copysign(math.inf, value)
 
 
 def uniform_keep(n: int, num_prefix: int, keep: float) -> int:
-    """Patch rows kept of an image with n rows by topk-l2 / evit: clamp(ceil(f32(keep) * f32(n - p)), 1, n - p)."""
+    """Patch rows kept of an image with n rows by topk-l2 / evit: clamp(ceil(f32(keep) * f32(n - p)), 1, n - p).
+
+    The float32 product is f32 of the exact product of the two float32 values (which a double holds exactly)."""
     patches = n - num_prefix
-    k = int(torch.ceil(torch.tensor(patches, dtype=torch.float32) * torch.tensor(keep, dtype=torch.float32)))
+    k = math.ceil(f32(f32(keep) * f32(patches)))
     return min(max(k, 1), patches)
 
 
@@ -76,8 +84,10 @@ class PruneSpec:
 
     @property
     def static_shapes(self) -> bool:
-        """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): the traced graph
-        has static shapes at a given batch size (no NonZero) and runs as a CUDA graph."""
+        """Every stage keeps a count known before the data (topk-l2, evit without fuse, none): PrunedViT runs
+        them as uniform stages, and its traced graph has static shapes at a given batch size (no NonZero) and
+        runs as a CUDA graph in either layout. Other policies need the capacity layout for that
+        (`raggedvit.policies.static_shapes(policy, fuse, capacity=True)`)."""
         return static_shapes(self.policy, self.fuse)
 
     @classmethod
@@ -122,7 +132,10 @@ class PruneSpec:
             if bad:
                 raise ValueError(f"prune index {bad[0]} out of range 1..{depth - 1} for a model with {depth} blocks")
         if has_class_token is False and self.needs_cls_attn:
-            raise ValueError(f"policy {self.policy!r} needs a class token; the model has none")
+            raise ValueError(
+                f"policy {self.policy!r} needs a class token in the pruned blocks (it ranks tokens by the class "
+                "token's attention); the model has none there: use topk-l2"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {

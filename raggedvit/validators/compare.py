@@ -44,7 +44,8 @@ def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool
 
 
 def _split_kept(token_index, cu) -> list:
-    """token_index [T] and cu [B+1] of one stage -> per image the sorted kept token indices."""
+    """token_index [T] and cu [B+1] of one stage -> per image the sorted kept token indices. Rows past cu[B] (the
+    dead rows of a capacity-layout export, DESIGN.md section 4) are not read."""
     return [np.sort(np.asarray(token_index[int(cu[b]) : int(cu[b + 1])])) for b in range(len(cu) - 1)]
 
 

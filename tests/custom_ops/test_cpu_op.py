@@ -106,6 +106,23 @@ def test_empty_batch_and_empty_sequences(ort_library):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("cu_dtype", CU_DTYPES)
+def test_dead_rows_past_cu_are_zero(ort_library, gen, dtype, cu_dtype):
+    """cu[B] < T (the capacity layout): live rows as the reference, zeros in the dead rows (NaN-poisoned
+    outputs: nothing is left unwritten); the reference has the same contract."""
+    H, D = 2, 16
+    qkv = torch.randn(40, 3 * H * D, generator=gen).to(dtype)
+    cu = torch.tensor([0, 6, 6, 23], dtype=cu_dtype)  # rows 23..39 dead
+    sess = create_session(attention_model(dtype, cu_dtype, H), "cpu", intra_op_threads=2)
+    outputs = {"out": torch.full((40, H * D), math.nan, dtype=dtype), "cls_attn": torch.full((40,), math.nan)}
+    run_with_iobinding(sess, {"qkv": qkv, "cu_seqlens": cu}, outputs)
+    out, cls = reference(qkv, cu, H)
+    assert_close(outputs["out"], out.to(dtype), name="out")
+    assert_close(outputs["cls_attn"], cls.float(), name="cls_attn")
+    assert (outputs["out"][23:] == 0).all() and (outputs["cls_attn"][23:] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("width", [96, "W"])
 def test_output_type_and_shape_inference(ort_library, dtype, width):
     """out's inferred type is qkv's (ORT checks it against the declared type of y = Identity(out))."""

@@ -54,7 +54,7 @@ def qkv(T: int = 5, width: int = W) -> torch.Tensor:
         ("must be non-decreasing, got cu_seqlens[2] = 1 < cu_seqlens[1] = 3 && shape [4]", qkv, [0, 3, 1, 5], {}),
         ("must be non-decreasing, got cu_seqlens[1] = -1 < cu_seqlens[0] = 0", qkv, [0, -1, 5], {}),
         ("cu_seqlens[1] = 9 exceeds T = 5 && qkv shape [5, 24]", qkv, [0, 9, 5], {}),
-        ("must end at T = 5, got cu_seqlens[2] = 4 && qkv shape [5, 24]", qkv, [0, 2, 4], {}),
+        ("cu_seqlens[2] = 6 exceeds T = 5 && qkv shape [5, 24]", qkv, [0, 2, 6], {}),
         (
             "sequence 1 has length 4 above attribute max_seqlen = 3 && qkv shape [5, 24]",
             qkv,
@@ -104,7 +104,7 @@ def test_huge_num_heads_fail_the_width_check(ort_library, num_heads):
 def test_errors_do_not_poison_the_session(ort_library):
     """A failed call returns a status; the same session then runs a valid batch."""
     sess = create_session(attention_model(torch.float32, torch.int64, H), "cpu")
-    with pytest.raises(Exception, match="must end at T = 5"):
-        run_with_iobinding(sess, {"qkv": qkv(), "cu_seqlens": torch.tensor([0, 3])}, output_device="cpu")
+    with pytest.raises(Exception, match="exceeds T = 5"):
+        run_with_iobinding(sess, {"qkv": qkv(), "cu_seqlens": torch.tensor([0, 9])}, output_device="cpu")
     out, cls = run_with_iobinding(sess, {"qkv": qkv(), "cu_seqlens": torch.tensor([0, 3, 5])}, output_device="cpu")
     assert out.shape() == [5, H * D]

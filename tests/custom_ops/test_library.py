@@ -64,9 +64,11 @@ def test_library_info(ort_library):
     assert build["head_dim_blocks"] == [32, 64, 128]
     assert 0 in build["min_tokens"]
     n_configs = len(build["min_tokens"])
-    assert build["num_kernel_images"] == 2 * 3 * 2 * 3 * 4 * n_configs  # kernels x dtypes x cu x BLOCK_D x archs
+    # kernels x dtypes x cu x BLOCK_D x archs x HAS_POS
+    assert build["num_kernel_images"] == 2 * 3 * 2 * 3 * 4 * n_configs * 2
     assert build["num_cubins"] <= build["num_kernel_images"]
-    assert {"fwd", "cls"} <= set(build["configs"]["fp16/d64/T>=0"])
+    assert {"fwd", "cls", "fwd+pos", "cls+pos"} <= set(build["configs"]["fp16/d64/T>=0"])
+    assert build["relative_position_bias"] is True
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):

@@ -71,8 +71,10 @@ def test_dynamic_batch_same_file(deit_tiny, images, ort_session, tmp_path):
         ("vit_small_patch32_224", {"depth": 3, "embed_norm_layer": nn.LayerNorm}, PruneSpec("cls-mass", (1,))),
         # CLIP style: no projection bias, norm_pre
         ("vit_small_patch32_224", {"depth": 3, "pre_norm": True}, PruneSpec("topk-l2", (2,))),
+        # SigLIP's MAP head over each image's kept patch rows (ragged counts; cls + registers skipped)
+        ("vit_small_patch32_224", {"depth": 3, "global_pool": "map", "reg_tokens": 2}, PruneSpec("cls-mass", (1,))),
     ],
-    ids=["distilled", "registers-avgpool-layerscale", "patch32-embed-norm", "patch32-pre-norm-no-bias"],
+    ids=["distilled", "registers-avgpool-layerscale", "patch32-embed-norm", "patch32-pre-norm-no-bias", "map-head"],
 )
 def test_other_vit_variants(images, ort_session, name, kwargs, spec):
     vit, _ = load_vit(name, seed=1, model_kwargs=kwargs)

@@ -139,3 +139,18 @@ def test_bias_is_added_on_load(interpreted, gen, dtype):
     plain_out, plain_cls = reference(qkv + bias, cu, H)
     assert_close(out, plain_out.to(dtype), name="bias: attention of qkv + bias")
     assert_close(cls_attn, plain_cls.float(), rtol=1e-3, name="bias: cls_attn of qkv + bias")
+
+
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
+def test_dead_rows_past_cu_are_zero(interpreted, gen, cu_dtype):
+    """The capacity layout: rows >= cu[B] are dead. 16-row tiles: live, mixed and all-dead tiles; the poisoned
+    outputs must come back zero there (out and cls_attn), the live rows equal to the reference."""
+    qkv_live, cu = make_batch([5, 0, 20, 1], 2, 16, torch.float32, gen, cu_dtype=cu_dtype)
+    qkv = torch.cat((qkv_live, torch.randn(37, qkv_live.shape[1], generator=gen)))  # rows 26..62 dead
+    cfg = KernelConfig("fp32", 16, 16, 16, 4, 1, 16, 4)
+    out, cls_attn = run(interpreted, qkv, cu, 2, config=cfg)
+    live = int(cu[-1])
+    check_against_reference(out[:live], cls_attn[:live], qkv_live, cu, 2)
+    assert (out[live:] == 0).all() and (cls_attn[live:] == 0).all()
+    ref_out, ref_cls = reference(qkv, cu, 2)  # the reference has the same dead-row contract
+    assert (ref_out[live:] == 0).all() and (ref_cls[live:] == 0).all()

@@ -50,7 +50,7 @@ def test_single_token(gen):
         (torch.zeros(4, 96), torch.tensor([[0, 4]]), 2, "1-D"),
         (torch.zeros(4, 96), torch.tensor([0.0, 4.0]), 2, "int32 or int64"),
         (torch.zeros(4, 96), torch.tensor([0, 4]), 0, "num_heads must be >= 1"),
-        (torch.zeros(4, 96), torch.tensor([0, 3]), 2, "cu_seqlens must rise from 0 to T=4"),
+        (torch.zeros(4, 96), torch.tensor([0, 5]), 2, "cu_seqlens must rise from 0 to at most T=4"),
         (torch.zeros(4, 96), torch.tensor([0, 3, 2, 4]), 2, "cu_seqlens must rise"),
     ],
 )
@@ -98,3 +98,15 @@ def test_export_with_data_dependent_tokens(gen):
     torch.testing.assert_close(out, ref[0])
     torch.testing.assert_close(cls_attn, ref[1])
     assert math.isclose(float(cls_attn.sum()), 1.0, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_dead_rows_past_cu_are_zero(gen, dtype):
+    """cu[B] < T (the capacity layout): the live rows as without the tail, zeros in the dead rows."""
+    qkv_live, cu = make_batch([7, 0, 12], 3, 16, dtype, gen)
+    qkv = torch.cat((qkv_live, torch.randn(9, qkv_live.shape[1], generator=gen).to(dtype)))
+    out, cls_attn = ragged_attention(qkv, cu, 3, return_cls_attn=True)
+    want, want_cls = ragged_attention(qkv_live, cu, 3, return_cls_attn=True)
+    torch.testing.assert_close(out[:19], want, rtol=0, atol=0)
+    torch.testing.assert_close(cls_attn[:19], want_cls, rtol=0, atol=0)
+    assert (out[19:] == 0).all() and (cls_attn[19:] == 0).all()

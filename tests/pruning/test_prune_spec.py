@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import timm
 import torch
 
 from raggedvit.pruning import PrunedViT, PruneSpec
@@ -61,8 +62,10 @@ def test_pruned_vit_checks_the_model() -> None:
 
 
 def test_unsupported_pooling_and_model() -> None:
-    vit, _ = load_vit("deit_tiny_patch16_224", model_kwargs={"depth": 2, "global_pool": "map"})
-    with pytest.raises(ValueError, match="attention pooling"):
+    vit = timm.create_model("deit_tiny_patch16_224", depth=2, global_pool="prr")
+    with pytest.raises(ValueError, match="attention pooling AttentionPoolPrr"):
         PrunedViT(vit, PruneSpec())
+    with pytest.raises(ValueError, match="not a ViT raggedvit runs: attention pooling AttentionPoolPrr"):
+        load_vit("deit_tiny_patch16_224", model_kwargs={"depth": 2, "global_pool": "prr"})
     with pytest.raises(ValueError, match="expected a timm .*VisionTransformer.*, got Linear$"):
         PrunedViT(torch.nn.Linear(2, 2), PruneSpec())  # type: ignore[arg-type]

@@ -92,8 +92,14 @@ def test_evit_fuse_adds_one_token_per_image() -> None:
 @pytest.mark.usefixtures("no_grad")
 @pytest.mark.parametrize(
     "model_kwargs",
-    [{"global_pool": "avg"}, {"global_pool": "max"}, {"global_pool": "avgmax"}, {"qk_norm": True, "init_values": 0.5}],
-    ids=["avg", "max", "avgmax", "qk_norm-layerscale"],
+    [
+        {"global_pool": "avg"},
+        {"global_pool": "max"},
+        {"global_pool": "avgmax"},
+        {"qk_norm": True, "init_values": 0.5},
+        {"global_pool": "map", "reg_tokens": 2},  # SigLIP's attention pooling over the patch rows
+    ],
+    ids=["avg", "max", "avgmax", "qk_norm-layerscale", "map-registers"],
 )
 def test_block_and_pool_variants(model_kwargs: dict) -> None:
     vit, _ = load_vit("deit_tiny_patch16_224", seed=2, model_kwargs={"depth": 3, **model_kwargs})
@@ -104,3 +110,15 @@ def test_block_and_pool_variants(model_kwargs: dict) -> None:
     packed, padded = PrunedViT(vit, spec)(images), padded_reference_forward(vit, spec, images)
     assert_close(packed.logits, padded.logits, rtol=1e-5, atol=1e-5, name="logits")
     assert torch.equal(packed.token_counts, padded.token_counts)
+
+
+@pytest.mark.usefixtures("no_grad")
+def test_map_head_on_ragged_counts() -> None:
+    """The MAP head over each image's kept rows when the images keep different counts (cls-mass)."""
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=2, model_kwargs={"depth": 3, "global_pool": "map"})
+    images = get_images("deit_tiny")
+    spec = PruneSpec("cls-mass", prune_at=(1, 2), mass=0.7)
+    packed, padded = PrunedViT(vit, spec)(images), padded_reference_forward(vit, spec, images)
+    assert torch.equal(packed.token_counts, padded.token_counts)
+    assert packed.token_counts[0, 0] != packed.token_counts[1, 0]
+    assert_close(packed.logits, padded.logits, rtol=1e-5, atol=1e-5, name="logits")

@@ -201,8 +201,9 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
   if (table != nullptr) {
     job.pos = static_cast<const float*>(table);
     job.pos_size = attrs.pos_size;
+    const I* token_pos = static_cast<const I*>(tokens);
     job.codes.resize(static_cast<size_t>(d.T));
-    for (int64_t t = 0; t < d.T; ++t) job.codes[static_cast<size_t>(t)] = MakeRelCode(static_cast<const I*>(tokens)[t], attrs);
+    for (int64_t t = 0; t < d.T; ++t) job.codes[static_cast<size_t>(t)] = MakeRelCode(token_pos[t], attrs);
   }
   job.d = d;
   job.scale = attrs.has_scale ? attrs.scale : 1.0f / std::sqrt(static_cast<float>(d.D));
@@ -212,6 +213,17 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
   if (ctx.GetOutputCount() > 1) {
     auto cls = ctx.GetOutput(1, {d.T});
     if (cls) job.cls = cls.GetTensorMutableData<float>();
+  }
+  // rows [cu[B], T) are dead (the capacity layout, DESIGN.md section 4): no task writes them, so zero them here
+  const int64_t live = static_cast<int64_t>(cu[d.B]);
+  if (live < d.T) {
+    int64_t begin = 0, end = 0;  // element offsets of the dead rows in out [T, H*D]; T*H*D < T*W was checked
+    if (!CheckedMul(live, d.H * d.D, &begin) || !CheckedMul(d.T, d.H * d.D, &end)) {
+      return MakeStatus(ORT_INVALID_ARGUMENT, "out [T, H*D] overflows int64 (qkv shape " + ShapeString(qkv_shape) +
+                                                  ")");
+    }
+    std::fill(job.out + begin, job.out + end, FromFloat<T>(0.0f));
+    if (job.cls != nullptr) std::fill(job.cls + live, job.cls + d.T, 0.0f);
   }
   err = MakeTasks(cu, d, &job.tasks);
   if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err + " (qkv shape " + ShapeString(qkv_shape) + ")");

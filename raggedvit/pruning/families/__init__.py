@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from raggedvit.pruning.families import beit, relpos, vit
+from raggedvit.pruning.families import beit, cait, eva, relpos, vit
 
-__all__ = ["beit", "relpos", "vit"]
+__all__ = ["beit", "cait", "eva", "relpos", "vit"]

@@ -7,6 +7,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from raggedvit.pruning._model import check_vit, classify, embed_tokens, is_distilled
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, register_backbone
+from raggedvit.pruning.map_head import map_pool
 from raggedvit.pruning.packed_block import module_dtype, packed_block_forward
 from raggedvit.pruning.select import pad_rows, padded_slots
 
@@ -15,7 +16,8 @@ __all__ = ["ViTBackbone", "padded_pool"]
 
 @register_backbone
 class ViTBackbone(Backbone):
-    """timm VisionTransformer: pre-norm `Block`s with timm's `Attention`, token / avg / max pooling."""
+    """timm VisionTransformer: pre-norm `Block`s with timm's `Attention`; token / avg / max pooling, or SigLIP's
+    attention pooling (global_pool 'map', pruning/map_head.py) over each image's kept rows."""
 
     model_classes = (VisionTransformer,)
 
@@ -64,10 +66,14 @@ class ViTBackbone(Backbone):
             second = vit.norm(state.x.index_select(0, starts + 1).to(dtype)) if is_distilled(vit) else None
             return classify(vit, first, second, None)
         x = vit.norm(state.x.to(dtype))
+        skip = 0 if vit.pool_include_prefix else self.num_prefix
+        if vit.attn_pool is not None:  # global_pool 'map' (check_vit refuses other attention pools)
+            pooled = map_pool(vit.attn_pool, x, state.cu, width, skip=skip)
+            return classify(vit, pooled, None, pooled)
         n = state.cu[1:] - state.cu[:-1]
         rows, valid = padded_slots(state.cu, n, width)
         slot = torch.arange(width, device=x.device)
-        include = valid & (slot >= (0 if vit.pool_include_prefix else self.num_prefix))  # [B, W]
+        include = valid & (slot >= skip)  # [B, W]
         pooled = padded_pool(pad_rows(x, rows), include, vit.global_pool)
         return classify(vit, pooled, None, pooled)
 

@@ -1,0 +1,86 @@
+"""What `python3 -m benchmarks.serving` measures: variant names, policies, the issue's bars, HBM bandwidths.
+
+No heavy imports: the report reads these without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "timm_name",
+    "BANDWIDTH_SOURCE",
+    "BARS",
+    "BASELINE",
+    "COMPILED",
+    "CUDA_ONLY",
+    "DEFAULT_POLICIES",
+    "HBM_BANDWIDTH",
+    "ORT",
+    "PRUNED",
+    "UNPRUNED",
+    "VARIANTS",
+    "Bar",
+    "table_bandwidth",
+]
+
+# unpruned (policy "none"): timm's model eager, torch.compile(mode="reduce-overhead"), raggedvit's policy-none export
+UNPRUNED = ("timm_eager", "timm_compile", "ort_unpruned")
+# per pruning policy: PrunedViT eager, PrunedViT under torch.compile(mode="reduce-overhead"), raggedvit's export
+PRUNED = ("prunedvit_eager", "prunedvit_compile", "ort_raggedvit")
+VARIANTS = UNPRUNED + PRUNED
+COMPILED = ("timm_compile", "prunedvit_compile")
+ORT = ("ort_unpruned", "ort_raggedvit")  # CUDA graph when the export has static shapes, else node by node
+CUDA_ONLY = COMPILED  # mode="reduce-overhead" is CUDA graphs; the CPU debug run skips them
+BASELINE = "timm_compile"  # the issue's denominator: torch.compile unpruned
+
+DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One of the issue's bars: `variant` of policies named `policy` at `batches` reaches `min_ratio` x the
+    img/s of BASELINE on the same model and batch; `mode` (when set) must be the variant's run mode."""
+
+    policy: str  # policy name (the part of the policy string before the first ':')
+    variant: str
+    batches: tuple[int, ...]
+    min_ratio: float
+    mode: str | None = None
+
+    @property
+    def text(self) -> str:
+        how = f" as a {self.mode.replace('_', ' ')}" if self.mode else ""
+        bs = ",".join(str(b) for b in self.batches)
+        return f"{self.policy} {self.variant}{how} >= {self.min_ratio}x {BASELINE} at B={bs}"
+
+
+# issue 13 (serving speed), the done-when ratios against torch.compile unpruned (mode="reduce-overhead")
+BARS = (
+    Bar("topk-l2", "ort_raggedvit", (1, 4), 2.0),
+    Bar("topk-l2", "ort_raggedvit", (32, 128), 1.6),
+    Bar("cls-mass", "ort_raggedvit", (1, 4), 1.5, mode="cuda_graph"),
+    Bar("cls-mass", "ort_raggedvit", (32, 128), 2.0, mode="cuda_graph"),
+)
+
+# peak HBM bandwidth in bytes/s by GPU name (torch.cuda.get_device_name), from the vendors' datasheets
+HBM_BANDWIDTH = {
+    "H200": 4.8e12,  # NVIDIA H200 datasheet: 141 GB HBM3e at 4.8 TB/s
+    "H100 80GB HBM3": 3.35e12,  # NVIDIA H100 SXM datasheet: 3.35 TB/s
+    "H100 PCIe": 2.0e12,  # NVIDIA H100 PCIe datasheet: 2.0 TB/s
+    "A100-SXM4-80GB": 2.039e12,  # NVIDIA A100 datasheet: 80 GB HBM2e SXM, 2,039 GB/s
+}
+BANDWIDTH_SOURCE = "NVIDIA datasheets (H200: 141 GB HBM3e, 4.8 TB/s)"
+
+
+def table_bandwidth(gpu_name: str | None) -> float | None:
+    """Peak HBM bytes/s of `gpu_name` from HBM_BANDWIDTH (the longest key contained in the name), or None."""
+    if not gpu_name:
+        return None
+    hits = [k for k in HBM_BANDWIDTH if k in gpu_name]
+    return HBM_BANDWIDTH[max(hits, key=len)] if hits else None
+
+
+def timm_name(model: str) -> str:
+    """A short name `deit_base` -> `deit_base_patch16_224`; a name with `_patch` in it is a timm name already."""
+    return model if "_patch" in model else f"{model}_patch16_224"
