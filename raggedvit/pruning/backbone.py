@@ -72,13 +72,13 @@ class Backbone:
 
     def tokens_per_image(self) -> int:
         """N: tokens per image entering the blocks at the model's own image size (prefix included)."""
-        raise NotImplementedError
+        return int(self.model.patch_embed.num_patches) + self.num_prefix
 
     def stream_dtype(self, default: torch.dtype) -> torch.dtype:
-        """The residual stream's dtype (the first block's input dtype)."""
+        """The residual stream's dtype: the first block's norm1 (the block input's first consumer)."""
         from raggedvit.pruning.packed_block import module_dtype
 
-        return module_dtype(self.blocks[0], default) if len(self.blocks) else default
+        return module_dtype(self.blocks[0].norm1, default) if len(self.blocks) else default
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] -> tokens [B, N, C] (any dtype; PrunedViT casts to the stream dtype)."""

@@ -98,13 +98,6 @@ class BeitBackbone(Backbone):
         for blk in model.blocks:  # refuse a window that is not the patch grid now, not in the forward
             beit_table(blk.attn, model.rel_pos_bias, self.grid)
 
-    def tokens_per_image(self) -> int:
-        return int(self.model.patch_embed.num_patches) + self.num_prefix
-
-    def stream_dtype(self, default: torch.dtype) -> torch.dtype:
-        blocks = self.model.blocks
-        return module_dtype(blocks[0].norm1, default) if len(blocks) else default
-
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         m = self.model
         x = patch_embed(m.patch_embed, images)

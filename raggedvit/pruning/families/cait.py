@@ -112,13 +112,6 @@ class CaitBackbone(Backbone):
         self.num_prefix = 0
         self.has_class_token = False  # the class token joins only in the tail, after every prune stage
 
-    def tokens_per_image(self) -> int:
-        return int(self.model.patch_embed.num_patches)
-
-    def stream_dtype(self, default: torch.dtype) -> torch.dtype:
-        blocks = self.model.blocks
-        return module_dtype(blocks[0].norm1, default) if len(blocks) else default
-
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         m = self.model
         x = patch_embed(m.patch_embed, images)

@@ -84,13 +84,6 @@ class EvaBackbone(Backbone):
         self.has_class_token = model.cls_token is not None
         self._rope: torch.Tensor | None = None
 
-    def tokens_per_image(self) -> int:
-        return int(self.model.patch_embed.num_patches) + self.num_prefix
-
-    def stream_dtype(self, default: torch.dtype) -> torch.dtype:
-        blocks = self.model.blocks
-        return module_dtype(blocks[0].norm1, default) if len(blocks) else default
-
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] -> tokens [B, N, C]: patch embedding, class / register tokens, absolute position
         embedding, norm_pre (timm's `_pos_embed`); also sets the rope table of this forward."""

@@ -49,13 +49,6 @@ class RelPosBackbone(Backbone):
         rel_pos = attn.rel_pos if attn.rel_pos is not None else self.model.shared_rel_pos  # timm: its own first
         return None if rel_pos is None else relpos_table(rel_pos, self.grid)
 
-    def tokens_per_image(self) -> int:
-        return int(self.model.patch_embed.num_patches) + self.num_prefix
-
-    def stream_dtype(self, default: torch.dtype) -> torch.dtype:
-        blocks = self.model.blocks
-        return module_dtype(blocks[0].norm1, default) if len(blocks) else default
-
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         m = self.model
         x = patch_embed(m.patch_embed, images)

@@ -27,13 +27,6 @@ class ViTBackbone(Backbone):
         self.num_prefix = int(model.num_prefix_tokens)
         self.has_class_token = model.cls_token is not None
 
-    def tokens_per_image(self) -> int:
-        return int(self.model.patch_embed.num_patches) + self.num_prefix
-
-    def stream_dtype(self, default: torch.dtype) -> torch.dtype:
-        blocks = self.model.blocks
-        return module_dtype(blocks[0].norm1, default) if len(blocks) else default
-
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         return embed_tokens(self.model, images)
 
