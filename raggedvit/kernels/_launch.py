@@ -22,7 +22,6 @@ from raggedvit.kernels._config import KernelConfig, pick_config
 
 __all__ = ["_launch_triton", "load_interpreted_kernels", "scale_bits"]
 
-_BUFFERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 # Compiled kernels per (device, dtype, cu dtype, H, D, store_lse, has_pos, config), launched without Triton's
 # per-call binder. Set RAGGEDVIT_NO_FAST_LAUNCH=1 to always go through JITFunction.run.
 _FAST: dict[tuple, tuple[Any, Any]] = {}
@@ -77,13 +76,15 @@ def load_interpreted_kernels() -> ModuleType:
     return module
 
 
-def _cached(device: torch.device, numel: int) -> torch.Tensor:
-    """A per-device fp32 buffer: [0] for the absent cls_attn, [1] as the unused Lse pointer."""
-    key = (device, numel)
-    t = _BUFFERS.get(key)
-    if t is None:
-        t = _BUFFERS[key] = torch.zeros(numel, dtype=torch.float32, device=device)
-    return t
+def _unused_f32(out: torch.Tensor) -> torch.Tensor:
+    """An fp32 tensor for a pointer the kernel never dereferences (no pos table, no Lse): a view of `out` where
+    its bytes allow, else a fresh 1-element tensor. Nothing is cached between calls: a buffer created during
+    torch.compile's reduce-overhead warm-up would live in its CUDA-graph pool without being an output."""
+    if out.dtype == torch.float32:
+        return out
+    if out.numel() % 2 == 0 and out.numel() > 0 and out.is_contiguous():
+        return out.view(-1).view(torch.float32)
+    return torch.empty(1, dtype=torch.float32, device=out.device)
 
 
 def _launch_triton(
@@ -123,18 +124,18 @@ def _launch_triton(
         bias = qkv  # any valid pointer of qkv's type: never read
     else:
         ptrs |= bias.data_ptr()
-    has_pos = pos_table is not None
-    if has_pos:
-        ptrs |= pos_table.data_ptr() | token_pos.data_ptr()
-    else:  # never read: any valid pointers of the right types
-        pos_table, token_pos = _cached(device, 1), cu_seqlens
     if out is None:
         out = torch.empty((T, H * D), dtype=qkv.dtype, device=device)
     else:
         ptrs |= out.data_ptr()
+    has_pos = pos_table is not None
+    if has_pos:
+        ptrs |= pos_table.data_ptr() | token_pos.data_ptr()
+    else:  # never read: any valid pointers of the right types
+        pos_table, token_pos = _unused_f32(out), cu_seqlens
     store = int(return_cls_attn)
     if not store:
-        cls_attn, lse = _cached(device, 0), _cached(device, 1)
+        cls_attn, lse = torch.empty(0, dtype=torch.float32, device=device), _unused_f32(out)
     else:
         # one allocation for cls_attn [T] and Lse [H, T] (Lse starts 16-byte aligned)
         t_pad = -(-T // 4) * 4

@@ -92,8 +92,7 @@ def _cuda_kernel(
             bias=None if bias is None else bias.contiguous(),
             **_pos(pos_table, token_pos, grid_h, grid_w, num_prefix),
         )
-    # custom ops must not return an output aliasing another call's output: the cached empty cls_attn is copied
-    return out, cls_attn if return_cls_attn else cls_attn.new_empty(0)
+    return out, cls_attn
 
 
 @ragged_attention_op.register_fake
