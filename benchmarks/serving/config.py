@@ -23,6 +23,7 @@ class ServingConfig:
     seconds: float = 0.12  # timed seconds per variant per round (raggedvit.timing.measure target_s)
     min_runs: int = 5
     profile_forwards: int = 5  # forwards traced per variant and batch for kernel counts and GPU time
+    top_kernels: int = 8  # kernels by GPU time kept per record (the per-kernel breakdown)
     compile_dynamic: bool | None = None  # torch.compile(dynamic=...): None = dynamo's default (automatic dynamic)
     export_workers: int = 6  # processes making the exports while the GPU work starts (0: in this process)
     time_budget_s: float = 230.0

@@ -63,7 +63,7 @@ def build_config(args: argparse.Namespace) -> ServingConfig:
         if bad:
             raise SystemExit(f"unknown variants {bad}; choose from {', '.join(VARIANTS)}")
         cfg.variants = _csv(args.variants)
-    for name in ("rounds", "seconds", "export_workers", "export_dtype"):
+    for name in ("rounds", "seconds", "export_workers", "export_dtype", "top_kernels"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
     cfg.compile_dynamic = {"auto": None, "true": True, "false": False}[args.compile_dynamic]
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help="interleaved timing rounds per batch (3)")
     ap.add_argument("--seconds", type=float, help="timed seconds per variant per round (0.12)")
     ap.add_argument("--export-workers", type=int, help="export processes (6; cpu 1; 0 = in this process)")
+    ap.add_argument("--top-kernels", type=int, help="kernels by GPU time kept per record (8)")
     ap.add_argument(
         "--compile-dynamic",
         choices=("auto", "true", "false"),

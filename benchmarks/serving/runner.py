@@ -306,7 +306,7 @@ class ModelRun:
 
     def _profile(self, step: Step, ort_run: OrtExport | None, x32: torch.Tensor, b: int) -> dict[str, Any]:
         forwards = self.cfg.profile_forwards
-        prof = count_kernels(step[0], forwards=forwards, top=8)
+        prof = count_kernels(step[0], forwards=forwards, top=self.cfg.top_kernels)
         source = "torch.profiler (CUPTI) over the timed call"
         if prof["kernels_per_forward"] == 0:
             source += "; no kernels traced (CUDA-graph replay not seen by CUPTI? try --cupti-warmup)"
@@ -314,7 +314,7 @@ class ModelRun:
             # CUPTI may not trace replays of graphs captured before it started: count the same export's kernels
             # node by node (a replay runs the captured kernels)
             nbn, session = ort_run.node_by_node_step(x32)
-            prof = count_kernels(nbn[0], forwards=forwards, top=8)
+            prof = count_kernels(nbn[0], forwards=forwards, top=self.cfg.top_kernels)
             source = "no kernels traced in the CUDA-graph replay; counted on a node-by-node session of the export"
             del session
         return {
