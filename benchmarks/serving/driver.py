@@ -8,6 +8,8 @@ and per pruning policy (topk-l2 keep 0.5 at block 4; cls-mass mass 0.9 at blocks
   prunedvit_eager    raggedvit.pruning.PrunedViT, eager, fp16
   prunedvit_compile  torch.compile(mode="reduce-overhead") of PrunedViT (failures and fallbacks recorded)
   ort_raggedvit      raggedvit's export (fp16-all): a CUDA graph when its shapes are static, else node by node
+A policy string ending in ":linear" (cls-mass:mass=0.9:at=3,6,9:linear) runs those three with the block GEMMs in
+raggedvit's ragged linear op (PrunedViT(ragged_linear=True), export --ragged-linear).
 
 Images: raggedvit.images.sample_inputs (the sample photos) tiled to the batch, on the device. img/s = B / the
 median over rounds of each round's median latency (raggedvit.timing.measure); rounds interleave the variants.
@@ -73,10 +75,11 @@ def build_config(args: argparse.Namespace) -> ServingConfig:
     if args.depth is not None:
         cfg.model_kwargs = {"depth": args.depth}
     from benchmarks.e2e.cases import parse_policy
+    from benchmarks.serving.names import split_linear
 
     for text in cfg.policies:
         try:
-            parse_policy(text)
+            parse_policy(split_linear(text)[0])
         except ValueError as exc:
             raise SystemExit(f"bad --policies entry {text!r}: {exc}") from None
     return cfg

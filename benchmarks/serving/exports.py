@@ -35,16 +35,19 @@ def export_job(job: ExportJob) -> dict[str, Any]:
         import onnx
 
         from benchmarks.e2e.cases import parse_policy
+        from benchmarks.serving.names import split_linear
         from raggedvit.exporter import export_onnx
         from raggedvit.pruning import PruneSpec
         from raggedvit.weights import load_vit
 
-        spec = PruneSpec("none") if job.policy == "none" else parse_policy(job.policy)
+        policy, linear = split_linear(job.policy)
+        spec = PruneSpec("none") if policy == "none" else parse_policy(policy)
         vit, info = load_vit(job.timm_name, seed=0, model_kwargs=dict(job.model_kwargs) or None)
         recipe = {"model": job.timm_name, "weights": info.to_dict(), "benchmark": "benchmarks.serving"}
         # adaptive policies export in the capacity layout (static row counts per stage): one CUDA graph per batch
         capacity = not spec.static_shapes
-        export_onnx(vit, spec, job.path, dtype=job.dtype, recipe=recipe, capacity=capacity)
+        extra = {"ragged_linear": True} if linear else {}
+        export_onnx(vit, spec, job.path, dtype=job.dtype, recipe=recipe, capacity=capacity, **extra)
         nodes = len(onnx.load(job.path, load_external_data=False).graph.node)
         return {
             "path": job.path,
@@ -52,6 +55,7 @@ def export_job(job: ExportJob) -> dict[str, Any]:
             "nodes": nodes,
             "static_shapes": True,  # static per batch size: static_shapes policies, or the capacity layout
             "capacity": capacity,
+            "ragged_linear": linear,
         }
     except Exception as exc:  # noqa: BLE001 - the run records it and goes on
         traceback.print_exc()

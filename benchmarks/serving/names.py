@@ -21,6 +21,7 @@ __all__ = [
     "UNPRUNED",
     "VARIANTS",
     "Bar",
+    "split_linear",
     "table_bandwidth",
 ]
 
@@ -35,6 +36,14 @@ CUDA_ONLY = COMPILED  # mode="reduce-overhead" is CUDA graphs; the CPU debug run
 BASELINE = "timm_compile"  # the issue's denominator: torch.compile unpruned
 
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
+LINEAR_FLAG = "linear"  # a policy string ending in ":linear": PrunedViT(ragged_linear=True) and its export
+
+
+def split_linear(policy: str) -> tuple[str, bool]:
+    """'cls-mass:mass=0.9:at=3,6,9:linear' -> ('cls-mass:mass=0.9:at=3,6,9', True): the pruning policy, and
+    whether the block GEMMs use raggedvit's ragged linear op (dead rows skipped, epilogues fused)."""
+    head, _, last = policy.rpartition(":")
+    return (head, True) if head and last == LINEAR_FLAG else (policy, False)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from benchmarks.e2e.profile import count_kernels
 from benchmarks.e2e.variants import Step, torch_step
 from benchmarks.serving.config import ServingConfig
 from benchmarks.serving.exports import ExportJob, Exports
-from benchmarks.serving.names import CUDA_ONLY, ORT, PRUNED, UNPRUNED, timm_name
+from benchmarks.serving.names import CUDA_ONLY, ORT, PRUNED, UNPRUNED, split_linear, timm_name
 from benchmarks.serving.steps import CompiledModel, OrtExport, compiled_step, reset_dynamo
 from raggedvit.images import sample_inputs, tile
 from raggedvit.pruning import PrunedViT
@@ -119,7 +119,9 @@ class ModelRun:
         photos = sample_inputs(vit)  # [n, 3, S, S] float32: the sample photos, as every benchmark times them
         vit_dev = copy.deepcopy(vit).to(self.device, self.dtype).eval()
         ref32 = vit.to(self.device).eval()  # float32: the logits reference
-        specs = {p: parse_policy(p) for p in cfg.policies}
+        specs = {p: parse_policy(split_linear(p)[0]) for p in cfg.policies}
+        # ":linear" policies: the block GEMMs through raggedvit's ragged linear op (eager, compiled and exported)
+        lin = {p: {"ragged_linear": True} if split_linear(p)[1] else {} for p in cfg.policies}
         self.info.update(
             timm_name=self.timm_name,
             weights=winfo.to_dict(),
@@ -132,14 +134,17 @@ class ModelRun:
             out = PrunedViT(ref32, spec).eval()(x_ref)
             self.refs[p] = (out.logits.float(), out.token_counts)
         self.eager: dict[Key, Any] = {("timm_eager", "none"): vit_dev}
-        self.eager.update({("prunedvit_eager", p): PrunedViT(vit_dev, s).eval() for p, s in specs.items()})
+        self.eager.update({("prunedvit_eager", p): PrunedViT(vit_dev, s, **lin[p]).eval() for p, s in specs.items()})
         self.compiled: dict[Key, CompiledModel] = {}
         if self.cuda:
             reset_dynamo()  # fresh dynamo caches per model: no recompile limit shared with the previous one
             modules = {("timm_compile", "none"): vit_dev}
             # the capacity layout: static row counts per stage, so CUDA graph trees can record every policy
             modules.update(
-                {("prunedvit_compile", p): PrunedViT(vit_dev, s, capacity=True).eval() for p, s in specs.items()}
+                {
+                    ("prunedvit_compile", p): PrunedViT(vit_dev, s, capacity=True, **lin[p]).eval()
+                    for p, s in specs.items()
+                }
             )
             for key, module in modules.items():
                 if key[0] in cfg.variants:

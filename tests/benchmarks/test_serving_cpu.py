@@ -111,3 +111,11 @@ def test_export_pool_reports_failures() -> None:
     finally:
         pool.close()
     assert "path" not in res and "no_such_model" in res["error"], res
+
+
+def test_linear_policy_suffix() -> None:
+    from benchmarks.serving.names import split_linear
+
+    assert split_linear("cls-mass:mass=0.9:at=3,6,9:linear") == ("cls-mass:mass=0.9:at=3,6,9", True)
+    assert split_linear("topk-l2:keep=0.5:at=4") == ("topk-l2:keep=0.5:at=4", False)
+    assert split_linear("linear") == ("linear", False)
