@@ -62,11 +62,16 @@ RAGGED_LINEAR_DTYPES = ("fp16", "fp16-all")  # the CUDA EP's RaggedLinear has no
 
 def check_ragged_linear(vit: nn.Module, dtype: str) -> None:
     """Raise ValueError (one line) unless `vit` exported in recipe `dtype` can use RaggedLinear nodes: a timm
-    VisionTransformer (PrunedViT refuses other families), an fp16 / fp16-all recipe, and every block GEMM's
+    VisionTransformer (a backbone with supports_ragged_linear), an fp16 / fp16-all recipe, and every block GEMM's
     K and N (qkv, attn.proj, mlp.fc1, mlp.fc2) a multiple of RAGGED_LINEAR_ALIGN."""
+    from raggedvit.pruning.backbone import backbone_for
+
+    backbone = backbone_for(vit)
+    if not backbone.supports_ragged_linear:
+        raise ValueError(f"ragged linear needs a timm VisionTransformer, got {type(vit).__name__}")
     if dtype not in RAGGED_LINEAR_DTYPES:
         raise ValueError(f"ragged linear needs an fp16 / fp16-all export (no fp32 CUDA kernel), got dtype {dtype!r}")
-    for i, block in enumerate(getattr(vit, "blocks", ())):
+    for i, block in enumerate(backbone.blocks):
         for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
             layer = _submodule(block, name)
             if not isinstance(layer, nn.Linear):

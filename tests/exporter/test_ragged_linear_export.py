@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from timm.models.eva import Eva
 
 from raggedvit.exporter import build_model, check_graph, read_recipe
 from raggedvit.exporter.export import check_ragged_linear
@@ -66,6 +67,9 @@ def test_refusals(deit_tiny_d2):
     vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": 1, "mlp_ratio": 3.9})  # fc1 N = 748
     with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.fc1 has weight \[N=748, K=192\]"):
         check_ragged_linear(vit, "fp16")
+    eva = Eva(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=10)
+    with pytest.raises(ValueError, match="ragged linear needs a timm VisionTransformer, got Eva"):
+        check_ragged_linear(eva, "fp16")
 
 
 def _session_or_skip(ort_session, model):
