@@ -91,6 +91,13 @@ def main() -> None:
     help="Capacity layout: each stage keeps a static row count (dead rows past cu_seqlens[B]), so every policy "
     "has static shapes and runs as a CUDA graph (GraphRunner, bench --cuda-graph).",
 )
+@click.option(
+    "--ragged-linear",
+    is_flag=True,
+    default=False,
+    help="Block GEMMs as com.raggedvit::RaggedLinear (fused bias / GELU / residual, dead rows of the capacity "
+    "layout skipped); needs --dtype fp16 or fp16-all and K, N multiples of 16.",
+)
 def export(
     model,
     output,
@@ -106,6 +113,7 @@ def export(
     dtype,
     diagnostics,
     capacity,
+    ragged_linear,
 ) -> None:
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm
@@ -141,11 +149,27 @@ def export(
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
     except ValueError as e:
         raise CliError(f"bad pruning parameters for {model}: {e}") from None
+    if ragged_linear:
+        from raggedvit.exporter.export import check_ragged_linear
+
+        try:
+            check_ragged_linear(vit, dtype)
+        except ValueError as e:
+            raise CliError(f"--ragged-linear: {e}") from None
     weights = info.to_dict()  # the checkpoint's file name and sha256, never a local path
     recipe = {"model": model, "weights": weights}
     steps.set_postfix_str("building graph")
     try:
-        path = export_onnx(vit, spec, output, dtype=dtype, recipe=recipe, diagnostics=diagnostics, capacity=capacity)
+        path = export_onnx(
+            vit,
+            spec,
+            output,
+            dtype=dtype,
+            recipe=recipe,
+            diagnostics=diagnostics,
+            capacity=capacity,
+            ragged_linear=ragged_linear,
+        )
     except OSError as e:
         raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None
     steps.update(2)

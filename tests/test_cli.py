@@ -88,6 +88,7 @@ def test_info():
         ([MODEL, "--policy", "bogus"], "Invalid value for '--policy'"),
         ([MODEL, "--seed", "1", "--pretrained"], "at most one of --checkpoint, --pretrained, --seed"),
         ([MODEL, "--checkpoint", "/nonexistent/w.pth"], "does not exist"),
+        ([MODEL, "--ragged-linear"], "--ragged-linear: ragged linear needs an fp16 / fp16-all export"),
     ],
 )
 def test_export_errors(tmp_path, args, fragment):

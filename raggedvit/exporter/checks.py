@@ -87,6 +87,8 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
     n_attn = ops[(RAGGED_DOMAIN, "RaggedAttention")]
     if depth is not None and n_attn != depth:
         problems.append(f"{n_attn} RaggedAttention nodes, expected depth = {depth}")
+    if recipe.get("ragged_linear") and not ops[(RAGGED_DOMAIN, "RaggedLinear")]:
+        problems.append("recipe has ragged_linear but the graph has no RaggedLinear node")
     stages = 0 if recipe.get("prune", {}).get("policy", "none") == "none" else len(recipe["prune"].get("prune_at", ()))
     static = recipe_static_shapes(recipe)
     if stages:

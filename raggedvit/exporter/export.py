@@ -29,7 +29,16 @@ from raggedvit.exporter.translations import TRANSLATIONS
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.pruning.precision import DTYPES, apply_dtype
 
-__all__ = ["DTYPES", "IR_VERSION", "OPSET", "build_model", "export_onnx", "output_names", "save_model"]
+__all__ = [
+    "DTYPES",
+    "IR_VERSION",
+    "OPSET",
+    "build_model",
+    "check_ragged_linear",
+    "export_onnx",
+    "output_names",
+    "save_model",
+]
 
 IR_VERSION = 10  # onnxruntime 1.31 rejects IR 14
 EXTERNAL_DATA_BYTES = 1 << 30  # models with more initializer bytes keep their weights in a .data file beside them
@@ -45,6 +54,41 @@ def output_names(vit: nn.Module, spec: PruneSpec, *, diagnostics: bool = False) 
         for s in range(spec.num_stages):
             names += [f"token_index_{s}", f"cu_seqlens_{s}"]
     return names
+
+
+RAGGED_LINEAR_ALIGN = 16  # K and N of every RaggedLinear GEMM: the CUDA cubins are built for multiples of 16
+RAGGED_LINEAR_DTYPES = ("fp16", "fp16-all")  # the CUDA EP's RaggedLinear has no float32 kernel
+
+
+def check_ragged_linear(vit: nn.Module, dtype: str) -> None:
+    """Raise ValueError (one line) unless `vit` exported in recipe `dtype` can use RaggedLinear nodes: a timm
+    VisionTransformer (a backbone with supports_ragged_linear), an fp16 / fp16-all recipe, and every block GEMM's
+    K and N (qkv, attn.proj, mlp.fc1, mlp.fc2) a multiple of RAGGED_LINEAR_ALIGN."""
+    from raggedvit.pruning.backbone import backbone_for
+
+    backbone = backbone_for(vit)
+    if not backbone.supports_ragged_linear:
+        raise ValueError(f"ragged linear needs a timm VisionTransformer, got {type(vit).__name__}")
+    if dtype not in RAGGED_LINEAR_DTYPES:
+        raise ValueError(f"ragged linear needs an fp16 / fp16-all export (no fp32 CUDA kernel), got dtype {dtype!r}")
+    for i, block in enumerate(backbone.blocks):
+        for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
+            layer = _submodule(block, name)
+            if not isinstance(layer, nn.Linear):
+                continue
+            n, k = layer.weight.shape
+            if n % RAGGED_LINEAR_ALIGN or k % RAGGED_LINEAR_ALIGN:
+                raise ValueError(
+                    f"ragged linear needs K and N multiples of {RAGGED_LINEAR_ALIGN}: blocks.{i}.{name} has "
+                    f"weight [N={n}, K={k}]"
+                )
+
+
+def _submodule(module: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return module.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 class _Outputs(nn.Module):
@@ -72,6 +116,7 @@ def build_model(
     recipe: dict[str, Any] | None = None,
     diagnostics: bool = False,
     capacity: bool = False,
+    ragged_linear: bool = False,
 ) -> ir.Model:
     """The ONNX model (onnx_ir) of PrunedViT(vit, spec, capacity=capacity) in the export recipe `dtype`.
 
@@ -79,11 +124,17 @@ def build_model(
     diagnostic token_index_S has the stage's static capacity: only [0, cu_seqlens_S[batch]) are kept rows). The
     recipe dict (plus the prune spec, layout, dtype, sizes and version) is stored under the metadata key
     RECIPE_KEY. `capacity`: the capacity layout (DESIGN.md section 4): static shapes for every policy, so the
-    graph runs as a CUDA graph (GraphRunner).
+    graph runs as a CUDA graph (GraphRunner). `ragged_linear`: the block GEMMs as com.raggedvit::RaggedLinear
+    nodes (PrunedViT(..., ragged_linear=True); `check_ragged_linear` refusals), recipe key "ragged_linear" (only
+    written when on, so default exports are unchanged).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    model = PrunedViT(apply_dtype(vit.float().eval(), dtype), spec, capacity=capacity)  # checks model and spec
+    if ragged_linear:
+        check_ragged_linear(vit, dtype)
+    model = PrunedViT(  # checks model and spec
+        apply_dtype(vit.float().eval(), dtype), spec, capacity=capacity, ragged_linear=ragged_linear
+    )
     h, w = (int(s) for s in vit.patch_embed.img_size)
     example = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
@@ -112,6 +163,7 @@ def build_model(
         **scrub_paths(recipe or {}),
         "prune": spec.to_dict(),
         "capacity": bool(capacity),
+        **({"ragged_linear": True} if ragged_linear else {}),
         "dtype": dtype,
         "img_size": h,
         "num_prefix_tokens": model.num_prefix,
@@ -155,7 +207,10 @@ def export_onnx(
     recipe: dict[str, Any] | None = None,
     diagnostics: bool = False,
     capacity: bool = False,
+    ragged_linear: bool = False,
 ) -> Path:
     """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
-    model = build_model(vit, spec, dtype=dtype, recipe=recipe, diagnostics=diagnostics, capacity=capacity)
+    model = build_model(
+        vit, spec, dtype=dtype, recipe=recipe, diagnostics=diagnostics, capacity=capacity, ragged_linear=ragged_linear
+    )
     return save_model(model, path)

@@ -1,6 +1,7 @@
 """ONNX translations of the torch ops PrunedViT calls that torch.onnx has none (or no exact one) for.
 
-`torch.ops.raggedvit.ragged_attention` -> `com.raggedvit::RaggedAttention` (DESIGN.md section 3), and
+`torch.ops.raggedvit.ragged_attention` -> `com.raggedvit::RaggedAttention` (DESIGN.md section 3),
+`torch.ops.raggedvit.ragged_linear` -> `com.raggedvit::RaggedLinear`, and
 `aten.sort` -> ONNX TopK over the whole axis: ONNX TopK orders equal values by ascending index, which is the
 stable sort PrunedViT asks for (ties: the lower position first).
 """
@@ -15,10 +16,17 @@ import torch
 from onnx.defs import OpSchema
 from onnxscript import opset18 as op
 
-import raggedvit.kernels  # noqa: F401  (registers torch.ops.raggedvit.ragged_attention)
+import raggedvit.kernels  # noqa: F401  (registers torch.ops.raggedvit.ragged_attention / ragged_linear)
 from raggedvit.exporter.metadata import RAGGED_DOMAIN
 
-__all__ = ["RAGGED_ATTENTION_SCHEMA", "TRANSLATIONS", "ragged_attention", "sort"]
+__all__ = [
+    "RAGGED_ATTENTION_SCHEMA",
+    "RAGGED_LINEAR_SCHEMA",
+    "TRANSLATIONS",
+    "ragged_attention",
+    "ragged_linear",
+    "sort",
+]
 
 _P = OpSchema.FormalParameter
 _OPTIONAL = OpSchema.FormalParameterOption.Optional
@@ -48,9 +56,28 @@ RAGGED_ATTENTION_SCHEMA = OpSchema(
         OpSchema.Attribute("num_prefix", OpSchema.AttrType.INT, "prefix tokens (with pos_table)", required=False),
     ],
 )
+RAGGED_LINEAR_SCHEMA = OpSchema(
+    "RaggedLinear",
+    RAGGED_DOMAIN,
+    1,
+    inputs=[
+        _P("X", "T"),
+        _P("W", "T"),
+        _P("Bias", "T", param_option=_OPTIONAL),
+        _P("Residual", "T", param_option=_OPTIONAL),
+        _P("CuSeqlens", "I", param_option=_OPTIONAL),
+    ],
+    outputs=[_P("Y", "T")],
+    type_constraints=[
+        ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "X [T, K], W [N, K], Bias, Residual, Y"),
+        ("I", ["tensor(int32)", "tensor(int64)"], "CuSeqlens [B+1]"),
+    ],
+    attributes=[OpSchema.Attribute("activation", OpSchema.AttrType.INT, "0 none, 1 GELU (erf)", required=False)],
+)
 _EMPTY_F32 = onnx.helper.make_tensor("empty", onnx.TensorProto.FLOAT, [0], [])
 _RAGGED = onnxscript.values.Opset(RAGGED_DOMAIN, 1)
 _RAGGED_ATTENTION = onnxscript.values.Op(_RAGGED, "RaggedAttention", RAGGED_ATTENTION_SCHEMA)
+_RAGGED_LINEAR = onnxscript.values.Op(_RAGGED, "RaggedLinear", RAGGED_LINEAR_SCHEMA)
 
 
 def ragged_attention(
@@ -85,6 +112,13 @@ def ragged_attention(
     return out, op.Constant(value=_EMPTY_F32)  # the unrequested cls_attn: [0], unused
 
 
+def ragged_linear(x, weight, bias=None, residual=None, cu_seqlens=None, activation: int = 0):
+    """raggedvit::ragged_linear(x [T, K], weight [N, K], bias [N]?, residual [T, N]?, cu [B+1]?, activation)
+    -> RaggedLinear(X, W, Bias, Residual, CuSeqlens) -> Y [T, N]: absent optional inputs are empty names, the
+    int attribute `activation` is always written."""
+    return _RAGGED_LINEAR(x, weight, bias, residual, cu_seqlens, activation=int(activation))
+
+
 def sort(self, stable=None, dim: int = -1, descending: bool = False):
     """aten.sort(.stable) -> TopK(k = the axis length, sorted): ties in ascending index order (stable)."""
     shape = self.shape
@@ -109,6 +143,7 @@ def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
 
 TRANSLATIONS: dict[Callable, Callable] = {
     torch.ops.raggedvit.ragged_attention.default: ragged_attention,
+    torch.ops.raggedvit.ragged_linear.default: ragged_linear,
     torch.ops.aten.sort.default: _sort_default,
     torch.ops.aten.sort.stable: _sort_stable,
 }

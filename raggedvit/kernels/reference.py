@@ -1,4 +1,4 @@
-"""Torch reference for ragged (packed, variable-length) bidirectional attention.
+"""Torch references for ragged (packed, variable-length) bidirectional attention and the ragged linear layer.
 
 The reference defines the semantics every implementation must match (Triton
 kernel, ORT CPU kernel, ORT CUDA kernel). It loops over sequences, so it is
@@ -17,7 +17,13 @@ import math
 
 import torch
 
-__all__ = ["pos_table_size", "ragged_attention_reference", "relative_position_index"]
+__all__ = [
+    "live_rows",
+    "pos_table_size",
+    "ragged_attention_reference",
+    "ragged_linear_reference",
+    "relative_position_index",
+]
 
 
 def pos_table_size(grid: tuple[int, int]) -> int:
@@ -117,3 +123,48 @@ def ragged_attention_reference(
     if return_cls_attn:
         return out, cls.to(torch.float32) if compute_dtype != torch.float64 else cls
     return out
+
+
+def live_rows(T: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """[T] bool: row r < live, live = clamp(cu[B], 0, T) (T without cu_seqlens). Computed on the device: no host
+    read of cu_seqlens."""
+    rows = torch.arange(T, device=device)
+    if cu_seqlens is None:
+        return torch.ones(T, dtype=torch.bool, device=device)
+    return rows < cu_seqlens[-1].to(device=device, dtype=torch.int64).clamp(0, T)
+
+
+def ragged_linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    activation: int = 0,
+    *,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """y[r] = act(x[r] @ weight^T + bias) + residual[r] for the live rows r < live, 0 for the dead rows.
+
+    Args:
+        x: [T, K]; weight: [N, K] (nn.Linear's layout); bias: [N] or None; residual: [T, N] or None.
+        cu_seqlens: [B+1] int32/int64 or None; live = clamp(cu[B], 0, T), or T without it.
+        activation: 0 none, 1 GELU (erf).
+        compute_dtype: dtype of the arithmetic (default: float32 for half inputs, else x's dtype; torch.float64
+            for a gold reference). The result is rounded to x's dtype once, at the end.
+
+    Returns:
+        y [T, N] in x's dtype (compute_dtype when that is float64).
+    """
+    if activation not in (0, 1):
+        raise ValueError(f"activation must be 0 (none) or 1 (GELU), got {activation}")
+    if compute_dtype is None:
+        compute_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    cd = compute_dtype
+    y = torch.nn.functional.linear(x.to(cd), weight.to(cd), None if bias is None else bias.to(cd))
+    if activation == 1:
+        y = torch.nn.functional.gelu(y)
+    if residual is not None:
+        y = y + residual.to(cd)
+    y = torch.where(live_rows(x.shape[0], cu_seqlens, x.device)[:, None], y, 0.0)
+    return y if cd == torch.float64 else y.to(x.dtype)

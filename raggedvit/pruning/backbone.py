@@ -52,14 +52,20 @@ class Backbone:
         num_prefix: p, leading tokens per image that no stage prunes (class / distillation / register tokens).
         has_class_token: row 0 of each image is a class token whose attention row the cls-attention policies
             (evit, cls-mass) read; False refuses those policies with a clear message.
+        ragged_linear: `block` runs the block GEMMs with the ragged linear op (live rows only; only where
+            supports_ragged_linear).
     """
 
     model_classes: ClassVar[tuple[type, ...]] = ()  # the timm classes this backbone runs (and their subclasses)
+    # whether `block` can run its GEMMs with raggedvit.kernels.ragged_linear (PrunedViT(..., ragged_linear=True)
+    # sets the instance's `ragged_linear`; backbones without support refuse it)
+    supports_ragged_linear: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.num_prefix = 0
         self.has_class_token = False
+        self.ragged_linear = False
 
     @property
     def blocks(self) -> Sequence[nn.Module]:

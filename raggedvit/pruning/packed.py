@@ -228,14 +228,31 @@ class PrunedViT(nn.Module):
 
     `attention` replaces raggedvit's ragged attention op in every block by a callable with the signature and
     semantics of `raggedvit.kernels.ragged_attention` (a benchmark peer, for instance); None keeps the op.
+
+    `ragged_linear=True` runs the block GEMMs with `raggedvit.kernels.ragged_linear`: rows past cu[B] (the capacity
+    layout's dead rows) are not computed, and bias / GELU / residual adds are fused into the GEMMs
+    (packed_block.ragged_tail). Same results up to rounding; timm VisionTransformer only (ValueError otherwise).
     """
 
     def __init__(
-        self, vit: nn.Module, spec: PruneSpec, attention: AttentionFn | None = None, *, capacity: bool = False
+        self,
+        vit: nn.Module,
+        spec: PruneSpec,
+        attention: AttentionFn | None = None,
+        *,
+        capacity: bool = False,
+        ragged_linear: bool = False,
     ) -> None:
         super().__init__()
         backbone = backbone_for(vit)
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
+        if ragged_linear and not backbone.supports_ragged_linear:
+            raise ValueError(
+                f"ragged_linear=True needs a timm VisionTransformer; {type(vit).__name__} runs as "
+                f"{type(backbone).__name__}, which has no ragged linear path"
+            )
+        backbone.ragged_linear = bool(ragged_linear)
+        self.ragged_linear = bool(ragged_linear)
         self.vit = vit.eval()
         self.backbone: Backbone = backbone
         self.spec = spec

@@ -1,16 +1,18 @@
-"""One timm `Block` on packed rows [T, C] with the ragged attention op."""
+"""One timm `Block` on packed rows [T, C] with the ragged attention op (and, opt-in, the ragged linear op)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.layers import DropPath, Mlp
 from timm.models.vision_transformer import Block
 from torch import nn
 
 from raggedvit.kernels import ragged_attention
+from raggedvit.kernels import ragged_linear as fused_linear
 from raggedvit.pruning.backbone import AttentionFn
 
-__all__ = ["AttentionFn", "block_tail", "module_dtype", "packed_block_forward"]
+__all__ = ["AttentionFn", "block_tail", "module_dtype", "packed_block_forward", "ragged_tail"]
 
 
 def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
@@ -39,6 +41,7 @@ def packed_block_forward(
     max_seqlen: int,
     return_cls_attn: bool = False,
     attention: AttentionFn | None = None,
+    ragged_linear: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """timm Block.forward on packed sequences.
 
@@ -51,6 +54,9 @@ def packed_block_forward(
             mean over heads).
         attention: another implementation of `ragged_attention` (same signature and semantics), e.g. a
             benchmark peer; None uses raggedvit's op, which also takes the qkv bias (no separate add).
+        ragged_linear: run the block's GEMMs with `raggedvit.kernels.ragged_linear` over the live rows
+            [0, cu[B]) (dead rows of the capacity layout: zero), bias / GELU / residual fused where the block
+            allows it (`ragged_tail`); False: nn.Linear / F.linear on every row.
 
     Returns:
         x' [T, C] (and cls_attn [T] float32).
@@ -64,15 +70,21 @@ def packed_block_forward(
     kwargs = {"scale": attn.scale, "max_seqlen": max_seqlen, "return_cls_attn": return_cls_attn}
     if attention is None and not qk_norm:
         # the qkv bias rides into the op (added on load): one elementwise pass over [T, 3C] fewer
-        qkv = F.linear(hc, attn.qkv.weight)
+        if ragged_linear:
+            qkv = fused_linear(hc, attn.qkv.weight, cu_seqlens=cu_seqlens)
+        else:
+            qkv = F.linear(hc, attn.qkv.weight)
         res = ragged_attention(qkv, cu_seqlens, attn.num_heads, bias=attn.qkv.bias, **kwargs)
     else:
-        qkv = attn.qkv(hc)
+        if ragged_linear:
+            qkv = fused_linear(hc, attn.qkv.weight, attn.qkv.bias, cu_seqlens=cu_seqlens)
+        else:
+            qkv = attn.qkv(hc)
         if qk_norm:
             qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
         res = (attention or ragged_attention)(qkv.contiguous(), cu_seqlens, attn.num_heads, **kwargs)
     o, cls_attn = res if return_cls_attn else (res, None)
-    x = block_tail(block, x, h, o)
+    x = ragged_tail(block, x, h, o, cu_seqlens) if ragged_linear else block_tail(block, x, h, o)
     return (x, cls_attn) if return_cls_attn else x
 
 
@@ -89,4 +101,62 @@ def block_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) 
     x = x + block.drop_path1(block.ls1(o.to(x.dtype)))
     h2 = block.norm2(x)
     m = block.mlp(h2.to(module_dtype(block.mlp, h2.dtype)))
+    return x + block.drop_path2(block.ls2(m.to(x.dtype)))
+
+
+def _inert(module: nn.Module) -> bool:
+    """True for a module that returns its input at inference: nn.Identity, Dropout / DropPath in eval mode."""
+    if isinstance(module, nn.Identity):
+        return True
+    return isinstance(module, (nn.Dropout, DropPath)) and not module.training
+
+
+def _plain_mlp(mlp: nn.Module) -> bool:
+    """timm's Mlp as fc1 -> act -> fc2 (Linear layers, no hidden norm, inert dropouts)."""
+    return (
+        type(mlp) is Mlp
+        and isinstance(mlp.fc1, nn.Linear)
+        and isinstance(mlp.fc2, nn.Linear)
+        and all(_inert(m) for m in (mlp.drop1, mlp.norm, mlp.drop2))
+    )
+
+
+def ragged_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """`block_tail` on packed rows [T, C] with the ragged linear op (rows past cu[B] are dead: not computed).
+
+    attn.proj: bias and the residual add fused when nothing sits between proj and the add (no attn.norm, gate,
+    ls1, drop_path1) and x has proj's dtype (the fp16-all / fp32 recipes); else the op with the bias, then the
+    add as block_tail. MLP (timm's Mlp with Linear layers only, else block.mlp as block_tail): fc1 with the bias
+    and nn.GELU (erf) fused, fc2 with the bias and the residual under the same conditions as proj. A fused
+    output's dead rows are zero (x's dead rows are never read: DESIGN.md section 4)."""
+    attn, proj = block.attn, block.attn.proj
+    gate = getattr(attn, "gate", None)
+    if not isinstance(proj, nn.Linear):
+        return block_tail(block, x, h, o)
+    if (
+        gate is None
+        and all(_inert(m) for m in (attn.norm, attn.proj_drop, block.ls1, block.drop_path1))
+        and x.dtype == proj.weight.dtype
+    ):
+        x = fused_linear(o.to(x.dtype), proj.weight, proj.bias, x, cu)
+    else:
+        o = attn.norm(o)
+        if gate is not None:
+            o = o * attn.gate(h.to(o.dtype)).sigmoid()
+        o = attn.proj_drop(fused_linear(o.to(proj.weight.dtype), proj.weight, proj.bias, cu_seqlens=cu))
+        x = x + block.drop_path1(block.ls1(o.to(x.dtype)))
+    h2 = block.norm2(x)
+    mlp = block.mlp
+    if not _plain_mlp(mlp):
+        m = mlp(h2.to(module_dtype(mlp, h2.dtype)))
+        return x + block.drop_path2(block.ls2(m.to(x.dtype)))
+    fc1, fc2 = mlp.fc1, mlp.fc2
+    gelu = isinstance(mlp.act, nn.GELU) and mlp.act.approximate == "none"
+    a = fused_linear(h2.to(fc1.weight.dtype), fc1.weight, fc1.bias, cu_seqlens=cu, activation=int(gelu))
+    if not gelu:
+        a = mlp.act(a)
+    a = a.to(fc2.weight.dtype)
+    if _inert(block.ls2) and _inert(block.drop_path2) and x.dtype == fc2.weight.dtype:
+        return fused_linear(a, fc2.weight, fc2.bias, x, cu)
+    m = fused_linear(a, fc2.weight, fc2.bias, cu_seqlens=cu)
     return x + block.drop_path2(block.ls2(m.to(x.dtype)))

@@ -20,6 +20,7 @@ class ViTBackbone(Backbone):
     attention pooling (global_pool 'map', pruning/map_head.py) over each image's kept rows."""
 
     model_classes = (VisionTransformer,)
+    supports_ragged_linear = True
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__(model)
@@ -46,6 +47,7 @@ class ViTBackbone(Backbone):
             max_seqlen=max_seqlen,
             return_cls_attn=return_cls_attn,
             attention=attention,
+            ragged_linear=self.ragged_linear,
         )
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:

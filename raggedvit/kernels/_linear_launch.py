@@ -1,0 +1,62 @@
+"""Host launcher of the Triton ragged linear kernel (`_linear_kernel._ragged_linear`): no device reads.
+
+`_launch_linear` takes validated, contiguous tensors: CUDA tensors with the JIT kernel, or CPU tensors in a process
+started with TRITON_INTERPRET=1 (the kernel calls tl.standard's JIT helpers, e.g. tl.cdiv, so a private copy
+decorated later, as `_launch.load_interpreted_kernels` makes of the attention kernels, does not run). The
+interpreter multiplies bfloat16 operands as raw bits: interpreted bf16 results are wrong (GPU runs are not).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from raggedvit.kernels._linear_config import LinearConfig, linear_config
+
+__all__ = ["_launch_linear"]
+
+
+def _default_kernels() -> ModuleType:
+    from raggedvit.kernels import _linear_kernel
+
+    return _linear_kernel
+
+
+def _launch_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    activation: int,
+    *,
+    kernels: ModuleType | None = None,
+    config: LinearConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [T, K], weight [N, K], bias [N] or None, residual [T, N] or None (all contiguous, one dtype),
+    cu_seqlens [B+1] int32/int64 or None -> y [T, N] in x's dtype (rows past clamp(cu[B], 0, T) are zero).
+
+    CUDA tensors must be on the current device. `config` defaults to `linear_config(T, N)`; `out` [T, N] may be
+    preallocated (tests poison it)."""
+    T, K = x.shape
+    N = weight.shape[0]
+    if out is None:
+        out = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    if T == 0 or N == 0:
+        return out
+    has_live = cu_seqlens is not None
+    # pointers the kernel never dereferences: any valid tensor of the expected type
+    cu = cu_seqlens if has_live else torch.zeros(1, dtype=torch.int32, device=x.device)
+    B = cu.shape[0] - 1 if has_live else 0
+    cfg = linear_config(T, N) if config is None else config
+    grid = (-(-T // cfg.block_m) * -(-N // cfg.block_n),)
+    k = _default_kernels() if kernels is None else kernels
+    k._ragged_linear[grid](
+        x, weight, x if bias is None else bias, x if residual is None else residual, cu, out,
+        T, N, K, B, int(bias is not None), int(residual is not None), int(has_live), int(activation),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,56 @@
+"""Random inputs of the ragged linear tests, and the interpreter run: `python _linear_cases.py` under
+TRITON_INTERPRET=1 runs the Triton kernel on CPU tensors for every INTERPRETED case and prints JSON errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+# (name, dtype, T, K, N, live, activation, bias, residual): live None = no cu_seqlens. The interpreter multiplies
+# bfloat16 operands as raw bits, so bf16 runs on the GPU only (tests/kernels/test_linear.py, gpu marker).
+INTERPRETED = [
+    ("fp16_all_live", torch.float16, 70, 48, 40, None, 0, False, False),
+    ("fp16_gelu_bias_res", torch.float16, 70, 48, 40, 65, 1, True, True),
+    ("fp16_live_mid_tile", torch.float16, 130, 80, 72, 77, 1, True, False),
+    ("fp16_live_zero", torch.float16, 64, 32, 16, 0, 0, True, True),
+    ("fp32_bias_res", torch.float32, 33, 24, 20, 20, 0, True, True),
+    ("fp32_odd_sizes", torch.float32, 17, 7, 5, 9, 1, True, True),
+]
+
+
+def make(dtype, T, K, N, live, bias, residual, gen, *, cu_dtype=torch.int64, device="cpu"):
+    """(x [T, K], weight [N, K], bias [N] | None, residual [T, N] | None, cu [3] | None): cu = [0, live//2, live]."""
+    x = torch.randn(T, K, generator=gen)
+    w = torch.randn(N, K, generator=gen) / K**0.5
+    b = torch.randn(N, generator=gen) if bias else None
+    r = torch.randn(T, N, generator=gen) if residual else None
+    cu = None if live is None else torch.tensor([0, live // 2, live], dtype=cu_dtype)
+
+    def to(t, dt=dtype):
+        return None if t is None else t.to(device=device, dtype=dt)
+
+    return to(x), to(w), to(b), to(r), to(cu, cu_dtype)
+
+
+def _run_interpreted() -> dict[str, list[float]]:
+    from raggedvit.kernels import _linear_kernel
+    from raggedvit.kernels._linear_launch import _launch_linear
+    from raggedvit.kernels.reference import ragged_linear_reference
+    from raggedvit.testing import rel_error
+
+    out = {}
+    gen = torch.Generator().manual_seed(0)
+    for name, dtype, T, K, N, live, act, bias, residual in INTERPRETED:
+        x, w, b, r, cu = make(dtype, T, K, N, live, bias, residual, gen)
+        poison = torch.full((T, N), float("nan"), dtype=dtype)
+        y = _launch_linear(x, w, b, r, cu, act, kernels=_linear_kernel, out=poison)
+        ref = ragged_linear_reference(x, w, b, r, cu, act, compute_dtype=torch.float64)
+        dead = y[T if live is None else live :]
+        out[name] = [rel_error(y, ref), float(dead.abs().max()) if dead.numel() else 0.0]
+    return out
+
+
+if __name__ == "__main__":
+    json.dump(_run_interpreted(), sys.stdout)

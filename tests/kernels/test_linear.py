@@ -1,0 +1,148 @@
+"""The ragged linear op (raggedvit.kernels.ragged_linear, torch.ops.raggedvit.ragged_linear) against the float64
+reference: dtypes, optional inputs, the live count (dead rows zero, clamping), input checks; the Triton kernel in
+the interpreter (CPU) and, with a GPU, through the JIT (every launch config)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _linear_cases import INTERPRETED, make
+
+from raggedvit.kernels import ragged_linear, ragged_linear_reference
+from raggedvit.kernels._linear_config import LARGE_T, NARROW_N, linear_config
+from raggedvit.testing import assert_close, default_tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ref(x, w, b, r, cu, act):
+    return ragged_linear_reference(x, w, b, r, cu, act, compute_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize(("bias", "residual"), [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("live", [None, 11])
+def test_op_matches_reference(gen, dtype, act, bias, residual, live):
+    x, w, b, r, cu = make(dtype, 19, 24, 12, live, bias, residual, gen)
+    ref = _ref(x, w, b, r, cu, act)
+    for y in (ragged_linear(x, w, b, r, cu, act), torch.ops.raggedvit.ragged_linear(x, w, b, r, cu, act)):
+        assert y.dtype == dtype and y.shape == (19, 12)
+        assert_close(y, ref, name=f"{dtype} act={act}")
+        if live is not None:
+            assert torch.equal(y[live:], torch.zeros_like(y[live:]))
+
+
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize(("last", "live"), [(-3, 0), (0, 0), (5, 5), (9, 9), (40, 9)])
+def test_live_count_is_clamped(gen, cu_dtype, last, live):
+    x, w, b, r, _ = make(torch.float32, 9, 8, 4, None, True, True, gen)
+    cu = torch.tensor([0, min(max(last, 0), 2), last], dtype=cu_dtype)
+    y = ragged_linear(x, w, b, r, cu, 1)
+    full = _ref(x, w, b, r, None, 1)
+    assert_close(y[:live], full[:live])
+    assert torch.equal(y[live:], torch.zeros_like(y[live:]))
+
+
+def test_empty_rows_and_batch(gen):
+    x, w, b, r, _ = make(torch.float16, 0, 8, 4, None, True, True, gen)
+    assert ragged_linear(x, w, b, r, torch.zeros(1, dtype=torch.int64)).shape == (0, 4)
+    x, w, _, _, _ = make(torch.float32, 3, 8, 4, None, False, False, gen)
+    y = ragged_linear(x, w, cu_seqlens=torch.zeros(1, dtype=torch.int32))  # B = 0: cu = [0], no live row
+    assert torch.equal(y, torch.zeros(3, 4))
+
+
+def test_compile_fullgraph(gen):
+    x, w, b, r, cu = make(torch.float32, 10, 16, 8, 6, True, True, gen)
+    fn = torch.compile(lambda x, r: ragged_linear(x, w, b, r, cu, 1), fullgraph=True, backend="eager")
+    assert_close(fn(x, r), _ref(x, w, b, r, cu, 1))
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        y = ragged_linear(torch.empty(7, 16), torch.empty(32, 16), torch.empty(32), None, torch.empty(3).long(), 1)
+    assert y.shape == (7, 32) and y.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"x": torch.zeros(2, 3, 4)}, "x must be 2-D"),
+        ({"x": torch.zeros(2, 8, dtype=torch.float64)}, "x dtype must be"),
+        ({"weight": torch.zeros(4, 7)}, "weight must be [N, K=8]"),
+        ({"weight": torch.zeros(4, 8, dtype=torch.float16)}, "weight must be [4, 8] torch.float32"),
+        ({"bias": torch.zeros(5)}, "bias must be [4]"),
+        ({"residual": torch.zeros(3, 4)}, "residual must be [2, 4]"),
+        ({"cu_seqlens": torch.zeros(2, 2, dtype=torch.int64)}, "cu_seqlens must be 1-D"),
+        ({"cu_seqlens": torch.zeros(2)}, "cu_seqlens dtype must be int32 or int64"),
+        ({"activation": 2}, "activation must be 0"),
+    ],
+)
+def test_input_checks(kwargs, message):
+    args = {"x": torch.zeros(2, 8), "weight": torch.zeros(4, 8), **kwargs}
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ragged_linear(**args)
+
+
+@pytest.fixture(scope="module")
+def interpreted_errors() -> dict[str, list[float]]:
+    """_linear_cases.py in a process started with TRITON_INTERPRET=1 (the kernel needs it set before triton's
+    import): {case: [relative error vs float64, max |dead row|]}."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_linear_cases.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("case", INTERPRETED, ids=lambda c: c[0])
+def test_triton_kernel_in_interpreter(interpreted_errors, case):
+    name, dtype = case[0], case[1]
+    err, dead = interpreted_errors[name]
+    assert err <= default_tolerance(dtype), f"{name}: relative error {err}"
+    assert dead == 0.0, f"{name}: dead rows not zero (max {dead})"
+
+
+# ---- GPU: the JIT kernel, every launch config (T below / above LARGE_T, N below / above NARROW_N) -------------
+GPU_SHAPES = [(300, 192, NARROW_N), (300, 192, NARROW_N + 64), (LARGE_T + 50, 256, 384)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("T", "K", "N"), GPU_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("act", [0, 1])
+def test_triton_jit_matches_reference(gen, dtype, T, K, N, act):
+    configs = {linear_config(t, n) for t, _, n in GPU_SHAPES}
+    assert len(configs) == 3, "the GPU shapes must reach every launch config"
+    live = T - 70
+    x, w, b, r, cu = make(dtype, T, K, N, live, True, True, gen, cu_dtype=torch.int32, device="cuda")
+    y = ragged_linear(x, w, b, r, cu, act)
+    torch.cuda.synchronize()
+    assert_close(y, _ref(x, w, b, r, cu, act).to(dtype), rtol=2 * default_tolerance(dtype), name=f"{T}x{K}x{N}")
+    assert torch.equal(y[live:], torch.zeros_like(y[live:]))
+    y_op = torch.ops.raggedvit.ragged_linear(x, w, None, None, None, act)
+    assert_close(y_op, _ref(x, w, None, None, None, act).to(dtype), rtol=2 * default_tolerance(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_fp32_and_compile(gen):
+    x, w, b, r, cu = make(torch.float32, 40, 32, 48, 25, True, True, gen, device="cuda")
+    y = torch.compile(lambda x: ragged_linear(x, w, b, r, cu, 1), fullgraph=True)(x)
+    assert_close(y, _ref(x, w, b, r, cu, 1).float(), rtol=1e-3)  # torch math: cuBLAS may use tf32
+    assert torch.equal(y[25:], torch.zeros_like(y[25:]))

@@ -1,0 +1,112 @@
+"""PrunedViT(..., ragged_linear=True): the block GEMMs through raggedvit.kernels.ragged_linear (live rows only,
+fused bias / GELU / residual) give the results of the default path, in both layouts; torch.compile traces it as one
+graph; fallbacks per GEMM (LayerScale, fp16 recipe's float32 stream); families without the path refuse it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _eva_models import eva_model
+from _pruning_models import get_images, get_model
+
+import raggedvit.pruning.packed_block as packed_block
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning.precision import apply_dtype
+
+SPECS = [
+    PruneSpec(),
+    PruneSpec("topk-l2", prune_at=(1, 3), keep=0.6),
+    PruneSpec("cls-mass", prune_at=(1, 3), mass=0.7),
+    PruneSpec("evit", prune_at=(1, 2), keep=0.5, fuse=True),
+]
+PHOTOS = ("chelsea", "coffee", "rocket")
+
+
+def _id(spec: PruneSpec) -> str:
+    return spec.policy + ("-fuse" if spec.fuse else "")
+
+
+def _pair(vit, spec: PruneSpec, images: torch.Tensor, **kwargs):
+    with torch.no_grad():
+        return PrunedViT(vit, spec, **kwargs)(images), PrunedViT(vit, spec, ragged_linear=True, **kwargs)(images)
+
+
+def _check_same(ref, got, atol: float) -> None:
+    assert float((got.logits - ref.logits).abs().max()) <= atol
+    assert torch.equal(got.token_counts, ref.token_counts)
+    for a, b, cu in zip(got.token_index, ref.token_index, ref.cu_seqlens):
+        live = int(cu[-1])
+        assert torch.equal(a[:live], b[:live])
+
+
+class _Calls:
+    """Counts the ragged linear calls of packed_block (the op sees every block GEMM on the ragged path)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[dict] = []
+        original = packed_block.fused_linear
+
+        def spy(x, weight, bias=None, residual=None, cu_seqlens=None, activation=0):
+            self.calls.append({"bias": bias is not None, "residual": residual is not None, "act": activation})
+            return original(x, weight, bias, residual, cu_seqlens, activation)
+
+        monkeypatch.setattr(packed_block, "fused_linear", spy)
+
+
+@pytest.mark.parametrize("capacity", [False, True], ids=["compact", "capacity"])
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_equals_default_path(spec: PruneSpec, capacity: bool, monkeypatch) -> None:
+    calls = _Calls(monkeypatch)
+    images = get_images("deit_tiny_d4", PHOTOS)
+    ref, got = _pair(get_model("deit_tiny_d4"), spec, images, capacity=capacity)
+    _check_same(ref, got, 1e-5)
+    # deit: every block fuses all four GEMMs: qkv (bias rides into attention), proj + x, fc1 + GELU, fc2 + x
+    assert len(calls.calls) == 4 * 4
+    assert calls.calls[:4] == [
+        {"bias": False, "residual": False, "act": 0},
+        {"bias": True, "residual": True, "act": 0},
+        {"bias": True, "residual": False, "act": 1},
+        {"bias": True, "residual": True, "act": 0},
+    ]
+
+
+def test_layer_scale_and_registers_fall_back_to_the_add(monkeypatch) -> None:
+    """DINOv2 (LayerScale): proj and fc2 run the op with their bias, the residual add stays outside."""
+    calls = _Calls(monkeypatch)
+    spec = PruneSpec("cls-mass", prune_at=(1,), mass=0.7)
+    ref, got = _pair(get_model("dinov2_reg4"), spec, get_images("dinov2_reg4"), capacity=True)
+    _check_same(ref, got, 1e-5)
+    assert calls.calls and not any(c["residual"] for c in calls.calls)
+
+
+def test_fp16_recipe_keeps_float32_stream(monkeypatch) -> None:
+    """The fp16 recipe (float32 stream, float16 GEMMs): no residual fusion across dtypes, same result as the
+    default path up to fp16 rounding."""
+    calls = _Calls(monkeypatch)
+    vit = apply_dtype(get_model("deit_tiny_d3").float(), "fp16")
+    spec = PruneSpec("topk-l2", prune_at=(1,), keep=0.5)
+    ref, got = _pair(vit, spec, get_images("deit_tiny_d3", PHOTOS), capacity=True)
+    assert float((got.logits - ref.logits).abs().max()) <= 5e-2 * float(ref.logits.abs().max())
+    assert len(calls.calls) == 4 * 3 and not any(c["residual"] for c in calls.calls)
+
+
+def test_torch_compile_fullgraph_capacity() -> None:
+    spec = PruneSpec("cls-mass", prune_at=(1, 2), mass=0.7)
+    images = get_images("deit_tiny_d3", PHOTOS)
+    model = PrunedViT(get_model("deit_tiny_d3"), spec, capacity=True, ragged_linear=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(images)
+        assert explained.graph_count == 1 and explained.graph_break_count == 0
+        torch._dynamo.reset()
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(images)
+        want = model(images)
+    torch._dynamo.reset()
+    assert float((got.logits - want.logits).abs().max()) <= 1e-6
+    assert torch.equal(got.token_counts, want.token_counts)
+
+
+def test_other_families_refuse() -> None:
+    with pytest.raises(ValueError, match="ragged_linear=True needs a timm VisionTransformer; Eva runs as EvaBackbone"):
+        PrunedViT(eva_model("eva02"), PruneSpec(), ragged_linear=True)
+    PrunedViT(eva_model("eva02"), PruneSpec())  # the default stays available
