@@ -12,6 +12,8 @@ namespace raggedvit::cuda {
 namespace {
 
 constexpr int64_t kInt32Limit = int64_t{1} << 31;  // the kernel takes T, N, K, B and its program ids as int32
+// rows / columns of the last tile (pid * BLOCK + arange, BLOCK <= 128) are int32 in the kernel too
+constexpr int64_t kMaxRowsCols = kInt32Limit - 256;
 
 const char* ConfigName(LinearConfig c) {
   return c == LinearConfig::kLarge ? "large" : (c == LinearConfig::kSmallWide ? "small_wide" : "small_narrow");
@@ -56,7 +58,7 @@ std::string CheckLinearSupported(const LinearLaunch& l) {
     return "K = " + std::to_string(l.K) + " and N = " + std::to_string(l.N) +
            " must be multiples of 16 on the CUDA EP (the AOT cubins assume 16-divisible K and N)";
   }
-  if (l.T >= kInt32Limit || l.N >= kInt32Limit || l.K >= kInt32Limit || l.B >= kInt32Limit) {
+  if (l.T > kMaxRowsCols || l.N > kMaxRowsCols || l.K >= kInt32Limit || l.B >= kInt32Limit) {
     return Sizes(l) + " exceed the int32 sizes of the kernel";
   }
   if (l.activation != 0 && l.activation != 1) return "activation must be 0 or 1, got " + std::to_string(l.activation);
