@@ -1,4 +1,4 @@
-"""Seeded fuzz of com.raggedvit::RaggedAttention on the CPU EP (CI: 10,000 calls, tests/custom_ops/test_fuzz_cpu.py).
+"""Seeded fuzz of com.raggedvit::RaggedAttention and RaggedLinear on the CPU EP (CI: 10,000 calls, test_fuzz_cpu.py).
 
     python3 scripts/fuzz_ort_cpu.py --calls 100000 --seed 14
     python3 scripts/fuzz_ort_cpu.py --seed 14 --first 5123 --calls 1      # replay one reported call

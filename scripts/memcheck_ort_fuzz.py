@@ -1,4 +1,4 @@
-"""Torch-free fuzz of the RaggedAttention CUDA-EP kernel, meant to run under compute-sanitizer memcheck.
+"""Torch-free fuzz of the RaggedAttention and RaggedLinear CUDA-EP kernels, meant to run under compute-sanitizer.
 
     compute-sanitizer --tool memcheck --kernel-name kns=_ragged python3 scripts/memcheck_ort_fuzz.py --calls 1000
 
@@ -11,6 +11,11 @@ token_pos of the wrong shape. Invalid device data must not fault (the kernel cla
 outside pos_table); the outputs of valid calls are checked for finiteness. Before them, sessions with crafted attributes
 (num_heads 0x5555555555555555, 2**62, INT64_MAX, 0, -1, a width that is not a multiple of 3*num_heads) must be
 refused with an error, never a crash; they count as calls.
+Then --linear-calls RaggedLinear calls (fp16 / bf16, cu int32 / int64, with and without Bias, Residual, CuSeqlens
+and GELU): random T (0 included), N and K multiples of 16, CuSeqlens[B] anywhere (above T, negative, the dtype's
+extremes: the kernel clamps it), so that row tiles past the live count are exercised; valid calls must give finite
+outputs with zero dead rows; some calls have K or N not a multiple of 16, a Residual of the wrong shape or a W of
+the wrong width, which must come back as errors, never faults.
 Progress is printed every 100 calls; exit 1 on any unexpected error.
 """
 
@@ -65,6 +70,89 @@ def model(
     return m.SerializeToString()
 
 
+LINEAR_CASES = ((TensorProto.FLOAT16, TensorProto.INT32), (TensorProto.BFLOAT16, TensorProto.INT64))
+LINEAR_BAD = ("k_not_16", "n_not_16", "residual_shape", "w_width")
+
+
+def linear_model(elem: int, cu_elem: int, *, full: bool) -> bytes:
+    """RaggedLinear(X, W[, Bias, Residual, CuSeqlens]) -> Y; full: every optional input and GELU."""
+    names = ["X", "W", "Bias", "Residual", "CuSeqlens"] if full else ["X", "W"]
+    attrs = {"activation": 1} if full else {}
+    node = helper.make_node("RaggedLinear", names, ["Y"], domain="com.raggedvit", **attrs)
+    types = {"X": elem, "W": elem, "Bias": elem, "Residual": elem, "CuSeqlens": cu_elem}
+    graph = helper.make_graph(
+        [node], "fuzz_linear", [helper.make_tensor_value_info(n, types[n], None) for n in names],
+        [helper.make_tensor_value_info("Y", elem, None)],
+    )  # fmt: skip
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def ort_value(a: np.ndarray, elem: int):
+    """A host OrtValue of `elem` (bfloat16 from float32 by truncation: numpy has no bfloat16)."""
+    import onnxruntime as ort
+
+    if elem == TensorProto.BFLOAT16:
+        a = (np.ascontiguousarray(a, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, elem)
+    return ort.OrtValue.ortvalue_from_numpy(
+        np.ascontiguousarray(a, np.float16 if elem == TensorProto.FLOAT16 else a.dtype)
+    )
+
+
+def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[str, int], int]:
+    """RaggedLinear calls on the CUDA EP: (counts by kind, unexpected errors)."""
+    sessions = [(create_session(linear_model(e, c, full=f), "cuda", disable_cpu_fallback=True), e, c, f)
+                for e, c in LINEAR_CASES for f in (True, False)]  # fmt: skip
+    counts: dict[str, int] = {}
+    errors = 0
+    for call in range(calls):
+        sess, elem, cu_elem, full = sessions[call % len(sessions)]
+        T = int(rng.integers(0, max_t + 1))
+        N, K = 16 * int(rng.integers(1, 17)), 16 * int(rng.integers(1, 17))
+        kind = "valid" if rng.random() < 0.8 else str(rng.choice(LINEAR_BAD))
+        if kind == "residual_shape" and not full:
+            kind = "valid"  # no Residual input in this session
+        x_k, w_k, n, res_t = K, K, N, T
+        if kind == "k_not_16":
+            x_k = w_k = K + int(rng.integers(1, 16))
+        elif kind == "n_not_16":
+            n = N + int(rng.integers(1, 16))
+        elif kind == "residual_shape":
+            res_t = T + 1
+        elif kind == "w_width":
+            w_k = K + 16
+        cu_np = np.int32 if cu_elem == TensorProto.INT32 else np.int64
+        info = np.iinfo(cu_np)
+        last = rng.choice([T, T, int(rng.integers(0, T + 1)), T + 100, -5, int(info.max), int(info.min)])
+        feeds = {"X": rng.standard_normal((T, x_k)), "W": rng.standard_normal((n, w_k)) / 8}
+        if full:
+            feeds.update(Bias=rng.standard_normal(n), Residual=rng.standard_normal((res_t, n)))
+        values = {k: ort_value(v.astype(np.float32), elem) for k, v in feeds.items()}
+        if full:
+            values["CuSeqlens"] = ort_value(np.array([0, max(0, T // 2), last], cu_np), cu_elem)
+        live = T if not full else min(max(int(last), 0), T)
+        try:
+            (y,) = sess.run_with_ort_values(["Y"], values)
+            out = y.numpy()
+            if elem == TensorProto.BFLOAT16:
+                out = (out.astype(np.uint32) << 16).view(np.float32)
+            out = out.astype(np.float32)
+            if kind != "valid":
+                print(f"linear call {call}: {kind} accepted (T={T}, N={n}, K={x_k}/{w_k})", flush=True)
+                errors += 1
+            elif out.shape != (T, n) or not np.isfinite(out).all() or out[live:].any():
+                print(f"linear call {call}: bad output (shape {out.shape}, live {live}, T={T})", flush=True)
+                errors += 1
+        except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
+            if kind == "valid":
+                print(f"linear call {call}: unexpected error on valid input: {str(e).splitlines()[0]}", flush=True)
+                errors += 1
+        counts[f"linear_{kind}"] = counts.get(f"linear_{kind}", 0) + 1
+    return counts, errors
+
+
 def crafted_sessions() -> tuple[int, int]:
     """(attempts, crashes-or-accepted): each crafted num_heads must be refused when the session is created or run."""
     bad = 0
@@ -99,6 +187,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--max-t", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--linear-calls", type=int, default=300, help="RaggedLinear calls after the attention ones")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     crafted, errors = crafted_sessions()
@@ -152,6 +241,9 @@ def main() -> int:
         counts[kind] = counts.get(kind, 0) + 1
         if (call + 1) % 100 == 0:
             print(f"{call + 1} calls ({time.time() - t0:.1f} s)", flush=True)
+    linear_counts, linear_errors = linear_calls(rng, args.linear_calls, args.max_t)
+    counts.update(linear_counts)
+    errors += linear_errors
     total = sum(counts.values())
     print(f"memcheck fuzz: {total} CUDA-EP calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")
     return 1 if errors else 0

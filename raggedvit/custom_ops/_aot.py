@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the Triton ragged attention kernels to cubin (no GPU needed).
+"""Ahead-of-time compilation of the Triton kernels to cubin (no GPU needed).
 
 Compiles `raggedvit/kernels/_kernel.py` (the same source the torch op JIT-compiles) for a given
 (kernel, dtype, cu dtype, BLOCK_D, arch) with the launch configs of `raggedvit/kernels/_config.py`.
@@ -6,7 +6,9 @@ Triton needs an active driver to compile for a target; on a machine without a GP
 driver that only reports the requested target. Results are cached on disk, keyed by a hash of
 (kernel source, triton version, job), so rebuilding is fast.
 
-This module must not import torch or raggedvit: it runs inside the package build.
+The ragged linear kernel's jobs are in `_aot_linear.py`; `compile_job` compiles either kind (a job names its
+source, function, signature and hinted ints). This module must not import torch or raggedvit: it runs inside the
+package build.
 """
 
 from __future__ import annotations
@@ -67,6 +69,14 @@ class AotJob:
     def function(self) -> str:
         return "_ragged_attn_fwd" if self.kernel == "fwd" else "_ragged_cls_attn"
 
+    @property
+    def source(self) -> Path:
+        return KERNEL_SOURCE
+
+    @property
+    def hinted_ints(self) -> tuple[str, ...]:
+        return _HINTED_INTS
+
     def signature(self) -> tuple[dict[str, str], dict[str, int]]:
         """Triton signature (arg -> type) and constexprs of this job."""
         ptr = {"QKV": self.dtype, "Bias": self.dtype, "Out": self.dtype, "CU": self.cu_dtype, "Lse": "fp32",
@@ -83,7 +93,7 @@ class AotJob:
 
 @dataclass(frozen=True)
 class AotResult:
-    job: AotJob
+    job: Any  # AotJob, or _aot_linear.LinearJob
     cubin: bytes
     function_name: str
     shared_bytes: int
@@ -151,11 +161,12 @@ def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, 
     return jobs, rows
 
 
-def cache_key(job: AotJob) -> str:
+def cache_key(job: Any) -> str:
+    """Hash of (the job's kernel source, triton version, job fields)."""
     import triton
 
     h = hashlib.sha256()
-    h.update(KERNEL_SOURCE.read_bytes())
+    h.update(job.source.read_bytes())
     h.update(triton.__version__.encode())
     h.update(json.dumps(asdict(job), sort_keys=True).encode())
     h.update(b"aot-v1")
@@ -189,17 +200,17 @@ def _count_ptx_params(ptx: str, function: str) -> int:
     return len(re.findall(r"\.param\s", m.group(1)))
 
 
-def _compile(job: AotJob) -> AotResult:
+def _compile(job: Any) -> AotResult:
     import triton
     from triton.backends.compiler import GPUTarget
 
     triton.runtime.driver.set_active(_StubDriver(job.arch))
-    module = _load_module(KERNEL_SOURCE, "_raggedvit_aot_kernel")
+    module = _load_module(job.source, f"_raggedvit_aot_{job.source.stem}")
     fn = getattr(module, job.function)
     sig, consts = job.signature()
     names = list(sig)
     attrs = {
-        (i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n in _HINTED_INTS
+        (i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n in job.hinted_ints
     }
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     target = GPUTarget("cuda", job.arch, 32)
@@ -216,7 +227,7 @@ def _compile(job: AotJob) -> AotResult:
     return AotResult(job, bytes(compiled.asm["cubin"]), md.name, int(md.shared), int(md.num_warps), n_params)
 
 
-def compile_job(job: AotJob, cache_dir: Path) -> tuple[AotResult, bool]:
+def compile_job(job: Any, cache_dir: Path) -> tuple[AotResult, bool]:
     """Compiled kernel of `job` (from the cache when present) and whether it came from the cache."""
     key = cache_key(job)
     meta_path, bin_path = cache_dir / f"{key}.json", cache_dir / f"{key}.cubin"

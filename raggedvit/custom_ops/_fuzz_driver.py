@@ -1,9 +1,9 @@
-"""Seeded, time-boxed CPU-EP fuzz of RaggedAttention, each batch of calls in a child process.
+"""Seeded, time-boxed CPU-EP fuzz of RaggedAttention and RaggedLinear, each batch of calls in a child process.
 
     summary = run_fuzz(seed=14, calls=10_000)      # or: python3 scripts/fuzz_ort_cpu.py --seed 14
 
 A child (`python3 -m raggedvit.custom_ops._fuzz_driver --worker ...`) runs the cases [first, first + count) of
-`_fuzz_cases.draw_case(seed, i)` and announces each call on
+`_fuzz_linear.draw_any(seed, i)` (every fifth call a RaggedLinear case) and announces each call on
 stdout before making it, so a crash (a signal, an abort) or a hang is pinned to one call: it is reported
 with the seed, the call index, the case and a replay command, and the batch resumes after that call in a
 fresh child. pytest never runs the op in its own process.
@@ -72,10 +72,10 @@ def _replay(seed: int, index: int) -> str:
 
 
 def _describe(seed: int, index: int) -> str:
-    from raggedvit.custom_ops._fuzz_cases import draw_case, expected_error
+    from raggedvit.custom_ops._fuzz_linear import draw_any, expected_any
 
-    case = draw_case(seed, index)
-    return f"{case.describe()}; expected: {expected_error(case) or 'valid'}"
+    case = draw_any(seed, index)
+    return f"{case.describe()}; expected: {expected_any(case) or 'valid'}"
 
 
 def _run_batch(
@@ -179,7 +179,7 @@ def _worker(seed: int, first: int, count: int) -> None:
     """Child: runs the cases; prints "S i" before call i, "F <report>" if it failed, "R i <outcome> <category>"."""
     import torch
 
-    from raggedvit.custom_ops._fuzz_cases import draw_case, expected_error, run_case
+    from raggedvit.custom_ops._fuzz_linear import draw_any, expected_any, run_any
 
     torch.set_num_threads(1)
     sessions: dict = {}
@@ -188,9 +188,9 @@ def _worker(seed: int, first: int, count: int) -> None:
         print(f"S {i}", flush=True)
         if i == kill_at:
             os.kill(os.getpid(), signal.SIGSEGV)
-        case = draw_case(seed, i)
-        outcome, error = run_case(case, sessions)
-        expected = expected_error(case)
+        case = draw_any(seed, i)
+        outcome, error = run_any(case, sessions)
+        expected = expected_any(case)
         if error is not None:
             msg = " ".join(error.split())[:600]
             print(f"F call {i} (seed {seed}): {msg}; case: {case.describe()}; replay: {_replay(seed, i)}")

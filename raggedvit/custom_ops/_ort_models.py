@@ -1,4 +1,5 @@
-"""ONNX models with com.raggedvit::RaggedAttention nodes (IR 10, opset 17 + com.raggedvit 1) and inputs."""
+"""ONNX models with com.raggedvit::RaggedAttention / RaggedLinear nodes (IR 10, opset 17 + com.raggedvit 1) and
+inputs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-__all__ = ["DTYPES", "attention_model", "chained_model", "random_batch", "to_numpy"]
+__all__ = ["DTYPES", "LINEAR_INPUTS", "attention_model", "chained_model", "linear_model", "random_batch", "to_numpy"]
 
 DTYPES = {
     torch.float32: TensorProto.FLOAT,
@@ -80,6 +81,43 @@ def attention_model(
         outputs,
     )
     return _finish(graph)
+
+
+LINEAR_INPUTS = ("X", "W", "Bias", "Residual", "CuSeqlens")  # RaggedLinear's input order
+
+
+def linear_model(
+    elem: int,
+    *,
+    bias: bool = False,
+    residual: bool = False,
+    cu_elem: int | None = None,
+    activation: int | float | None = None,
+    elems: dict[str, int] | None = None,
+    any_rank: bool = False,
+) -> bytes:
+    """One RaggedLinear node: X [T, K], W [N, K] (, Bias [N]) (, Residual [T, N]) (, CuSeqlens [B+1] of cu_elem)
+    -> Y [T, N], all float inputs of element type `elem` (ONNX TensorProto code).
+
+    Absent optional inputs are empty names in the node. activation None leaves the attribute out (default 0).
+    elems overrides the element type of single inputs (to test the op's checks); any_rank declares the inputs
+    without a shape, so that bad ranks reach the op's own checks.
+    """
+    present = {"X": True, "W": True, "Bias": bias, "Residual": residual, "CuSeqlens": cu_elem is not None}
+    types = {name: elem for name in LINEAR_INPUTS} | {"CuSeqlens": cu_elem or TensorProto.INT64} | (elems or {})
+    declared = {"X": ["T", "K"], "W": ["N", "K"], "Bias": ["N"], "Residual": ["T", "N"], "CuSeqlens": ["B1"]}
+    names = [n if present[n] else "" for n in LINEAR_INPUTS]
+    while names and not names[-1]:
+        names.pop()
+    attrs = {} if activation is None else {"activation": activation}
+    node = helper.make_node("RaggedLinear", names, ["Y"], domain="com.raggedvit", **attrs)
+    inputs = [
+        helper.make_tensor_value_info(n, types[n], None if any_rank else declared[n])
+        for n in LINEAR_INPUTS
+        if present[n]
+    ]
+    y = helper.make_tensor_value_info("Y", types["X"], None if any_rank else ["T", "N"])
+    return _finish(helper.make_graph([node], "ragged_linear", inputs, [y]))
 
 
 def chained_model(

@@ -1,9 +1,11 @@
-"""Builds libraggedvit_ort.so: Triton AOT cubins of raggedvit/kernels/_kernel.py + the C++ op library.
+"""Builds libraggedvit_ort.so: Triton AOT cubins of raggedvit/kernels/_kernel.py and _linear_kernel.py + the C++
+op library.
 
     python raggedvit/custom_ops/build.py --output PATH [--archs 80,86,89,90] [--jobs N]
 
-Steps: compile every kernel x dtype x cu dtype x BLOCK_D x arch to cubin (parallel processes, cached
-under build/aot-cache), emit a C++ source with the cubins as byte arrays, then g++ everything into one
+Steps: compile every attention kernel x dtype x cu dtype x BLOCK_D x arch and every linear dtype x cu dtype x
+config x arch to cubin (parallel processes, cached under build/aot-cache; linear configs above an arch's shared
+memory limit are dropped), emit a C++ source with the cubins as byte arrays, then g++ everything into one
 shared library (no libonnxruntime and no CUDA library at link time; libcuda is opened at run time).
 Runs inside `pip install`, so it imports neither torch nor raggedvit's runtime modules.
 """
@@ -26,13 +28,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raggedvit.custom_ops import _aot, _codegen, _ort_headers  # noqa: E402
+from raggedvit.custom_ops import _aot, _aot_linear, _codegen, _ort_headers  # noqa: E402
 
 SOURCES = (
     "ragged_attention.cc",
+    "ragged_linear.cc",
     "cpu/ragged_attention_cpu.cc",
+    "cpu/ragged_linear_cpu.cc",
     "cuda/ragged_attention_cuda.cc",
+    "cuda/ragged_linear_cuda.cc",
     "cuda/launcher.cc",
+    "cuda/linear_launcher.cc",
     "registration.cc",
 )
 CXXFLAGS = [
@@ -71,24 +77,32 @@ def _compile_one(job: _aot.AotJob, cache_dir: Path) -> tuple[_aot.AotResult, boo
     return _aot.compile_job(job, cache_dir)
 
 
-def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> list[tuple[_aot.AotResult, int]]:
-    """Compiles (or loads from the cache) every kernel; returns the table rows (result, min_tokens)."""
+def compile_cubins(
+    archs: tuple[int, ...], jobs: int, cache_dir: Path
+) -> tuple[list[tuple[_aot.AotResult, int]], list[_aot.AotResult], list[_aot.AotResult]]:
+    """Compiles (or loads from the cache) every kernel; returns the attention table rows (result, min_tokens), the
+    linear cubins that fit their arch's shared memory and the linear cubins skipped for exceeding it."""
     work, rows = _aot.make_plan(archs)
-    if not work:
-        return []
+    linear_work = _aot_linear.make_linear_plan(archs)
+    if not work and not linear_work:
+        return [], [], []
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
-    # most expensive first (forward kernels, wide heads), so two workers finish together
+    # most expensive first (forward kernels, wide heads, large linear tiles), so two workers finish together
     order = sorted(work, key=lambda j: (j.kernel != "fwd", -j.block_d, j.dtype != "fp32"))
+    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
         futures = {job: pool.submit(_compile_one, job, cache_dir) for job in order}
         done = {job: f.result() for job, f in futures.items()}
     hits = sum(1 for _, cached in done.values() if cached)
+    linear = [done[job][0] for job in linear_work if _aot_linear.fits_arch(job, done[job][0].shared_bytes)]
+    skipped = [done[job][0] for job in linear_work if not _aot_linear.fits_arch(job, done[job][0].shared_bytes)]
     print(
-        f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, "
+        f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, {len(linear)} linear "
+        f"kernel rows ({len(skipped)} skipped: shared memory above the arch limit), "
         f"for sm_{', sm_'.join(map(str, archs))}",
         flush=True,
     )
-    return [(done[job][0], min_tokens) for job, min_tokens in rows]
+    return [(done[job][0], min_tokens) for job, min_tokens in rows], linear, skipped
 
 
 def _compile_object(src: Path, obj_dir: Path, flags: list[str]) -> tuple[Path, subprocess.Popen | None]:
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build: {exc}", file=sys.stderr)
         return 2
     print(f"build: ORT headers {ort_include} (API {_ort_headers.header_api_version(ort_include)})", flush=True)
-    rows = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
+    rows, linear, skipped = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
     t1 = time.perf_counter()
 
     import triton
@@ -148,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir = build_dir / "ort-gen" / hashlib.sha256(str(archs).encode()).hexdigest()[:8]
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
-    info = _codegen.build_info(rows, _version(), triton.__version__)
+    info = _codegen.build_info(rows, _version(), triton.__version__, linear, skipped)
     new_text = gen_dir / f"cubins.cc.new{os.getpid()}"
-    _codegen.write_cubin_source(new_text, rows, info)
+    _codegen.write_cubin_source(new_text, rows, info, linear)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()
     else:

@@ -32,9 +32,6 @@ const char* ElementTypeName(ONNXTensorElementDataType type) {
   }
 }
 
-namespace {
-
-// Optional attribute read through the C API (absent -> false, no exception, no leaked status).
 bool TryAttrInt(const OrtKernelInfo* info, const char* name, int64_t* out) {
   OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, out);
   if (st == nullptr) return true;
@@ -48,8 +45,6 @@ bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out) {
   Ort::GetApi().ReleaseStatus(st);
   return false;
 }
-
-}  // namespace
 
 std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
   float as_float = 0.0f;
@@ -211,8 +206,6 @@ std::string ReadPosInputs(Ort::KernelContext& ctx, const Attrs& attrs, const std
   return "";
 }
 
-namespace {
-// A process-unique symbolic dimension ("ragged_dim_<n>"); the strings live as long as the library.
 Ort::ShapeInferContext::SymbolicInteger FreshSymbol() {
   static std::mutex mu;
   static std::deque<std::string> names;
@@ -220,7 +213,6 @@ Ort::ShapeInferContext::SymbolicInteger FreshSymbol() {
   names.push_back("ragged_dim_" + std::to_string(names.size()));
   return Ort::ShapeInferContext::SymbolicInteger(names.back().c_str());
 }
-}  // namespace
 
 std::string CheckBias(const std::vector<int64_t>& bias_shape, ONNXTensorElementDataType bias_type,
                       const std::vector<int64_t>& qkv_shape, ONNXTensorElementDataType qkv_type) {

@@ -62,6 +62,10 @@ constexpr int64_t kMaxNumHeads = INT64_MAX / 3;
 std::string ShapeString(const std::vector<int64_t>& shape);
 const char* ElementTypeName(ONNXTensorElementDataType type);
 
+// Optional attribute read through the C API (absent or of another type -> false, no exception, no leaked status).
+bool TryAttrInt(const OrtKernelInfo* info, const char* name, int64_t* out);
+bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out);
+
 // Reads and checks the node attributes; "" on success, else the error text.
 std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs);
 
@@ -138,10 +142,14 @@ std::string CheckCuValues(const I* cu, const Dims& d, const Attrs& attrs, const 
   return "";  // cu[B] <= T: rows [cu[B], T) are dead (the capacity layout; the kernels zero their outputs)
 }
 
-inline OrtStatusPtr MakeStatus(OrtErrorCode code, const std::string& msg) {
-  const std::string text = std::string(kOpName) + ": " + msg;
+// An ORT status "<op>: <msg>" (op: the reporting op's name).
+inline OrtStatusPtr MakeStatus(OrtErrorCode code, const std::string& msg, const char* op = kOpName) {
+  const std::string text = std::string(op) + ": " + msg;
   return Ort::GetApi().CreateStatus(code, text.c_str());
 }
+
+// A process-unique symbolic dimension ("ragged_dim_<n>") for shape inference; lives as long as the library.
+Ort::ShapeInferContext::SymbolicInteger FreshSymbol();
 
 // Shape inference shared by every registration: out [T, W/3], cls_attn [T].
 OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* ctx) noexcept;
@@ -192,17 +200,17 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
   ONNXTensorElementDataType cu_type_;
 };
 
-// Runs f() and turns any escaping exception into an ORT status.
+// Runs f() and turns any escaping exception into an ORT status (named after op).
 template <typename F>
-OrtStatusPtr GuardStatus(F&& f) noexcept {
+OrtStatusPtr GuardStatus(F&& f, const char* op = kOpName) noexcept {
   try {
     return f();
   } catch (const Ort::Exception& e) {
     return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), e.what());
   } catch (const std::exception& e) {
-    return MakeStatus(ORT_FAIL, e.what());
+    return MakeStatus(ORT_FAIL, e.what(), op);
   } catch (...) {
-    return MakeStatus(ORT_FAIL, "unknown C++ exception");
+    return MakeStatus(ORT_FAIL, "unknown C++ exception", op);
   }
 }
 

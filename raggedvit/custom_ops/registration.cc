@@ -1,5 +1,5 @@
 // Library entry points: RegisterCustomOps (ORT's custom-op library ABI) and raggedvit_ort_info().
-// The CPU op is always registered; the CUDA op only when libcuda.so.1 loads and a device exists.
+// The CPU ops are always registered; the CUDA ops only when libcuda.so.1 loads and a device exists.
 #include <list>
 #include <memory>
 #include <mutex>
@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "cpu/ragged_attention_cpu.h"
+#include "cpu/ragged_linear_cpu.h"
 #include "cuda/launcher.h"
 #include "cuda/ragged_attention_cuda.h"
+#include "cuda/ragged_linear_cuda.h"
 
 #define RAGGEDVIT_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -23,12 +25,19 @@ const OpSet& Ops() {
   static OpSet set;
   static std::once_flag once;
   std::call_once(once, [] {
-    for (auto cu : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64}) {
+    constexpr ONNXTensorElementDataType kCuTypes[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+                                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
+    for (auto cu : kCuTypes) {
       set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu));
+      set.ops.push_back(std::make_unique<RaggedLinearCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
     }
     if (cuda::DriverAvailable()) {
-      for (auto cu : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64}) {
+      for (auto cu : kCuTypes) {
         set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu));
+        // typed: float RaggedLinear nodes find no CUDA kernel and run on the CPU EP (no fp32 linear cubins)
+        for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+          set.ops.push_back(std::make_unique<RaggedLinearCudaOp>(kCudaExecutionProvider, dtype, cu));
+        }
       }
     }
   });
@@ -63,7 +72,8 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
   std::call_once(once, [] {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
-           raggedvit::kOpName + "\", \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
+           raggedvit::kLinearOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

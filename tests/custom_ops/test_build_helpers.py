@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raggedvit.custom_ops import _aot, _codegen, _ort_headers
+from raggedvit.custom_ops import _aot, _aot_linear, _codegen, _ort_headers
 
 ROOT = Path(__file__).resolve().parents[2]
 DEB = next(iter(sorted((ROOT.parent / "shared" / "device").glob("libonnxruntime-dev_*.deb"))), Path("/missing.deb"))
@@ -98,3 +98,39 @@ def test_generated_source_shares_cubins_between_rows(tmp_path):
     assert text.count("const unsigned char kCubin") == 1
     assert '"\\x00\\x7f\\x22\\x5c\\x78"' in text  # every byte escaped (quotes, backslashes included)
     assert "IndexType::kInt32, 64, false, 90, 2048," in text
+    assert "const size_t kNumLinearImages = 0;" in text and "const int64_t kLinearLargeT = 1024;" in text
+
+
+def test_linear_plan_and_signature():
+    jobs = _aot_linear.make_linear_plan((80, 90))
+    assert len(jobs) == len(set(jobs)) == 2 * 2 * 3 * 2  # dtypes x cu dtypes x configs x archs
+    assert {(j.dtype, j.cu_dtype, j.config, j.arch) for j in jobs} == {
+        (d, c, n, a) for d in ("fp16", "bf16") for c in ("i32", "i64") for n in ("small_narrow", "small_wide", "large")
+        for a in (80, 90)
+    }  # fmt: skip
+    job = next(j for j in jobs if j.dtype == "bf16" and j.cu_dtype == "i64" and j.config == "large")
+    sig, consts = job.signature()
+    assert list(sig)[:6] == ["X", "W", "Bias", "Res", "CU", "Y"] and sig["CU"] == "*i64" and sig["Res"] == "*bf16"
+    assert all(sig[n] == "i32" for n in ("T", "N", "K", "B", "has_bias", "has_res", "has_live", "activation"))
+    assert consts == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
+    assert job.hinted_ints == ("N", "K") and job.source.name == "_linear_kernel.py"
+    assert _aot.cache_key(job) != _aot.cache_key(
+        _aot_linear.LinearJob("bf16", "i64", 90, "large", 128, 128, 64, 8, 4, 3)
+    )
+
+
+def test_linear_configs_over_the_shared_memory_limit_are_skipped(tmp_path):
+    """A config above its arch's opt-in limit is left out of the table and listed under "skipped"."""
+    big = _aot_linear.LinearJob("fp16", "i32", 86, "large", 128, 128, 64, 8, 8, 3)
+    small = _aot_linear.LinearJob("fp16", "i32", 86, "small_wide", 64, 64, 64, 8, 4, 4)
+    assert not _aot_linear.fits_arch(big, 99 * 1024 + 1) and _aot_linear.fits_arch(big, 99 * 1024)
+    assert _aot_linear.fits_arch(_aot_linear.LinearJob("fp16", "i32", 90, "large", 128, 128, 64, 8, 8, 3), 200_000)
+    kept = _aot.AotResult(small, b"\x01\x02", "_ragged_linear", 49152, 4, 16)
+    dropped = _aot.AotResult(big, b"\x03", "_ragged_linear", 120_000, 8, 16)
+    info = _codegen.build_info([], "0.1", "3.8", [kept], [dropped])
+    assert info["linear"]["skipped"] == {"large/sm_86/fp16/i32": 120_000} and info["linear"]["num_cubins"] == 1
+    path = tmp_path / "cubins.cc"
+    _codegen.write_cubin_source(path, [], info, [kept])
+    text = path.read_text()
+    assert '{DType::kFloat16, IndexType::kInt32, 86, LinearConfig::kSmallWide, "_ragged_linear", kCubin0, 2,' in text
+    assert "const size_t kNumLinearImages = 1;" in text and text.count("const unsigned char kCubin") == 1

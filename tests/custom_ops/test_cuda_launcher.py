@@ -46,6 +46,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
             f"-I{CUDA_SRC}",
             str(HERE / "fake_cuda" / "launcher_harness.cc"),
             str(CUDA_SRC / "launcher.cc"),
+            str(CUDA_SRC / "linear_launcher.cc"),
             "-ldl",
             "-o",
             str(d / "harness"),
@@ -215,3 +216,59 @@ def _real_libcuda() -> bool:
 def test_without_libcuda(harness, tmp_path):
     res, _ = run(harness, tmp_path, [scenario()], fake=False)
     assert res[0].startswith("ERR cannot load libcuda.so.1")
+
+
+def linear(*, dtype=1, index=0, T=100, N=512, K=192, B=2, bias=1, residual=1, cu=1, activation=1, misalign=0) -> str:
+    return f"L {dtype} {index} {T} {N} {K} {B} {bias} {residual} {cu} {activation} {misalign}"
+
+
+def test_linear_launch_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [linear(), linear(bias=0, residual=0, cu=0, activation=0)])
+    assert res == ["OK", "OK"]
+    full, bare = launches(log)
+    assert full["name"] == "_ragged_linear" and full["image"] == "linear/kFloat16/kInt32/sm90/kSmallNarrow"
+    assert full["grid"] == "32,1,1" and full["block"] == "128,1,1"  # cdiv(100, 64) * cdiv(512, 32)
+    # X, W, Bias, Res, CU, Y, T, N, K, B, has_bias, has_res, has_live, activation, global/profile scratch
+    assert full["args"] == "a00000,a80000,b80000,c80000,b00000,c00000,100,512,192,2,1,1,1,1,0,0"
+    # absent optional inputs: X's pointer stands in, never read
+    assert bare["args"] == "a00000,a80000,a00000,a00000,a00000,c00000,100,512,192,2,0,0,0,0,0,0"
+
+
+@pytest.mark.parametrize(
+    ("arch", "T", "N", "image", "grid"),
+    [
+        (90, 100, 1024, "sm90/kSmallNarrow", "64,1,1"),
+        (90, 100, 1040, "sm90/kSmallWide", "34,1,1"),
+        (90, 1024, 768, "sm90/kLarge", "48,1,1"),
+        (80, 1024, 768, "sm80/kSmallWide", "192,1,1"),  # kLarge skipped for sm_80: the next smaller config
+        (89, 2000, 64, "sm80/kSmallWide", "32,1,1"),
+    ],
+)
+def test_linear_config_rule_and_fallback(harness, tmp_path, arch, T, N, image, grid):
+    res, log = run(harness, tmp_path, [linear(T=T, N=N)], FAKE_CUDA_ARCH=str(arch))
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == f"linear/kFloat16/kInt32/{image}" and launch["grid"] == grid
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"K": 200}, "K = 200 and N = 512 must be multiples of 16"),
+        ({"N": 100}, "K = 192 and N = 100 must be multiples of 16"),
+        ({"misalign": 8}, "device buffer 'X' is not 16-byte aligned"),
+        ({"dtype": 0}, "element type fp32 has no CUDA kernel"),
+        ({"index": 1}, "no RaggedLinear cubin for sm_90 fp16/int64"),
+        ({"dtype": 2, "index": 1}, "_ragged_linear: cubin expects 15 parameters, launcher passes 16"),
+        ({"T": 2**31}, "exceed the int32 sizes of the kernel"),
+    ],
+)
+def test_linear_errors(harness, tmp_path, kw, message):
+    res, log = run(harness, tmp_path, [linear(**kw)])
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log)
+
+
+def test_linear_empty_launches_nothing(harness, tmp_path):
+    res, log = run(harness, tmp_path, [linear(T=0), linear(N=0)])
+    assert res == ["OK", "OK"] and not launches(log)

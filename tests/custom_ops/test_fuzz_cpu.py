@@ -1,5 +1,6 @@
-"""The seeded CPU-EP fuzz of RaggedAttention (10,000 calls, each batch in a child process): no crash, every
-invalid input refused with an ORT error, every valid one equal to the float64 torch reference.
+"""The seeded CPU-EP fuzz of RaggedAttention and RaggedLinear (10,000 calls, every fifth a RaggedLinear one, each
+batch in a child process): no crash, every invalid input refused with an ORT error, every valid one equal to the
+float64 torch reference.
 
 The seed is fixed so that CI is reproducible; RAGGEDVIT_FUZZ_SEED=<n> explores another run. The summary line
 (calls, outcomes) is printed at the end of the pytest run (tests/conftest.py).
@@ -14,6 +15,7 @@ import pytest
 
 from raggedvit.custom_ops._fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
 from raggedvit.custom_ops._fuzz_driver import run_fuzz
+from raggedvit.custom_ops._fuzz_linear import LinearCase, draw_any, draw_linear_case, expected_any
 
 CALLS = 10_000
 SEED = int(os.environ.get("RAGGEDVIT_FUZZ_SEED", "14"))
@@ -58,3 +60,19 @@ def test_a_crash_is_reported_with_seed_and_call(ort_library, monkeypatch):
     crash = summary.crashes[0]
     assert f"call 5 (seed {SEED}) died of SIGSEGV" in crash and f"--seed {SEED} --first 5 --calls 1" in crash
     assert summary.calls == 11 and not summary.ok
+
+
+def test_linear_cases_cover_valid_and_refused_inputs():
+    """Every fifth call is a RaggedLinear case: valid ones with dead rows and clamped CuSeqlens, and each refusal."""
+    cases = [draw_any(SEED, i) for i in range(CALLS)]
+    linear = [c for c in cases if isinstance(c, LinearCase)]
+    assert len(linear) == CALLS // 5
+    reasons = Counter((expected_any(c) or "valid").split(":")[0] for c in linear)
+    kinds = ("X type", "X rank", "W shape", "W type", "Bias", "Residual", "CuSeqlens shape", "CuSeqlens type",
+             "activation")  # fmt: skip
+    assert reasons["valid"] > 1000 and all(reasons[f"linear {k}"] >= 5 for k in kinds), reasons
+    valid = [c for c in linear if expected_any(c) is None]
+    dead = [c for c in valid if c.cu_elem and 0 < c.x_shape[0] and int(c.cu[-1]) < c.x_shape[0]]
+    assert len(dead) > 100 and any(int(c.cu[-1]) > c.x_shape[0] for c in valid if c.cu_elem)
+    assert {0, 1} <= {c.activation for c in valid} and any(c.x_shape[0] == 0 for c in valid)
+    assert draw_linear_case(SEED, 9) == draw_any(SEED, 9)  # a reported call replays alone

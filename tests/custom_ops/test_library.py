@@ -26,9 +26,14 @@ so = ort.SessionOptions()
 so.register_custom_ops_library(lib)
 sess = ort.InferenceSession(attention_model(torch.float32, torch.int64, 2), so, providers=["CPUExecutionProvider"])
 out, cls = sess.run(None, {{"qkv": np.random.randn(7, 24).astype(np.float32), "cu_seqlens": np.array([0, 3, 7])}})
+from onnx import TensorProto
+from raggedvit.custom_ops._ort_models import linear_model
+lin = ort.InferenceSession(linear_model(TensorProto.FLOAT16), so, providers=["CPUExecutionProvider"])
+(y,) = lin.run(None, {{"X": np.ones((5, 16), np.float16), "W": np.ones((32, 16), np.float16)}})
 info = ctypes.CDLL(lib).raggedvit_ort_info
 info.restype = ctypes.c_char_p
-print(json.dumps({{"out": list(out.shape), "cls_sum": float(cls.sum()), "info": json.loads(info())}}))
+print(json.dumps({{"out": list(out.shape), "cls_sum": float(cls.sum()), "linear": [list(y.shape), float(y.max())],
+                  "info": json.loads(info())}}))
 """
 
 
@@ -69,6 +74,18 @@ def test_library_info(ort_library):
     assert build["num_cubins"] <= build["num_kernel_images"]
     assert {"fwd", "cls", "fwd+pos", "cls+pos"} <= set(build["configs"]["fp16/d64/T>=0"])
     assert build["relative_position_bias"] is True
+    assert info["ops"] == ["RaggedAttention", "RaggedLinear"]
+
+
+def test_library_info_linear(ort_library):
+    """RaggedLinear cubins: fp16/bf16 x cu i32/i64 x 3 configs x 4 archs, less the configs skipped for shared memory."""
+    linear = library_info()["build"]["linear"]
+    assert linear["archs"] == [80, 86, 89, 90]
+    assert linear["dtypes"] == ["bf16", "fp16"] and linear["cu_dtypes"] == ["i32", "i64"]
+    assert set(linear["configs"]) == {"small_narrow", "small_wide", "large"}
+    assert linear["num_cubins"] + len(linear["skipped"]) == 2 * 2 * 3 * 4
+    assert len(linear["shared_bytes"]) == linear["num_cubins"] and linear["cubin_bytes"] > 0
+    assert linear["rule"] == {"large_t": 1024, "narrow_n": 1024}
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):
@@ -76,6 +93,7 @@ def test_cpu_op_runs_with_cuda_hidden(ort_library):
     res = run_cpu_op_in_subprocess(ort_library, env)
     assert res["out"] == [7, 8]
     assert abs(res["cls_sum"] - 2.0) < 1e-5  # two sequences, cls_attn sums to 1 in each
+    assert res["linear"] == [[5, 32], 16.0]  # RaggedLinear on the CPU EP
     assert res["info"]["cuda_op_registered"] is False
 
 
@@ -90,9 +108,10 @@ def test_build_cli_single_arch(ort_library, tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "kernel table rows, for sm_90" in proc.stdout
+    assert "kernel table rows, 12 linear kernel rows" in proc.stdout and "for sm_90" in proc.stdout
     res = run_cpu_op_in_subprocess(str(out), dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert res["info"]["build"]["archs"] == [90] and res["out"] == [7, 8]
+    assert res["info"]["build"]["linear"]["archs"] == [90] and res["linear"] == [[5, 32], 16.0]
 
 
 @pytest.mark.parametrize(("archs", "message"), [("sm90", "comma-separated SM numbers"), ("75", "sm_80 or newer")])

@@ -4,6 +4,8 @@
 
 #include <dlfcn.h>
 
+#include "launch_context.h"
+
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -97,16 +99,12 @@ std::string ErrorText(const char* call, CUresult r) {
 struct ContextState {
   int arch = 0;
   int shared_optin = 0;
-  std::map<size_t, CUfunction> functions;  // image index -> loaded function
+  std::map<const unsigned char*, CUfunction> functions;  // cubin -> its loaded function
 };
 
 std::mutex g_mutex;
 std::map<CUcontext, ContextState> g_contexts;
 std::map<int, CUcontext> g_primary;  // device ordinal -> retained primary context
-
-const char* DTypeName(DType t) {
-  return t == DType::kFloat32 ? "fp32" : (t == DType::kFloat16 ? "fp16" : "bf16");
-}
 
 // Picks the image for the device arch and T: same major and highest minor <= the device's (SASS is not
 // forward compatible across majors), then the config with the largest min_tokens <= T (the rule of
@@ -136,15 +134,14 @@ std::string AvailableArchs() {
   return s.empty() ? "none" : s;
 }
 
-// Loads (once per context) the function of image `index`; call with g_mutex held and ctx current.
-std::string GetFunction(ContextState& st, size_t index, CUfunction* fn) {
-  auto it = st.functions.find(index);
+// Loads (once per context) the function of a cubin; call with g_mutex held and ctx current.
+std::string GetFunction(ContextState& st, const CubinRef& im, CUfunction* fn) {
+  auto it = st.functions.find(im.cubin);
   if (it != st.functions.end()) {
     *fn = it->second;
     return "";
   }
   const Driver& drv = GetDriver();
-  const KernelImage& im = kKernelImages[index];
   CUmodule mod = nullptr;
   CUresult r = drv.ModuleLoadData(&mod, im.cubin);
   if (r != CUDA_SUCCESS) return ErrorText("cuModuleLoadData", r);
@@ -158,28 +155,28 @@ std::string GetFunction(ContextState& st, size_t index, CUfunction* fn) {
     r = drv.FuncSetAttribute(*fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, im.shared_bytes);
     if (r != CUDA_SUCCESS) return ErrorText("cuFuncSetAttribute", r);
   }
-  st.functions.emplace(index, *fn);
+  st.functions.emplace(im.cubin, *fn);
   return "";
 }
 
 // Context of the launch: the stream's, else the device's primary context. Call with g_mutex held.
-std::string ResolveContext(const AttentionLaunch& a, CUcontext* ctx) {
+std::string ResolveContext(void* stream, int device_ordinal, CUcontext* ctx) {
   const Driver& drv = GetDriver();
-  if (a.stream != nullptr) {
-    CUresult r = drv.StreamGetCtx(static_cast<CUstream>(a.stream), ctx);
+  if (stream != nullptr) {
+    CUresult r = drv.StreamGetCtx(static_cast<CUstream>(stream), ctx);
     return r == CUDA_SUCCESS ? "" : ErrorText("cuStreamGetCtx", r);
   }
-  auto it = g_primary.find(a.device_ordinal);
+  auto it = g_primary.find(device_ordinal);
   if (it != g_primary.end()) {
     *ctx = it->second;
     return "";
   }
   CUdevice dev = 0;
-  CUresult r = drv.DeviceGet(&dev, a.device_ordinal);
+  CUresult r = drv.DeviceGet(&dev, device_ordinal);
   if (r != CUDA_SUCCESS) return ErrorText("cuDeviceGet", r);
   r = drv.DevicePrimaryCtxRetain(ctx, dev);
   if (r != CUDA_SUCCESS) return ErrorText("cuDevicePrimaryCtxRetain", r);
-  g_primary[a.device_ordinal] = *ctx;
+  g_primary[device_ordinal] = *ctx;
   return "";
 }
 
@@ -199,17 +196,58 @@ std::string InitContextState(ContextState& st) {
   return "";
 }
 
-struct ScopedContext {
-  bool pushed = false;
-  ~ScopedContext() {
-    if (pushed) {
-      CUcontext prev = nullptr;
-      GetDriver().CtxPopCurrent(&prev);
-    }
-  }
-};
+CubinRef RefOf(const KernelImage& im) { return {im.cubin, im.function_name, im.shared_bytes}; }
 
 }  // namespace
+
+LaunchScope::~LaunchScope() {
+  if (pushed) {
+    CUcontext prev = nullptr;
+    GetDriver().CtxPopCurrent(&prev);
+  }
+}
+
+std::string DriverError() {
+  const Driver& drv = GetDriver();
+  return drv.ok ? "" : drv.error;
+}
+
+std::string EnterContext(void* stream, int device_ordinal, LaunchScope& scope, const PickFn& pick) {
+  const Driver& drv = GetDriver();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  CUcontext ctx = nullptr, current = nullptr;
+  std::string err = ResolveContext(stream, device_ordinal, &ctx);
+  if (!err.empty()) return err;
+  CUresult r = drv.CtxGetCurrent(&current);
+  if (r != CUDA_SUCCESS) return ErrorText("cuCtxGetCurrent", r);
+  if (current != ctx) {
+    r = drv.CtxPushCurrent(ctx);
+    if (r != CUDA_SUCCESS) return ErrorText("cuCtxPushCurrent", r);
+    scope.pushed = true;
+  }
+  auto [it, inserted] = g_contexts.try_emplace(ctx);
+  ContextState& st = it->second;
+  if (inserted) {
+    err = InitContextState(st);
+    if (!err.empty()) {
+      g_contexts.erase(it);
+      return err;
+    }
+  }
+  return pick(st.arch, [&st](const CubinRef& ref, CUfunction* fn) { return GetFunction(st, ref, fn); });
+}
+
+std::string Launch(CUfunction fn, unsigned grid_x, unsigned grid_y, int num_warps, int shared_bytes, void* stream,
+                   void** args, const char* what) {
+  CUresult r = GetDriver().LaunchKernel(fn, grid_x, grid_y, 1, 32u * static_cast<unsigned>(num_warps), 1, 1,
+                                        static_cast<unsigned>(shared_bytes), static_cast<CUstream>(stream), args,
+                                        nullptr);
+  return r == CUDA_SUCCESS ? "" : ErrorText((std::string("cuLaunchKernel(") + what + ")").c_str(), r);
+}
+
+const char* DTypeName(DType t) {
+  return t == DType::kFloat32 ? "fp32" : (t == DType::kFloat16 ? "fp16" : "bf16");
+}
 
 bool DriverAvailable() { return GetDriver().ok; }
 
@@ -274,46 +312,27 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   if (a.T == 0) return "";  // empty grid: nothing to launch
   std::string err = CheckSupported(a);
   if (!err.empty()) return err;
-  const Driver& drv = GetDriver();
-  if (!drv.ok) return drv.error;
+  err = DriverError();
+  if (!err.empty()) return err;
   const int block_d = BlockDFor(a.D);
 
   CUfunction fwd = nullptr, cls = nullptr;
   long fwd_index = -1, cls_index = -1;
-  ScopedContext scope;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    CUcontext ctx = nullptr, current = nullptr;
-    err = ResolveContext(a, &ctx);
-    if (!err.empty()) return err;
-    CUresult r = drv.CtxGetCurrent(&current);
-    if (r != CUDA_SUCCESS) return ErrorText("cuCtxGetCurrent", r);
-    if (current != ctx) {
-      r = drv.CtxPushCurrent(ctx);
-      if (r != CUDA_SUCCESS) return ErrorText("cuCtxPushCurrent", r);
-      scope.pushed = true;
-    }
-    auto [it, inserted] = g_contexts.try_emplace(ctx);
-    ContextState& st = it->second;
-    if (inserted) {
-      err = InitContextState(st);
-      if (!err.empty()) {
-        g_contexts.erase(it);
-        return err;
-      }
-    }
-    fwd_index = PickImage(KernelKind::kForward, a, block_d, st.arch);
-    cls_index = PickImage(KernelKind::kClsAttn, a, block_d, st.arch);
+  LaunchScope scope;
+  err = EnterContext(a.stream, a.device_ordinal, scope, [&](int arch, const LoadFn& load) -> std::string {
+    fwd_index = PickImage(KernelKind::kForward, a, block_d, arch);
+    cls_index = PickImage(KernelKind::kClsAttn, a, block_d, arch);
     if (fwd_index < 0 || cls_index < 0) {
-      return std::string("no cubin for sm_") + std::to_string(st.arch) + " " + DTypeName(a.dtype) +
+      return std::string("no cubin for sm_") + std::to_string(arch) + " " + DTypeName(a.dtype) +
              (a.index_type == IndexType::kInt32 ? "/int32" : "/int64") + " BLOCK_D=" + std::to_string(block_d) +
              (a.pos_table != nullptr ? " with relative position bias" : "") +
              " in this library (it holds " + AvailableArchs() + "; rebuild with build.py --archs)";
     }
-    err = GetFunction(st, static_cast<size_t>(fwd_index), &fwd);
-    if (err.empty() && a.cls_attn != nullptr) err = GetFunction(st, static_cast<size_t>(cls_index), &cls);
-    if (!err.empty()) return err;
-  }
+    std::string e = load(RefOf(kKernelImages[fwd_index]), &fwd);
+    if (e.empty() && a.cls_attn != nullptr) e = load(RefOf(kKernelImages[cls_index]), &cls);
+    return e;
+  });
+  if (!err.empty()) return err;
 
   CUdeviceptr qkv = reinterpret_cast<CUdeviceptr>(a.qkv), cu = reinterpret_cast<CUdeviceptr>(a.cu);
   // no bias: qkv's pointer stands in (never read, has_bias = 0)
@@ -330,7 +349,6 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   int32_t H = static_cast<int32_t>(a.H), D = static_cast<int32_t>(a.D);
   int32_t scale_bits = 0, store_lse = a.cls_attn != nullptr ? 1 : 0;
   std::memcpy(&scale_bits, &a.scale, sizeof(scale_bits));
-  CUstream stream = static_cast<CUstream>(a.stream);
 
   const KernelImage& f = kKernelImages[fwd_index];
   void* fwd_args[] = {&qkv,        &bias,     &cu,     &out,    &lse,    &pos_table,  &token_pos,
@@ -342,9 +360,9 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
            " parameters, launcher passes " + std::to_string(kFwdParams);
   }
   const unsigned fwd_grid = static_cast<unsigned>((a.T + f.block_m - 1) / f.block_m);
-  CUresult r = drv.LaunchKernel(fwd, fwd_grid, static_cast<unsigned>(a.H), 1, 32u * f.num_warps, 1, 1,
-                                static_cast<unsigned>(f.shared_bytes), stream, fwd_args, nullptr);
-  if (r != CUDA_SUCCESS) return ErrorText("cuLaunchKernel(_ragged_attn_fwd)", r);
+  err = Launch(fwd, fwd_grid, static_cast<unsigned>(a.H), f.num_warps, f.shared_bytes, a.stream, fwd_args,
+               "_ragged_attn_fwd");
+  if (!err.empty()) return err;
 
   if (a.cls_attn != nullptr) {
     const KernelImage& c = kKernelImages[cls_index];
@@ -357,9 +375,8 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
              " parameters, launcher passes " + std::to_string(kClsParams);
     }
     const unsigned cls_grid = static_cast<unsigned>((a.T + c.block_n - 1) / c.block_n);
-    r = drv.LaunchKernel(cls, cls_grid, 1, 1, 32u * c.num_warps, 1, 1, static_cast<unsigned>(c.shared_bytes), stream,
-                         cls_args, nullptr);
-    if (r != CUDA_SUCCESS) return ErrorText("cuLaunchKernel(_ragged_cls_attn)", r);
+    err = Launch(cls, cls_grid, 1, c.num_warps, c.shared_bytes, a.stream, cls_args, "_ragged_cls_attn");
+    if (!err.empty()) return err;
   }
   return "";
 }

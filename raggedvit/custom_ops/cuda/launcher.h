@@ -35,6 +35,48 @@ extern const KernelImage kKernelImages[];
 extern const size_t kNumKernelImages;
 extern const char* const kBuildInfoJson;  // archs, dtypes, head-dim blocks, configs (generated)
 
+// Launch configs of the ragged linear kernel (raggedvit/kernels/_linear_config.py), in ascending tile size: a
+// config skipped for an arch (shared memory above its opt-in limit) falls back to the next smaller one.
+enum class LinearConfig : int { kSmallNarrow = 0, kSmallWide = 1, kLarge = 2 };
+
+// One AOT-compiled _ragged_linear (the second generated table).
+struct LinearImage {
+  DType dtype;
+  IndexType index_type;
+  int arch;
+  LinearConfig config;
+  const char* function_name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  int shared_bytes;
+  int num_warps;
+  int block_m;
+  int block_n;
+  int num_params;  // kernel params including Triton's trailing scratch pointers
+};
+
+extern const LinearImage kLinearImages[];
+extern const size_t kNumLinearImages;
+// linear_config(T, N) of _linear_config.py (generated from LARGE_T, NARROW_N): kLarge for T >= kLinearLargeT,
+// else kSmallNarrow for N <= kLinearNarrowN, else kSmallWide.
+extern const int64_t kLinearLargeT;
+extern const int64_t kLinearNarrowN;
+
+struct LinearLaunch {
+  DType dtype = DType::kFloat16;  // fp16 or bf16 (the AOT build ships no fp32 linear kernel)
+  IndexType index_type = IndexType::kInt32;
+  const void* x = nullptr;         // [T, K] device
+  const void* w = nullptr;         // [N, K] device (nn.Linear's weight)
+  const void* bias = nullptr;      // [N] device or nullptr
+  const void* residual = nullptr;  // [T, N] device or nullptr
+  const void* cu = nullptr;        // [B+1] device or nullptr (then every row is live)
+  void* y = nullptr;               // [T, N] device
+  int64_t T = 0, N = 0, K = 0, B = 0;
+  int activation = 0;              // 0 none, 1 GELU (erf)
+  void* stream = nullptr;          // CUstream; nullptr = legacy default stream of device_ordinal
+  int device_ordinal = 0;
+};
+
 struct AttentionLaunch {
   DType dtype = DType::kFloat16;
   IndexType index_type = IndexType::kInt32;
@@ -62,6 +104,15 @@ std::string CheckSupported(const AttentionLaunch& a);
 // Enqueues the kernels on a.stream; never synchronises and never reads device data.
 // Returns "" on success, else the error text (CUDA errors carry the CUresult name).
 std::string LaunchRaggedAttention(const AttentionLaunch& a);
+
+// The config linear_config(T, N) asks for (before any per-arch fallback).
+LinearConfig PreferredLinearConfig(int64_t T, int64_t N);
+
+// Checks what the AOT linear kernel supports (K % 16, N % 16, int32 sizes, 16-byte alignment); "" when supported.
+std::string CheckLinearSupported(const LinearLaunch& l);
+
+// Enqueues _ragged_linear on l.stream (never synchronises, never reads device data); "" on success.
+std::string LaunchRaggedLinear(const LinearLaunch& l);
 
 // Smallest BLOCK_D in the table >= D, or 0 when D is unsupported.
 int BlockDFor(int64_t D);

@@ -123,9 +123,10 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   if (stream && current() != ctx_of_device((int)((uintptr_t)stream & 0xf))) return 201;
   if (!current() || extra) return 201;
   int fwd = strcmp(fn->name, "_ragged_attn_fwd") == 0;
-  /* 7 pointers (QKV, Bias, CU, Out/Lse or Lse/ClsAttn, PosTable, TokPos), then int32s, then Triton's 2 scratch
-     pointers */
-  int n_ptr = 7, n_int = fwd ? 10 : 9;
+  int linear = strcmp(fn->name, "_ragged_linear") == 0;
+  /* attention: 7 pointers (QKV, Bias, CU, Out/Lse or Lse/ClsAttn, PosTable, TokPos), then int32s; linear: 6
+     pointers (X, W, Bias, Res, CU, Y), then 8 int32s; then Triton's 2 scratch pointers */
+  int n_ptr = linear ? 6 : 7, n_int = linear ? 8 : (fwd ? 10 : 9);
   char args[512];
   int pos = 0;
   for (int i = 0; i < n_ptr; ++i)

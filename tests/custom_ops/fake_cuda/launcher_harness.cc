@@ -2,6 +2,7 @@
 // stdin: one scenario per line: dtype(0 fp32,1 fp16,2 bf16) index(0 i32,1 i64) T B H D cls stream_dev
 //        device_ordinal misalign scale [pos grid_h grid_w num_prefix]   (stream_dev -1 = null stream; pos 1:
 //        pos_table 0xf00000 and token_pos 0xf80000)
+//        or a RaggedLinear launch: L dtype index T N K B bias residual cu activation misalign
 // stdout: "OK" or "ERR <message>" per line.
 #include <cstdint>
 #include <iostream>
@@ -38,6 +39,25 @@ const KernelImage kKernelImages[] = {
     IMGP(kClsAttn, kFloat16, kInt32, 64, true, 90, 0, "_ragged_cls_attn", 2048, 0, 128, 18),
 };
 const size_t kNumKernelImages = sizeof(kKernelImages) / sizeof(kKernelImages[0]);
+
+namespace {
+#define LIN(dt, it, arch, config, shared, bm, bn, np)                                                             \
+  {DType::dt, IndexType::it, arch, LinearConfig::config, "_ragged_linear",                                         \
+   reinterpret_cast<const unsigned char*>("linear/" #dt "/" #it "/sm" #arch "/" #config), 8, shared, 4, bm, bn, np}
+}  // namespace
+
+// sm_90: every config; sm_80: kLarge skipped by the build (shared memory), so it falls back to kSmallWide
+const LinearImage kLinearImages[] = {
+    LIN(kFloat16, kInt32, 90, kSmallNarrow, 49152, 64, 32, 16),
+    LIN(kFloat16, kInt32, 90, kSmallWide, 65536, 64, 64, 16),
+    LIN(kFloat16, kInt32, 90, kLarge, 98304, 128, 128, 16),
+    LIN(kFloat16, kInt32, 80, kSmallNarrow, 36864, 64, 32, 16),
+    LIN(kFloat16, kInt32, 80, kSmallWide, 49152, 64, 64, 16),
+    LIN(kBFloat16, kInt64, 90, kSmallNarrow, 49152, 64, 32, 15),  // wrong param count
+};
+const size_t kNumLinearImages = sizeof(kLinearImages) / sizeof(kLinearImages[0]);
+const int64_t kLinearLargeT = 1024;
+const int64_t kLinearNarrowN = 1024;
 const char* const kBuildInfoJson = "{}";
 }  // namespace raggedvit::cuda
 
@@ -47,6 +67,24 @@ int main() {
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
     std::istringstream in(line);
+    if (line[0] == 'L') {
+      std::string tag;
+      int dtype, index, bias, residual, cu, misalign;
+      LinearLaunch l;
+      in >> tag >> dtype >> index >> l.T >> l.N >> l.K >> l.B >> bias >> residual >> cu >> l.activation >> misalign;
+      l.dtype = static_cast<DType>(dtype);
+      l.index_type = static_cast<IndexType>(index);
+      l.x = reinterpret_cast<const void*>(uintptr_t{0xa00000} + misalign);
+      l.w = reinterpret_cast<const void*>(uintptr_t{0xa80000});
+      if (bias) l.bias = reinterpret_cast<const void*>(uintptr_t{0xb80000});
+      if (residual) l.residual = reinterpret_cast<const void*>(uintptr_t{0xc80000});
+      if (cu) l.cu = reinterpret_cast<const void*>(uintptr_t{0xb00000});
+      l.y = reinterpret_cast<void*>(uintptr_t{0xc00000});
+      l.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
+      std::string err = LaunchRaggedLinear(l);
+      std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
+      continue;
+    }
     int dtype, index, cls, stream_dev, misalign;
     AttentionLaunch a;
     in >> dtype >> index >> a.T >> a.B >> a.H >> a.D >> cls >> stream_dev >> a.device_ordinal >> misalign >> a.scale;

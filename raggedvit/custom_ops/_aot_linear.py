@@ -1,0 +1,89 @@
+"""AOT jobs of the ragged linear kernel (`raggedvit/kernels/_linear_kernel.py:_ragged_linear`).
+
+One job per dtype (fp16, bf16) x cu dtype x launch config of `raggedvit/kernels/_linear_config.py` x arch; compiled
+by `_aot.compile_job` like the attention jobs. A config whose shared memory exceeds the arch's opt-in limit is not
+emitted (`fits_arch`); the launcher then falls back to the next smaller config of that arch.
+
+This module must not import torch or raggedvit: it runs inside the package build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raggedvit.custom_ops._aot import ARCHS, CU_DTYPES, KERNELS_DIR, _load_module
+
+__all__ = ["LINEAR_DTYPES", "SHARED_OPTIN_BYTES", "LinearJob", "fits_arch", "linear_rule", "make_linear_plan"]
+
+LINEAR_SOURCE = KERNELS_DIR / "_linear_kernel.py"
+LINEAR_CONFIG_SOURCE = KERNELS_DIR / "_linear_config.py"
+LINEAR_DTYPES = ("fp16", "bf16")  # no fp32 CUDA kernel: ORT places fp32 nodes on the CPU EP
+# Largest dynamic shared memory per block a kernel may opt in to (CUDA programming guide, compute capabilities).
+SHARED_OPTIN_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+_ARGS = ("X", "W", "Bias", "Res", "CU", "Y", "T", "N", "K", "B", "has_bias", "has_res", "has_live", "activation")
+
+
+@dataclass(frozen=True)
+class LinearJob:
+    dtype: str  # "fp16" | "bf16"
+    cu_dtype: str  # "i32" | "i64"
+    arch: int
+    config: str  # name in aot_linear_configs(): "small_narrow" | "small_wide" | "large"
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    kernel: str = "linear"
+
+    @property
+    def function(self) -> str:
+        return "_ragged_linear"
+
+    @property
+    def source(self) -> Path:
+        return LINEAR_SOURCE
+
+    @property
+    def hinted_ints(self) -> tuple[str, ...]:
+        return ("N", "K")
+
+    def signature(self) -> tuple[dict[str, str], dict[str, int]]:
+        """Triton signature (arg -> type) and constexprs: data pointers of dtype, CU of cu_dtype, ints i32."""
+        ptr = {"X": self.dtype, "W": self.dtype, "Bias": self.dtype, "Res": self.dtype, "Y": self.dtype,
+               "CU": self.cu_dtype}  # fmt: skip
+        sig = {n: ("*" + ptr[n]) if n in ptr else "i32" for n in _ARGS}
+        consts = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
+        sig.update({k: "constexpr" for k in consts})
+        return sig, consts
+
+
+def _config_module() -> Any:
+    return _load_module(LINEAR_CONFIG_SOURCE, "_raggedvit_aot_linear_config")
+
+
+def linear_rule() -> dict[str, int]:
+    """The selection thresholds of `linear_config` (LARGE_T, NARROW_N), for the C++ launcher's copy of the rule."""
+    module = _config_module()
+    return {"large_t": int(module.LARGE_T), "narrow_n": int(module.NARROW_N)}
+
+
+def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
+    """Every dtype x cu dtype x config x arch (before the shared-memory filter)."""
+    configs = _config_module().aot_linear_configs()
+    return [
+        LinearJob(dt, cu, arch, name, c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages)
+        for arch in archs
+        for dt in LINEAR_DTYPES
+        for cu in CU_DTYPES
+        for name, c in configs
+    ]
+
+
+def fits_arch(job: LinearJob, shared_bytes: int) -> bool:
+    """Whether a cubin of `job` needing shared_bytes can run on its arch (unknown archs: the sm_80 limit)."""
+    return shared_bytes <= SHARED_OPTIN_BYTES.get(job.arch, SHARED_OPTIN_BYTES[80])

@@ -1,0 +1,125 @@
+// Launcher of the AOT-compiled ragged linear kernel (raggedvit/kernels/_linear_kernel.py:_ragged_linear): the
+// config of linear_config(T, N), falling back per arch to the next smaller config the build kept, then the
+// context / module cache / cuLaunchKernel path shared with the attention launcher (launch_context.h).
+#include <cstdint>
+#include <string>
+
+#include "launch_context.h"
+#include "launcher.h"
+
+namespace raggedvit::cuda {
+
+namespace {
+
+constexpr int64_t kInt32Limit = int64_t{1} << 31;  // the kernel takes T, N, K, B and its program ids as int32
+// rows / columns of the last tile (pid * BLOCK + arange, BLOCK <= 128) are int32 in the kernel too
+constexpr int64_t kMaxRowsCols = kInt32Limit - 256;
+
+const char* ConfigName(LinearConfig c) {
+  return c == LinearConfig::kLarge ? "large" : (c == LinearConfig::kSmallWide ? "small_wide" : "small_narrow");
+}
+
+// Image for the launch: same major and highest minor <= the device's (SASS is not forward compatible across
+// majors), then the largest config of that arch not above `want`. -1 when none fits.
+long PickLinearImage(const LinearLaunch& l, LinearConfig want, int arch) {
+  long best = -1;
+  for (size_t i = 0; i < kNumLinearImages; ++i) {
+    const LinearImage& im = kLinearImages[i];
+    if (im.dtype != l.dtype || im.index_type != l.index_type) continue;
+    if (im.arch / 10 != arch / 10 || im.arch > arch || im.config > want) continue;
+    if (best < 0) {
+      best = static_cast<long>(i);
+      continue;
+    }
+    const LinearImage& b = kLinearImages[best];
+    if (im.arch > b.arch || (im.arch == b.arch && im.config > b.config)) best = static_cast<long>(i);
+  }
+  return best;
+}
+
+std::string Sizes(const LinearLaunch& l) {
+  return "T = " + std::to_string(l.T) + ", N = " + std::to_string(l.N) + ", K = " + std::to_string(l.K) +
+         ", B = " + std::to_string(l.B);
+}
+
+}  // namespace
+
+LinearConfig PreferredLinearConfig(int64_t T, int64_t N) {
+  if (T >= kLinearLargeT) return LinearConfig::kLarge;
+  return N <= kLinearNarrowN ? LinearConfig::kSmallNarrow : LinearConfig::kSmallWide;
+}
+
+std::string CheckLinearSupported(const LinearLaunch& l) {
+  if (l.T < 0 || l.N < 0 || l.K < 0 || l.B < 0) return "sizes must be >= 0, got " + Sizes(l);
+  if (l.dtype != DType::kFloat16 && l.dtype != DType::kBFloat16) {
+    return std::string("element type ") + DTypeName(l.dtype) + " has no CUDA kernel (float16 and bfloat16 do)";
+  }
+  if (l.K % 16 != 0 || l.N % 16 != 0) {
+    return "K = " + std::to_string(l.K) + " and N = " + std::to_string(l.N) +
+           " must be multiples of 16 on the CUDA EP (the AOT cubins assume 16-divisible K and N)";
+  }
+  if (l.T > kMaxRowsCols || l.N > kMaxRowsCols || l.K >= kInt32Limit || l.B >= kInt32Limit) {
+    return Sizes(l) + " exceed the int32 sizes of the kernel";
+  }
+  if (l.activation != 0 && l.activation != 1) return "activation must be 0 or 1, got " + std::to_string(l.activation);
+  const void* ptrs[] = {l.x, l.w, l.bias, l.residual, l.cu, l.y};
+  const char* names[] = {"X", "W", "Bias", "Residual", "CuSeqlens", "Y"};
+  for (int i = 0; i < 6; ++i) {
+    if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) {
+      return std::string("device buffer '") + names[i] + "' is not 16-byte aligned";
+    }
+  }
+  return "";
+}
+
+std::string LaunchRaggedLinear(const LinearLaunch& l) {
+  std::string err = CheckLinearSupported(l);
+  if (!err.empty()) return err;
+  if (l.T == 0 || l.N == 0) return "";  // empty Y: nothing to launch
+  err = DriverError();
+  if (!err.empty()) return err;
+  const LinearConfig want = PreferredLinearConfig(l.T, l.N);
+  CUfunction fn = nullptr;
+  long index = -1;
+  LaunchScope scope;
+  err = EnterContext(l.stream, l.device_ordinal, scope, [&](int arch, const LoadFn& load) -> std::string {
+    index = PickLinearImage(l, want, arch);
+    if (index < 0) {
+      return std::string("no RaggedLinear cubin for sm_") + std::to_string(arch) + " " + DTypeName(l.dtype) +
+             (l.index_type == IndexType::kInt32 ? "/int32" : "/int64") + " config " + ConfigName(want) +
+             " or smaller in this library (rebuild with build.py --archs)";
+    }
+    const LinearImage& im = kLinearImages[index];
+    return load(CubinRef{im.cubin, im.function_name, im.shared_bytes}, &fn);
+  });
+  if (!err.empty()) return err;
+
+  const LinearImage& im = kLinearImages[index];
+  // programs = cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N): the kernel's program id is int32
+  const int64_t grid_m = (l.T + im.block_m - 1) / im.block_m, grid_n = (l.N + im.block_n - 1) / im.block_n;
+  int64_t programs = 0;
+  if (__builtin_mul_overflow(grid_m, grid_n, &programs) || programs >= kInt32Limit) {
+    return Sizes(l) + ": cdiv(T, " + std::to_string(im.block_m) + ") * cdiv(N, " + std::to_string(im.block_n) +
+           ") programs exceed the int32 grid of the kernel";
+  }
+  // absent optional inputs: X's pointer stands in (never read: has_bias / has_res / has_live = 0)
+  CUdeviceptr x = reinterpret_cast<CUdeviceptr>(l.x), w = reinterpret_cast<CUdeviceptr>(l.w);
+  CUdeviceptr bias = reinterpret_cast<CUdeviceptr>(l.bias != nullptr ? l.bias : l.x);
+  CUdeviceptr res = reinterpret_cast<CUdeviceptr>(l.residual != nullptr ? l.residual : l.x);
+  CUdeviceptr cu = reinterpret_cast<CUdeviceptr>(l.cu != nullptr ? l.cu : l.x);
+  CUdeviceptr y = reinterpret_cast<CUdeviceptr>(l.y), scratch = 0, profile_scratch = 0;
+  int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
+  int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
+  int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
+  void* args[] = {&x, &w,        &bias,    &res,      &cu,         &y,       &T,      &N,
+                  &K, &B,        &has_bias, &has_res, &has_live,   &activation, &scratch, &profile_scratch};
+  constexpr int kParams = static_cast<int>(sizeof(args) / sizeof(void*));
+  if (im.num_params != kParams) {
+    return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
+           " parameters, launcher passes " + std::to_string(kParams);
+  }
+  return Launch(fn, static_cast<unsigned>(programs), 1, im.num_warps, im.shared_bytes, l.stream, args,
+                "_ragged_linear");
+}
+
+}  // namespace raggedvit::cuda
