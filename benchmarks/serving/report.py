@@ -106,7 +106,7 @@ def table(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     ok = _ok(records)
     batches = sorted({r["batch"] for r in records})
     lines = [
-        f"{'model':<11}{'variant':<19}{'policy':<28}{'mode':<23}" + "".join(f"{'B=' + str(b):>16}" for b in batches)
+        f"{'model':<11}{'variant':<19}{'policy':<35}{'mode':<23}" + "".join(f"{'B=' + str(b):>16}" for b in batches)
     ]
     keys = dict.fromkeys((r["model"], r["variant"], r["policy"]) for r in records)
     for model, variant, policy in sorted(keys, key=lambda k: (k[0], VARIANTS.index(k[1]) if k[1] in VARIANTS else 99)):
@@ -116,12 +116,12 @@ def table(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
         for r in recs:
             x = r.get("vs_compile_unpruned") if r else None
             cells.append(_fmt(r["img_per_s"] if r else None) + (f" {x:5.2f}x" if x is not None else "       "))
-        lines.append(f"{model:<11}{variant:<19}{policy[:27]:<28}{str(mode)[:22]:<23}" + "".join(cells))
+        lines.append(f"{model:<11}{variant:<19}{policy[:34]:<35}{str(mode)[:22]:<23}" + "".join(cells))
     met = sum(r["met"] for r in rows)
     lines.append(f"bars: {met}/{len(rows)} met (ratio = img/s over {BASELINE} unpruned at the same batch)")
     for r in rows:
         shown = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-        lines.append(f"  {'MET ' if r['met'] else 'miss'} {r['model']} B={r['batch']}: {shown}  {r['bar']}"
+        lines.append(f"  {'MET ' if r['met'] else 'miss'} {r['model']} B={r['batch']} [{r['policy']}]: {shown}  {r['bar']}"
                      + (f" ({r['why_not']})" if r["why_not"] else ""))  # fmt: skip
     bad = [r for r in records if r.get("status") != "ok"]
     if bad:
