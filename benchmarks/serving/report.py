@@ -121,8 +121,8 @@ def table(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     lines.append(f"bars: {met}/{len(rows)} met (ratio = img/s over {BASELINE} unpruned at the same batch)")
     for r in rows:
         shown = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-        lines.append(f"  {'MET ' if r['met'] else 'miss'} {r['model']} B={r['batch']} [{r['policy']}]: {shown}  {r['bar']}"
-                     + (f" ({r['why_not']})" if r["why_not"] else ""))  # fmt: skip
+        head = f"  {'MET ' if r['met'] else 'miss'} {r['model']} B={r['batch']} [{r['policy']}]: {shown}"
+        lines.append(f"{head}  {r['bar']}" + (f" ({r['why_not']})" if r["why_not"] else ""))
     bad = [r for r in records if r.get("status") != "ok"]
     if bad:
         first = next((r for r in bad if r["status"] == "error"), bad[0])
