@@ -66,7 +66,7 @@ for stage in "$@"; do
     kbench) timeout 300 python3 -m benchmarks.kernel $KB_FLAGS --out "$RES" > "$RES/kbench.log" 2>&1; rc=$?; tail -45 "$RES/kbench.log";;
     ort) OUT="$RES/ort" timeout 300 bash scripts/gpu_ort_checks.sh 1000 > "$RES/ort.log" 2>&1; rc=$?; tail -8 "$RES/ort.log";;
     opbench) timeout 200 python3 -m benchmarks.ort_op --out "$RES" > "$RES/opbench.log" 2>&1; rc=$?; tail -25 "$RES/opbench.log";;
-    graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
+    graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" --policies "${GRAPH_POLICIES:-topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9}" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 -m benchmarks.e2e --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
     serving)  # issue 13: one run, both models; --time-budget (230 s) leaves the timeout room for the report
       timeout ${SVT:-300} python3 -m benchmarks.serving --out "$RES" --work "$WORK/serving" ${SERVING_FLAGS:-} \
