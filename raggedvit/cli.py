@@ -98,6 +98,14 @@ def main() -> None:
     help="Block GEMMs as com.raggedvit::RaggedLinear (fused bias / GELU / residual, dead rows of the capacity "
     "layout skipped); needs --dtype fp16 or fp16-all and K, N multiples of 16.",
 )
+@click.option(
+    "--ragged-linear-blocks",
+    type=click.Choice(["all", "dead-rows"]),
+    default="all",
+    show_default=True,
+    help="With --ragged-linear: every block, or only the blocks whose rows include dead rows (--capacity after a "
+    "cls-mass stage); the other blocks keep MatMul, which is faster on full rows.",
+)
 def export(
     model,
     output,
@@ -114,6 +122,7 @@ def export(
     diagnostics,
     capacity,
     ragged_linear,
+    ragged_linear_blocks,
 ) -> None:
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm
@@ -149,6 +158,9 @@ def export(
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
     except ValueError as e:
         raise CliError(f"bad pruning parameters for {model}: {e}") from None
+    blocks_source = click.get_current_context().get_parameter_source("ragged_linear_blocks")
+    if not ragged_linear and blocks_source not in (click.core.ParameterSource.DEFAULT, None):
+        raise CliError("--ragged-linear-blocks applies with --ragged-linear only; add it or leave this out")
     if ragged_linear:
         from raggedvit.exporter.export import check_ragged_linear
 
@@ -168,7 +180,7 @@ def export(
             recipe=recipe,
             diagnostics=diagnostics,
             capacity=capacity,
-            ragged_linear=ragged_linear,
+            ragged_linear=ragged_linear_blocks if ragged_linear else False,
         )
     except OSError as e:
         raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None

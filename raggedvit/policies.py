@@ -3,7 +3,7 @@ checks read it without importing torch). `raggedvit.pruning.PruneSpec` validates
 
 from __future__ import annotations
 
-__all__ = ["CLS_ATTN_POLICIES", "COUNT_POLICIES", "POLICIES", "counts_known", "static_shapes"]
+__all__ = ["CLS_ATTN_POLICIES", "COUNT_POLICIES", "POLICIES", "counts_known", "has_dead_rows", "static_shapes"]
 
 POLICIES = ("none", "topk-l2", "evit", "cls-mass")
 CLS_ATTN_POLICIES = ("evit", "cls-mass")  # rank by the class token's attention: need a class token
@@ -21,3 +21,9 @@ def counts_known(policy: str, fuse: bool = False) -> bool:
     """Every stage keeps a token count known before the data and the uniform stage runs it (topk-l2, evit without
     fuse, none): token_counts is then an export-time constant, whatever the layout."""
     return policy in ("none", "topk-l2") or (policy == "evit" and not fuse)
+
+
+def has_dead_rows(policy: str, capacity: bool) -> bool:
+    """Blocks run on rows past cu[B] (dead rows): the capacity layout after a stage whose counts depend on the data
+    (cls-mass). Count policies keep exact capacities (p + k per image, + the evit fused token), so never."""
+    return capacity and policy not in COUNT_POLICIES and policy != "none"

@@ -9,7 +9,8 @@ and per pruning policy (topk-l2 keep 0.5 at block 4; cls-mass mass 0.9 at blocks
   prunedvit_compile  torch.compile(mode="reduce-overhead") of PrunedViT (failures and fallbacks recorded)
   ort_raggedvit      raggedvit's export (fp16-all): a CUDA graph when its shapes are static, else node by node
 A policy string ending in ":linear" (cls-mass:mass=0.9:at=3,6,9:linear) runs those three with the block GEMMs in
-raggedvit's ragged linear op (PrunedViT(ragged_linear=True), export --ragged-linear).
+raggedvit's ragged linear op (PrunedViT(ragged_linear=True), export --ragged-linear); ":dead-linear" only in the
+blocks whose rows include dead rows (ragged_linear="dead-rows", export --ragged-linear-blocks dead-rows).
 
 Images: raggedvit.images.sample_inputs (the sample photos) tiled to the batch, on the device. img/s = B / the
 median over rounds of each round's median latency (raggedvit.timing.measure); rounds interleave the variants.

@@ -46,7 +46,7 @@ def export_job(job: ExportJob) -> dict[str, Any]:
         recipe = {"model": job.timm_name, "weights": info.to_dict(), "benchmark": "benchmarks.serving"}
         # adaptive policies export in the capacity layout (static row counts per stage): one CUDA graph per batch
         capacity = not spec.static_shapes
-        extra = {"ragged_linear": True} if linear else {}
+        extra = {"ragged_linear": linear} if linear else {}
         export_onnx(vit, spec, job.path, dtype=job.dtype, recipe=recipe, capacity=capacity, **extra)
         nodes = len(onnx.load(job.path, load_external_data=False).graph.node)
         return {

@@ -37,13 +37,19 @@ BASELINE = "timm_compile"  # the issue's denominator: torch.compile unpruned
 
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
 LINEAR_FLAG = "linear"  # a policy string ending in ":linear": PrunedViT(ragged_linear=True) and its export
+DEAD_LINEAR_FLAG = "dead-linear"  # ":dead-linear": ragged_linear="dead-rows" (only the blocks with dead rows)
 
 
-def split_linear(policy: str) -> tuple[str, bool]:
+def split_linear(policy: str) -> tuple[str, bool | str]:
     """'cls-mass:mass=0.9:at=3,6,9:linear' -> ('cls-mass:mass=0.9:at=3,6,9', True): the pruning policy, and
-    whether the block GEMMs use raggedvit's ragged linear op (dead rows skipped, epilogues fused)."""
+    PrunedViT's `ragged_linear` (True: every block GEMM in raggedvit's ragged linear op, dead rows skipped,
+    epilogues fused; ':dead-linear' -> "dead-rows": only in the blocks with dead rows; else False)."""
     head, _, last = policy.rpartition(":")
-    return (head, True) if head and last == LINEAR_FLAG else (policy, False)
+    if head and last == LINEAR_FLAG:
+        return head, True
+    if head and last == DEAD_LINEAR_FLAG:
+        return head, "dead-rows"
+    return policy, False
 
 
 @dataclass(frozen=True)

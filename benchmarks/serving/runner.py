@@ -120,8 +120,8 @@ class ModelRun:
         vit_dev = copy.deepcopy(vit).to(self.device, self.dtype).eval()
         ref32 = vit.to(self.device).eval()  # float32: the logits reference
         specs = {p: parse_policy(split_linear(p)[0]) for p in cfg.policies}
-        # ":linear" policies: the block GEMMs through raggedvit's ragged linear op (eager, compiled and exported)
-        lin = {p: {"ragged_linear": True} if split_linear(p)[1] else {} for p in cfg.policies}
+        # ":linear" / ":dead-linear" policies: block GEMMs in raggedvit's ragged linear op (eager, compiled, exported)
+        lin = {p: {"ragged_linear": split_linear(p)[1]} if split_linear(p)[1] else {} for p in cfg.policies}
         self.info.update(
             timm_name=self.timm_name,
             weights=winfo.to_dict(),

@@ -31,7 +31,7 @@ class LinearJob:
     dtype: str  # "fp16" | "bf16"
     cu_dtype: str  # "i32" | "i64"
     arch: int
-    config: str  # name in aot_linear_configs(): "small_narrow" | "small_wide" | "large"
+    config: str  # name in aot_linear_configs(): "small_narrow" | "small_wide" | "large" | "xlarge"
     block_m: int
     block_n: int
     block_k: int
@@ -73,14 +73,15 @@ def linear_rule() -> dict[str, int]:
 
 
 def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
-    """Every dtype x cu dtype x config x arch (before the shared-memory filter)."""
-    configs = _config_module().aot_linear_configs()
+    """Every dtype x cu dtype x config x arch (before the shared-memory filter; "xlarge" for sm_90 and newer)."""
+    module = _config_module()
     return [
         LinearJob(dt, cu, arch, name, c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages)
         for arch in archs
         for dt in LINEAR_DTYPES
         for cu in CU_DTYPES
-        for name, c in configs
+        for name, c in module.aot_linear_configs()
+        if name != "xlarge" or arch >= module.XLARGE_MIN_ARCH  # its shared memory exceeds the older archs'
     ]
 
 

@@ -17,7 +17,7 @@ _DTYPE = {"fp32": "DType::kFloat32", "fp16": "DType::kFloat16", "bf16": "DType::
 _INDEX = {"i32": "IndexType::kInt32", "i64": "IndexType::kInt64"}
 # config names of _linear_config.aot_linear_configs() -> launcher.h LinearConfig (ascending tile size)
 _LINEAR_CONFIG = {"small_narrow": "LinearConfig::kSmallNarrow", "small_wide": "LinearConfig::kSmallWide",
-                  "large": "LinearConfig::kLarge"}  # fmt: skip
+                  "large": "LinearConfig::kLarge", "xlarge": "LinearConfig::kXLarge"}  # fmt: skip
 
 
 def _linear_key(r: AotResult) -> str:

@@ -87,8 +87,11 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
     n_attn = ops[(RAGGED_DOMAIN, "RaggedAttention")]
     if depth is not None and n_attn != depth:
         problems.append(f"{n_attn} RaggedAttention nodes, expected depth = {depth}")
-    if recipe.get("ragged_linear") and not ops[(RAGGED_DOMAIN, "RaggedLinear")]:
-        problems.append("recipe has ragged_linear but the graph has no RaggedLinear node")
+    mode = recipe.get("ragged_linear")
+    if mode and not ops[(RAGGED_DOMAIN, "RaggedLinear")]:
+        policy = str(recipe.get("prune", {}).get("policy", "none"))
+        if mode != "dead-rows" or policies.has_dead_rows(policy, bool(recipe.get("capacity"))):
+            problems.append(f"recipe has ragged_linear {mode!r} but the graph has no RaggedLinear node")
     stages = 0 if recipe.get("prune", {}).get("policy", "none") == "none" else len(recipe["prune"].get("prune_at", ()))
     static = recipe_static_shapes(recipe)
     if stages:

@@ -27,6 +27,7 @@ from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rewrites import fuse_for_ort
 from raggedvit.exporter.translations import TRANSLATIONS
 from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning.packed import ragged_linear_mode
 from raggedvit.pruning.precision import DTYPES, apply_dtype
 
 __all__ = [
@@ -116,7 +117,7 @@ def build_model(
     recipe: dict[str, Any] | None = None,
     diagnostics: bool = False,
     capacity: bool = False,
-    ragged_linear: bool = False,
+    ragged_linear: bool | str = False,
 ) -> ir.Model:
     """The ONNX model (onnx_ir) of PrunedViT(vit, spec, capacity=capacity) in the export recipe `dtype`.
 
@@ -124,13 +125,15 @@ def build_model(
     diagnostic token_index_S has the stage's static capacity: only [0, cu_seqlens_S[batch]) are kept rows). The
     recipe dict (plus the prune spec, layout, dtype, sizes and version) is stored under the metadata key
     RECIPE_KEY. `capacity`: the capacity layout (DESIGN.md section 4): static shapes for every policy, so the
-    graph runs as a CUDA graph (GraphRunner). `ragged_linear`: the block GEMMs as com.raggedvit::RaggedLinear
-    nodes (PrunedViT(..., ragged_linear=True); `check_ragged_linear` refusals), recipe key "ragged_linear" (only
-    written when on, so default exports are unchanged).
+    graph runs as a CUDA graph (GraphRunner). `ragged_linear`: block GEMMs as com.raggedvit::RaggedLinear nodes,
+    True / "all" in every block, "dead-rows" in the blocks with dead rows only (PrunedViT's `ragged_linear`;
+    `check_ragged_linear` refusals), recipe key "ragged_linear" (True or "dead-rows"; only written when on, so
+    default exports are unchanged).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if ragged_linear:
+    mode = ragged_linear_mode(ragged_linear)
+    if mode is not None:
         check_ragged_linear(vit, dtype)
     model = PrunedViT(  # checks model and spec
         apply_dtype(vit.float().eval(), dtype), spec, capacity=capacity, ragged_linear=ragged_linear
@@ -163,7 +166,7 @@ def build_model(
         **scrub_paths(recipe or {}),
         "prune": spec.to_dict(),
         "capacity": bool(capacity),
-        **({"ragged_linear": True} if ragged_linear else {}),
+        **({"ragged_linear": True if mode == "all" else mode} if mode is not None else {}),
         "dtype": dtype,
         "img_size": h,
         "num_prefix_tokens": model.num_prefix,
@@ -207,7 +210,7 @@ def export_onnx(
     recipe: dict[str, Any] | None = None,
     diagnostics: bool = False,
     capacity: bool = False,
-    ragged_linear: bool = False,
+    ragged_linear: bool | str = False,
 ) -> Path:
     """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
     model = build_model(

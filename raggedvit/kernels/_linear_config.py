@@ -1,20 +1,23 @@
 """Launch configs of the ragged linear kernel (`_linear_kernel._ragged_linear`): one table for the torch op's JIT
 launch and the AOT build (which loads this file without torch or raggedvit, like `_config.py`).
 
-Measured on the H200 (`benchmarks/results/gemm_epilogue_2026-12-01_NVIDIA-H200.json`, deit_base's four block
+Measured on the H200 (`benchmarks/results/linear_tune_2026-12-01_NVIDIA-H200.json`, deit_base's four block
 GEMMs): below ~1k rows 64-row tiles win, with 32-column tiles for narrow outputs (proj, fc2: N <= 1024); from
-thousands of rows 128 x 128 x 64 tiles on 8 warps are within a few percent of the best of every shape.
+thousands of rows 128 x 256 x 64 tiles on 8 warps with 4 stages are the best of every shape (12-17% faster than
+128 x 128 x 64, 3 stages), but they need ~192 KiB of shared memory: sm_90 only. Other archs keep 128 x 128 x 64
+("large"; the AOT build skips "xlarge" there and the C++ launcher falls back to the next smaller config).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LARGE_T", "LinearConfig", "aot_linear_configs", "linear_config"]
+__all__ = ["LARGE_T", "XLARGE_MIN_ARCH", "LinearConfig", "aot_linear_configs", "linear_config"]
 
 LARGE_T = 1024  # rows (the capacity, T) from which the large-tile config is used
 NARROW_N = 1024  # output width up to which small-T launches use 32-column tiles
 GROUP_M = 8
+XLARGE_MIN_ARCH = 90  # the "xlarge" tiles need Hopper's shared memory (227 KiB per block)
 
 
 @dataclass(frozen=True)
@@ -30,16 +33,18 @@ class LinearConfig:
 _SMALL_NARROW = LinearConfig(64, 32, 64, 4, 4)
 _SMALL_WIDE = LinearConfig(64, 64, 64, 4, 4)
 _LARGE = LinearConfig(128, 128, 64, 8, 3)
+_XLARGE = LinearConfig(128, 256, 64, 8, 4)
 
 
-def linear_config(T: int, N: int) -> LinearConfig:
-    """The config for a launch over T rows (the capacity) and N output columns (fp16 / bf16 / fp32 alike)."""
+def linear_config(T: int, N: int, arch: int | None = None) -> LinearConfig:
+    """The config for a launch over T rows (the capacity) and N output columns (fp16 / bf16 / fp32 alike) on an
+    sm_`arch` GPU (None: an arch not known, e.g. the interpreter: the configs every arch can run)."""
     if T >= LARGE_T:
-        return _LARGE
+        return _XLARGE if arch is not None and arch >= XLARGE_MIN_ARCH else _LARGE
     return _SMALL_NARROW if N <= NARROW_N else _SMALL_WIDE
 
 
 def aot_linear_configs() -> list[tuple[str, LinearConfig]]:
     """(name, config) of every config `linear_config` can return; the AOT build compiles each, and the C++
     launcher applies the same rule (LARGE_T, NARROW_N) to pick one."""
-    return [("small_narrow", _SMALL_NARROW), ("small_wide", _SMALL_WIDE), ("large", _LARGE)]
+    return [("small_narrow", _SMALL_NARROW), ("small_wide", _SMALL_WIDE), ("large", _LARGE), ("xlarge", _XLARGE)]

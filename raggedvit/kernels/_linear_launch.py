@@ -38,7 +38,7 @@ def _launch_linear(
     """x [T, K], weight [N, K], bias [N] or None, residual [T, N] or None (all contiguous, one dtype),
     cu_seqlens [B+1] int32/int64 or None -> y [T, N] in x's dtype (rows past clamp(cu[B], 0, T) are zero).
 
-    CUDA tensors must be on the current device. `config` defaults to `linear_config(T, N)`; `out` [T, N] may be
+    CUDA tensors must be on the current device. `config` defaults to `linear_config(T, N, arch of x's device)`; `out` [T, N] may be
     preallocated (tests poison it)."""
     T, K = x.shape
     N = weight.shape[0]
@@ -50,7 +50,13 @@ def _launch_linear(
     # pointers the kernel never dereferences: any valid tensor of the expected type
     cu = cu_seqlens if has_live else torch.zeros(1, dtype=torch.int32, device=x.device)
     B = cu.shape[0] - 1 if has_live else 0
-    cfg = linear_config(T, N) if config is None else config
+    if config is None:
+        arch = None
+        if x.is_cuda:
+            major, minor = torch.cuda.get_device_capability(x.device)
+            arch = 10 * major + minor
+        config = linear_config(T, N, arch)
+    cfg = config
     grid = (-(-T // cfg.block_m) * -(-N // cfg.block_n),)
     k = _default_kernels() if kernels is None else kernels
     k._ragged_linear[grid](

@@ -52,20 +52,17 @@ class Backbone:
         num_prefix: p, leading tokens per image that no stage prunes (class / distillation / register tokens).
         has_class_token: row 0 of each image is a class token whose attention row the cls-attention policies
             (evit, cls-mass) read; False refuses those policies with a clear message.
-        ragged_linear: `block` runs the block GEMMs with the ragged linear op (live rows only; only where
-            supports_ragged_linear).
     """
 
     model_classes: ClassVar[tuple[type, ...]] = ()  # the timm classes this backbone runs (and their subclasses)
-    # whether `block` can run its GEMMs with raggedvit.kernels.ragged_linear (PrunedViT(..., ragged_linear=True)
-    # sets the instance's `ragged_linear`; backbones without support refuse it)
+    # whether `block(..., ragged_linear=True)` can run the block GEMMs with raggedvit.kernels.ragged_linear
+    # (PrunedViT asks for it per block, see its `ragged_linear`; backbones without support refuse it)
     supports_ragged_linear: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.num_prefix = 0
         self.has_class_token = False
-        self.ragged_linear = False
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -98,8 +95,11 @@ class Backbone:
         max_seqlen: int,
         return_cls_attn: bool,
         attention: AttentionFn | None,
+        ragged_linear: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """blocks[index] on packed rows: state.x [T, C] -> x' [T, C] (and cls_attn [T] float32 when asked)."""
+        """blocks[index] on packed rows: state.x [T, C] -> x' [T, C] (and cls_attn [T] float32 when asked).
+        ragged_linear: run the block GEMMs with the ragged linear op over the live rows [0, cu[B]) (asked only of
+        backbones with supports_ragged_linear)."""
         raise NotImplementedError
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:

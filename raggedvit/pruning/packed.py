@@ -17,12 +17,14 @@ from raggedvit.pruning.select import pad_rows, pad_scores, padded_slots, select_
 from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
 
 __all__ = [
+    "RAGGED_LINEAR_MODES",
     "PackedState",
     "PrunedOutput",
     "PrunedViT",
     "StageTrace",
     "capacity_prune_stage",
     "packed_prune_stage",
+    "ragged_linear_mode",
     "stage_scores",
     "uniform_prune_stage",
 ]
@@ -51,6 +53,20 @@ class PrunedOutput(NamedTuple):
     token_index: tuple[torch.Tensor, ...] = ()
     cu_seqlens: tuple[torch.Tensor, ...] = ()
     stages: tuple[StageTrace, ...] = ()
+
+
+RAGGED_LINEAR_MODES = ("all", "dead-rows")
+
+
+def ragged_linear_mode(value: bool | str | None) -> str | None:
+    """PrunedViT's `ragged_linear` argument -> None (off), "all" or "dead-rows" (True means "all")."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "all"
+    if value in RAGGED_LINEAR_MODES:
+        return str(value)
+    raise ValueError(f"ragged_linear must be False, True or one of {', '.join(RAGGED_LINEAR_MODES)}; got {value!r}")
 
 
 def stage_scores(x: torch.Tensor, cls_attn: torch.Tensor | None, spec: PruneSpec) -> torch.Tensor:
@@ -229,9 +245,12 @@ class PrunedViT(nn.Module):
     `attention` replaces raggedvit's ragged attention op in every block by a callable with the signature and
     semantics of `raggedvit.kernels.ragged_attention` (a benchmark peer, for instance); None keeps the op.
 
-    `ragged_linear=True` runs the block GEMMs with `raggedvit.kernels.ragged_linear`: rows past cu[B] (the capacity
+    `ragged_linear` runs block GEMMs with `raggedvit.kernels.ragged_linear`: rows past cu[B] (the capacity
     layout's dead rows) are not computed, and bias / GELU / residual adds are fused into the GEMMs
-    (packed_block.ragged_tail). Same results up to rounding; timm VisionTransformer only (ValueError otherwise).
+    (packed_block.ragged_tail). True or "all": every block; "dead-rows": only the blocks whose rows include dead
+    rows (capacity layout, after a stage whose counts depend on the data), the others keep F.linear (cuBLAS wins on
+    full rows: benchmarks/results/linear_tune_*). Same results up to rounding; timm VisionTransformer only
+    (ValueError otherwise).
     """
 
     def __init__(
@@ -241,18 +260,18 @@ class PrunedViT(nn.Module):
         attention: AttentionFn | None = None,
         *,
         capacity: bool = False,
-        ragged_linear: bool = False,
+        ragged_linear: bool | str = False,
     ) -> None:
         super().__init__()
         backbone = backbone_for(vit)
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
-        if ragged_linear and not backbone.supports_ragged_linear:
+        mode = ragged_linear_mode(ragged_linear)
+        if mode is not None and not backbone.supports_ragged_linear:
             raise ValueError(
-                f"ragged_linear=True needs a timm VisionTransformer; {type(vit).__name__} runs as "
+                f"ragged_linear={ragged_linear!r} needs a timm VisionTransformer; {type(vit).__name__} runs as "
                 f"{type(backbone).__name__}, which has no ragged linear path"
             )
-        backbone.ragged_linear = bool(ragged_linear)
-        self.ragged_linear = bool(ragged_linear)
+        self.ragged_linear = mode  # None, "all" or "dead-rows"
         self.vit = vit.eval()
         self.backbone: Backbone = backbone
         self.spec = spec
@@ -300,7 +319,11 @@ class PrunedViT(nn.Module):
                 kept_cu.append(state.cu)
                 traces.append(trace)
             need_cls = spec.needs_cls_attn and (bi + 1) in stages
-            out = bb.block(bi, state, max_seqlen=width, return_cls_attn=need_cls, attention=self.attention)
+            dead_rows = self.capacity and uniform is None  # rows past cu[B] (a data-dependent capacity stage ran)
+            ragged = self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows)
+            out = bb.block(
+                bi, state, max_seqlen=width, return_cls_attn=need_cls, attention=self.attention, ragged_linear=ragged
+            )
             if need_cls:
                 x, cls_attn = out
             else:

@@ -37,7 +37,7 @@ extern const char* const kBuildInfoJson;  // archs, dtypes, head-dim blocks, con
 
 // Launch configs of the ragged linear kernel (raggedvit/kernels/_linear_config.py), in ascending tile size: a
 // config skipped for an arch (shared memory above its opt-in limit) falls back to the next smaller one.
-enum class LinearConfig : int { kSmallNarrow = 0, kSmallWide = 1, kLarge = 2 };
+enum class LinearConfig : int { kSmallNarrow = 0, kSmallWide = 1, kLarge = 2, kXLarge = 3 };
 
 // One AOT-compiled _ragged_linear (the second generated table).
 struct LinearImage {
@@ -57,8 +57,9 @@ struct LinearImage {
 
 extern const LinearImage kLinearImages[];
 extern const size_t kNumLinearImages;
-// linear_config(T, N) of _linear_config.py (generated from LARGE_T, NARROW_N): kLarge for T >= kLinearLargeT,
-// else kSmallNarrow for N <= kLinearNarrowN, else kSmallWide.
+// linear_config(T, N, arch) of _linear_config.py (generated from LARGE_T, NARROW_N): kXLarge for T >= kLinearLargeT
+// (built for sm_90 only: other archs fall back to kLarge), else kSmallNarrow for N <= kLinearNarrowN, else
+// kSmallWide.
 extern const int64_t kLinearLargeT;
 extern const int64_t kLinearNarrowN;
 

@@ -16,7 +16,16 @@ constexpr int64_t kInt32Limit = int64_t{1} << 31;  // the kernel takes T, N, K, 
 constexpr int64_t kMaxRowsCols = kInt32Limit - 256;
 
 const char* ConfigName(LinearConfig c) {
-  return c == LinearConfig::kLarge ? "large" : (c == LinearConfig::kSmallWide ? "small_wide" : "small_narrow");
+  switch (c) {
+    case LinearConfig::kXLarge:
+      return "xlarge";
+    case LinearConfig::kLarge:
+      return "large";
+    case LinearConfig::kSmallWide:
+      return "small_wide";
+    default:
+      return "small_narrow";
+  }
 }
 
 // Image for the launch: same major and highest minor <= the device's (SASS is not forward compatible across
@@ -45,7 +54,7 @@ std::string Sizes(const LinearLaunch& l) {
 }  // namespace
 
 LinearConfig PreferredLinearConfig(int64_t T, int64_t N) {
-  if (T >= kLinearLargeT) return LinearConfig::kLarge;
+  if (T >= kLinearLargeT) return LinearConfig::kXLarge;  // sm_90; the image pick falls back to kLarge elsewhere
   return N <= kLinearNarrowN ? LinearConfig::kSmallNarrow : LinearConfig::kSmallWide;
 }
 

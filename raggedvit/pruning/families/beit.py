@@ -114,6 +114,7 @@ class BeitBackbone(Backbone):
         max_seqlen: int,
         return_cls_attn: bool,
         attention: AttentionFn | None,
+        ragged_linear: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """timm.models.beit.Block.forward on packed rows: x [T, C] -> x' [T, C] (, cls_attn [T] f32)."""
         blk = self.model.blocks[index]

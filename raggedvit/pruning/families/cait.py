@@ -125,6 +125,7 @@ class CaitBackbone(Backbone):
         max_seqlen: int,
         return_cls_attn: bool,
         attention: AttentionFn | None,
+        ragged_linear: bool = False,
     ) -> torch.Tensor:
         """LayerScaleBlock on packed rows: norm1 on the rows, talking-heads attention padded to max_seqlen, the
         rest on the rows. `attention` does not apply (the ragged op cannot mix heads)."""

@@ -100,6 +100,7 @@ class EvaBackbone(Backbone):
         max_seqlen: int,
         return_cls_attn: bool,
         attention: AttentionFn | None,
+        ragged_linear: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         rope = None
         if self._rope is not None:

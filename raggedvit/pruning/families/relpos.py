@@ -92,6 +92,7 @@ class RelPosBackbone(Backbone):
         max_seqlen: int,
         return_cls_attn: bool,
         attention: AttentionFn | None,
+        ragged_linear: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """RelPosBlock / ResPostRelPosBlock.forward on packed rows: x [T, C] -> x' [T, C] (, cls_attn [T] f32)."""
         blk = self.model.blocks[index]

@@ -39,6 +39,7 @@ class ViTBackbone(Backbone):
         max_seqlen: int,
         return_cls_attn: bool,
         attention: AttentionFn | None,
+        ragged_linear: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return packed_block_forward(
             self.model.blocks[index],
@@ -47,7 +48,7 @@ class ViTBackbone(Backbone):
             max_seqlen=max_seqlen,
             return_cls_attn=return_cls_attn,
             attention=attention,
-            ragged_linear=self.ragged_linear,
+            ragged_linear=ragged_linear,
         )
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:
