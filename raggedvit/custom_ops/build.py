@@ -33,8 +33,10 @@ from raggedvit.custom_ops import _aot, _aot_linear, _codegen, _ort_headers  # no
 SOURCES = (
     "ragged_attention.cc",
     "ragged_linear.cc",
+    "ragged_select.cc",
     "cpu/ragged_attention_cpu.cc",
     "cpu/ragged_linear_cpu.cc",
+    "cpu/ragged_select_cpu.cc",
     "cuda/ragged_attention_cuda.cc",
     "cuda/ragged_linear_cuda.cc",
     "cuda/launcher.cc",
