@@ -12,6 +12,7 @@
 #include "cuda/launcher.h"
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
+#include "cuda/ragged_select_cuda.h"
 
 #define RAGGEDVIT_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -34,6 +35,7 @@ const OpSet& Ops() {
     }
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
     if (cuda::DriverAvailable()) {
+      set.ops.push_back(std::make_unique<RaggedSelectCudaOp>(kCudaExecutionProvider));
       for (auto cu : kCuTypes) {
         set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu));
         // typed: float RaggedLinear nodes find no CUDA kernel and run on the CPU EP (no fp32 linear cubins)

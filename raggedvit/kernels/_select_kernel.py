@@ -23,7 +23,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_select_count", "_select_scatter"]
+__all__ = ["SELECT_BLOCK", "SELECT_NUM_WARPS", "_select_count", "_select_scatter"]
+
+SELECT_BLOCK = 64  # slots per tile of the pairwise rank (a BLOCK x BLOCK comparison tile); the JIT and AOT launch
+SELECT_NUM_WARPS = 4
 
 
 @triton.jit

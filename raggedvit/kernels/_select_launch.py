@@ -11,10 +11,9 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["SELECT_BLOCK", "SELECT_NUM_WARPS", "float_bits", "launch_select"]
+from raggedvit.kernels._select_kernel import SELECT_BLOCK, SELECT_NUM_WARPS
 
-SELECT_BLOCK = 64  # slots per tile of the pairwise rank (a BLOCK x BLOCK comparison tile)
-SELECT_NUM_WARPS = 4
+__all__ = ["float_bits", "launch_select"]
 
 
 def float_bits(value: float) -> int:

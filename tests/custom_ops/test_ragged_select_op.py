@@ -110,4 +110,3 @@ def test_cuda_ep_equals_cpu_ep(ort_library, case):
     gpu = run(model, scores.numpy(), cu.numpy(), provider="cuda")
     for name, g, r in zip(SELECT_OUTPUTS, gpu, cpu):
         np.testing.assert_array_equal(g, r, err_msg=name)
-
