@@ -17,7 +17,16 @@ _SECTIONS = {
     "gemm": ("MatMul", "Gemm", "FusedMatMul", "Conv"),
     "norm": ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"),
     "activation": ("BiasGelu", "Gelu", "FastGelu", "QuickGelu"),
-    "prune_stage": ("TopK", "NonZero", "ScatterElements", "ScatterND", "CumSum", "GatherND", "ReduceSum"),
+    "prune_stage": (
+        "RaggedSelect",
+        "TopK",
+        "NonZero",
+        "ScatterElements",
+        "ScatterND",
+        "CumSum",
+        "GatherND",
+        "ReduceSum",
+    ),
 }
 
 

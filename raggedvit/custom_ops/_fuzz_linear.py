@@ -20,6 +20,13 @@ from onnx import TensorProto, helper
 
 from raggedvit.custom_ops import _fuzz_cases
 from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, Case, _is_ort_error
+from raggedvit.custom_ops._fuzz_select import (
+    SELECT_AT,
+    SelectFuzzCase,
+    draw_select_case,
+    run_select_case,
+    select_expected_error,
+)
 
 __all__ = ["LinearCase", "draw_any", "draw_linear_case", "expected_any", "linear_expected_error", "run_any"]
 
@@ -222,16 +229,23 @@ def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
     return "checked", None
 
 
-def draw_any(seed: int, index: int) -> Case | LinearCase:
-    """Call `index` of fuzz run `seed`: a RaggedLinear case every LINEAR_EVERY calls, else a RaggedAttention one."""
+def draw_any(seed: int, index: int) -> Case | LinearCase | SelectFuzzCase:
+    """Call `index` of fuzz run `seed`: a RaggedLinear case every LINEAR_EVERY calls, a RaggedSelect case when
+    index % 10 == SELECT_AT, else a RaggedAttention one."""
     if index % LINEAR_EVERY == LINEAR_EVERY - 1:
         return draw_linear_case(seed, index)
+    if index % 10 == SELECT_AT:
+        return draw_select_case(seed, index)
     return _fuzz_cases.draw_case(seed, index)
 
 
-def expected_any(c: Case | LinearCase) -> str | None:
+def expected_any(c: Case | LinearCase | SelectFuzzCase) -> str | None:
+    if isinstance(c, SelectFuzzCase):
+        return select_expected_error(c)
     return linear_expected_error(c) if isinstance(c, LinearCase) else _fuzz_cases.expected_error(c)
 
 
-def run_any(c: Case | LinearCase, sessions: dict) -> tuple[str, str | None]:
+def run_any(c: Case | LinearCase | SelectFuzzCase, sessions: dict) -> tuple[str, str | None]:
+    if isinstance(c, SelectFuzzCase):
+        return run_select_case(c, sessions)
     return run_linear_case(c, sessions) if isinstance(c, LinearCase) else _fuzz_cases.run_case(c, sessions)

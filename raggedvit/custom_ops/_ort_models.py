@@ -1,5 +1,5 @@
-"""ONNX models with com.raggedvit::RaggedAttention / RaggedLinear nodes (IR 10, opset 17 + com.raggedvit 1) and
-inputs."""
+"""ONNX models with com.raggedvit::RaggedAttention / RaggedLinear / RaggedSelect nodes (IR 10, opset 17 +
+com.raggedvit 1) and inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-__all__ = ["DTYPES", "LINEAR_INPUTS", "attention_model", "chained_model", "linear_model", "random_batch", "to_numpy"]
+__all__ = [
+    "DTYPES",
+    "LINEAR_INPUTS",
+    "SELECT_OUTPUTS",
+    "attention_model",
+    "chained_model",
+    "linear_model",
+    "random_batch",
+    "select_model",
+    "to_numpy",
+]
 
 DTYPES = {
     torch.float32: TensorProto.FLOAT,
@@ -118,6 +128,24 @@ def linear_model(
     ]
     y = helper.make_tensor_value_info("Y", types["X"], None if any_rank else ["T", "N"])
     return _finish(helper.make_graph([node], "ragged_linear", inputs, [y]))
+
+
+SELECT_OUTPUTS = ("src", "cu_new", "seq_id", "pos", "k")  # RaggedSelect's output order
+
+
+def select_model(
+    attrs: dict[str, int | float], *, elems: dict[str, int] | None = None, any_rank: bool = False
+) -> bytes:
+    """One RaggedSelect node: scores [T] float, cu [B1] int64 -> src, cu_new, seq_id, pos, k (int64).
+
+    attrs are written as given (width, bound, num_prefix, policy, keep, mass; ints and floats as typed, to test
+    the op's checks); elems overrides an input's element type; any_rank declares the inputs without a shape."""
+    types = {"scores": TensorProto.FLOAT, "cu": TensorProto.INT64} | (elems or {})
+    declared = {"scores": ["T"], "cu": ["B1"]}
+    node = helper.make_node("RaggedSelect", ["scores", "cu"], list(SELECT_OUTPUTS), domain="com.raggedvit", **attrs)
+    inputs = [helper.make_tensor_value_info(n, types[n], None if any_rank else declared[n]) for n in declared]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in SELECT_OUTPUTS]
+    return _finish(helper.make_graph([node], "ragged_select", inputs, outputs))
 
 
 def chained_model(

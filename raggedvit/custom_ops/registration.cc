@@ -8,9 +8,11 @@
 
 #include "cpu/ragged_attention_cpu.h"
 #include "cpu/ragged_linear_cpu.h"
+#include "cpu/ragged_select_cpu.h"
 #include "cuda/launcher.h"
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
+#include "cuda/ragged_select_cuda.h"
 
 #define RAGGEDVIT_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -31,7 +33,9 @@ const OpSet& Ops() {
       set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu));
       set.ops.push_back(std::make_unique<RaggedLinearCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
     }
+    set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
     if (cuda::DriverAvailable()) {
+      set.ops.push_back(std::make_unique<RaggedSelectCudaOp>(kCudaExecutionProvider));
       for (auto cu : kCuTypes) {
         set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu));
         // typed: float RaggedLinear nodes find no CUDA kernel and run on the CPU EP (no fp32 linear cubins)
@@ -73,7 +77,7 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
            raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
-           raggedvit::kLinearOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

@@ -34,9 +34,11 @@ FORBIDDEN_OPS = frozenset(
     }
 )
 
-_PRUNE_OPS = ("TopK", "NonZero", "CumSum", "ScatterElements", "Gather")  # general (data-dependent) stages
-_STATIC_PRUNE_OPS = ("TopK", "Gather")  # uniform stages: static shapes, no NonZero
-_CAPACITY_PRUNE_OPS = ("TopK", "CumSum", "ScatterElements", "Gather")  # capacity stages: static, no NonZero
+# (domain, op) of each stage kind: general (data-dependent) stages; uniform and capacity stages without evit's fuse
+# (the indices from one RaggedSelect node, then gathers); capacity stages with evit's fuse (torch ops, no NonZero)
+_PRUNE_OPS = (("", "TopK"), ("", "NonZero"), ("", "CumSum"), ("", "ScatterElements"), ("", "Gather"))
+_SELECT_PRUNE_OPS = ((RAGGED_DOMAIN, "RaggedSelect"), ("", "Gather"))
+_CAPACITY_PRUNE_OPS = (("", "TopK"), ("", "CumSum"), ("", "ScatterElements"), ("", "Gather"))
 
 
 def static_shapes(prune: dict, capacity: bool = False) -> bool:
@@ -97,8 +99,11 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
     if stages:
         prune = recipe.get("prune", {})
         uniform = policies.counts_known(str(prune.get("policy", "none")), bool(prune.get("fuse", False)))
-        expected = _STATIC_PRUNE_OPS if uniform else _CAPACITY_PRUNE_OPS if static else _PRUNE_OPS
-        missing = [op for op in expected if ops[("", op)] == 0]
+        fuse = bool(prune.get("fuse", False))
+        expected = (
+            _SELECT_PRUNE_OPS if uniform or (static and not fuse) else _CAPACITY_PRUNE_OPS if static else _PRUNE_OPS
+        )
+        missing = [op for (domain, op) in expected if ops[(domain, op)] == 0]
         if missing:
             problems.append(f"pruning ops missing: {missing}")
     if static and ops[("", "NonZero")]:

@@ -1,7 +1,8 @@
 """ONNX translations of the torch ops PrunedViT calls that torch.onnx has none (or no exact one) for.
 
 `torch.ops.raggedvit.ragged_attention` -> `com.raggedvit::RaggedAttention` (DESIGN.md section 3),
-`torch.ops.raggedvit.ragged_linear` -> `com.raggedvit::RaggedLinear`, and
+`torch.ops.raggedvit.ragged_linear` -> `com.raggedvit::RaggedLinear`,
+`torch.ops.raggedvit.select_rows` -> `com.raggedvit::RaggedSelect` (a pruning stage's indices), and
 `aten.sort` -> ONNX TopK over the whole axis: ONNX TopK orders equal values by ascending index, which is the
 stable sort PrunedViT asks for (ties: the lower position first).
 """
@@ -17,14 +18,17 @@ from onnx.defs import OpSchema
 from onnxscript import opset18 as op
 
 import raggedvit.kernels  # noqa: F401  (registers torch.ops.raggedvit.ragged_attention / ragged_linear)
+import raggedvit.pruning.select_op  # noqa: F401  (registers torch.ops.raggedvit.select_rows)
 from raggedvit.exporter.metadata import RAGGED_DOMAIN
 
 __all__ = [
     "RAGGED_ATTENTION_SCHEMA",
     "RAGGED_LINEAR_SCHEMA",
+    "RAGGED_SELECT_SCHEMA",
     "TRANSLATIONS",
     "ragged_attention",
     "ragged_linear",
+    "select_rows",
     "sort",
 ]
 
@@ -74,10 +78,28 @@ RAGGED_LINEAR_SCHEMA = OpSchema(
     ],
     attributes=[OpSchema.Attribute("activation", OpSchema.AttrType.INT, "0 none, 1 GELU (erf)", required=False)],
 )
+_I64 = [("I", ["tensor(int64)"], "cu and every output")]
+RAGGED_SELECT_SCHEMA = OpSchema(
+    "RaggedSelect",
+    RAGGED_DOMAIN,
+    1,
+    inputs=[_P("scores", "F"), _P("cu", "I")],
+    outputs=[_P("src", "I"), _P("cu_new", "I"), _P("seq_id", "I"), _P("pos", "I"), _P("k", "I")],
+    type_constraints=[("F", ["tensor(float)"], "scores [T]"), *_I64],
+    attributes=[
+        OpSchema.Attribute("width", OpSchema.AttrType.INT, "rows per image before the stage (bound)", required=True),
+        OpSchema.Attribute("bound", OpSchema.AttrType.INT, "output rows per image", required=True),
+        OpSchema.Attribute("num_prefix", OpSchema.AttrType.INT, "prefix rows per image", required=False),
+        OpSchema.Attribute("policy", OpSchema.AttrType.INT, "0 count (keep), 1 cls mass (mass)", required=False),
+        OpSchema.Attribute("keep", OpSchema.AttrType.FLOAT, "kept fraction (count)", required=False),
+        OpSchema.Attribute("mass", OpSchema.AttrType.FLOAT, "kept cls mass (mass)", required=False),
+    ],
+)
 _EMPTY_F32 = onnx.helper.make_tensor("empty", onnx.TensorProto.FLOAT, [0], [])
 _RAGGED = onnxscript.values.Opset(RAGGED_DOMAIN, 1)
 _RAGGED_ATTENTION = onnxscript.values.Op(_RAGGED, "RaggedAttention", RAGGED_ATTENTION_SCHEMA)
 _RAGGED_LINEAR = onnxscript.values.Op(_RAGGED, "RaggedLinear", RAGGED_LINEAR_SCHEMA)
+_RAGGED_SELECT = onnxscript.values.Op(_RAGGED, "RaggedSelect", RAGGED_SELECT_SCHEMA)
 
 
 def ragged_attention(
@@ -119,6 +141,13 @@ def ragged_linear(x, weight, bias=None, residual=None, cu_seqlens=None, activati
     return _RAGGED_LINEAR(x, weight, bias, residual, cu_seqlens, activation=int(activation))
 
 
+def select_rows(scores, cu, width: int, bound: int, num_prefix: int, policy: int, keep: float = 0.0, mass: float = 0.0):
+    """raggedvit::select_rows(scores [T], cu [B+1], width, bound, num_prefix, policy, keep, mass) ->
+    RaggedSelect(scores, cu) -> (src, cu_new, seq_id, pos [B*bound] / [B+1], k [B]); every attribute written."""
+    attrs = {"width": int(width), "bound": int(bound), "num_prefix": int(num_prefix), "policy": int(policy)}
+    return _RAGGED_SELECT(scores, cu, **attrs, keep=float(keep), mass=float(mass), _outputs=5)
+
+
 def sort(self, stable=None, dim: int = -1, descending: bool = False):
     """aten.sort(.stable) -> TopK(k = the axis length, sorted): ties in ascending index order (stable)."""
     shape = self.shape
@@ -144,6 +173,7 @@ def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
 TRANSLATIONS: dict[Callable, Callable] = {
     torch.ops.raggedvit.ragged_attention.default: ragged_attention,
     torch.ops.raggedvit.ragged_linear.default: ragged_linear,
+    torch.ops.raggedvit.select_rows.default: select_rows,
     torch.ops.aten.sort.default: _sort_default,
     torch.ops.aten.sort.stable: _sort_stable,
 }

@@ -13,7 +13,16 @@ from torch import nn
 
 from raggedvit.policies import COUNT_POLICIES
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, backbone_for
-from raggedvit.pruning.select import pad_rows, pad_scores, padded_slots, select_tokens, uniform_topk
+from raggedvit.pruning.select import (
+    SELECT_POLICIES,
+    capacity_order,
+    cu_of,
+    pad_rows,
+    pad_scores,
+    padded_slots,
+    select_tokens,
+)
+from raggedvit.pruning.select_op import select_rows, select_rows_op
 from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
 
 __all__ = [
@@ -112,11 +121,6 @@ def _decide(
     return keep, x_src, index_src, StageTrace(S, n, sel.k, keep.sum(dim=1))
 
 
-def _cu_of(counts: torch.Tensor) -> torch.Tensor:
-    """counts [B] int64 -> cu [B+1] = [0, cumsum(counts)]."""
-    return torch.cat((torch.zeros(1, dtype=torch.int64, device=counts.device), torch.cumsum(counts, dim=0)))
-
-
 def packed_prune_stage(
     state: PackedState,
     scores: torch.Tensor,
@@ -150,7 +154,7 @@ def packed_prune_stage(
     if spec.fuse:
         src = torch.where(i == width, T + b, src)
     pos_new = (torch.cumsum(keep.to(torch.int64), dim=1) - 1)[b, i]
-    new = PackedState(x_src.index_select(0, src), _cu_of(trace.kept), b, pos_new, index_src.index_select(0, src))
+    new = PackedState(x_src.index_select(0, src), cu_of(trace.kept), b, pos_new, index_src.index_select(0, src))
     return new, trace
 
 
@@ -179,24 +183,35 @@ def capacity_prune_stage(
         bound: static bound of every image's row count after it (width + fuse, or p + k + fuse when the counts are
             known before the data); the new state has B * bound rows.
     """
+    if not spec.fuse:
+        return _selected_stage(state, scores, width, bound, num_prefix, spec)
     B = state.cu.shape[0] - 1
     T = state.x.shape[0]
     keep, x_src, index_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
     slots = keep.shape[1]
     assert bound <= slots, f"capacity bound {bound} exceeds the {slots} slots per image"
     rows, _ = padded_slots(state.cu, trace.n, width)  # [B, W] source row of each slot (padding: row 0)
-    if spec.fuse:
-        rows = torch.cat((rows, T + torch.arange(B, device=rows.device).unsqueeze(1)), dim=1)  # [B, W']
-    cu_new = _cu_of(trace.kept)
-    flat = keep.reshape(-1).to(torch.int64)  # [B*W'] row-major
-    slot = torch.arange(flat.shape[0], device=flat.device)
-    kept_before = torch.cumsum(flat, dim=0) - flat  # exclusive
-    dest = torch.where(flat > 0, kept_before, cu_new[B] + slot - kept_before)  # a permutation of the slots
-    order = torch.zeros_like(slot).scatter(0, dest, slot)[: B * bound]  # [B*bound] the slot each row copies
+    rows = torch.cat((rows, T + torch.arange(B, device=rows.device).unsqueeze(1)), dim=1)  # [B, W'] fused last
+    cu_new = cu_of(trace.kept)
+    order, pos = capacity_order(keep, cu_new, bound)
     src = rows.reshape(-1).index_select(0, order)
-    pos = (torch.cumsum(keep.to(torch.int64), dim=1) - 1).clamp_min(0).reshape(-1).index_select(0, order)
     new = PackedState(x_src.index_select(0, src), cu_new, order // slots, pos, index_src.index_select(0, src))
     return new, trace
+
+
+def _selected_stage(
+    state: PackedState, scores: torch.Tensor, width: int, bound: int, num_prefix: int, spec: PruneSpec
+) -> tuple[PackedState, StageTrace]:
+    """capacity_prune_stage without fuse: the indices from one op (`select_rows`), then the gathers of the rows.
+    The trace's padded scores and counts are torch ops that only diagnostics read (dead code in an export)."""
+    assert bound <= width, f"capacity bound {bound} exceeds the {width} slots per image"
+    sel = select_rows(scores, state.cu, width, bound, num_prefix, spec)
+    new = PackedState(
+        state.x.index_select(0, sel.src), sel.cu, sel.seq_id, sel.pos, state.token_index.index_select(0, sel.src)
+    )
+    n = state.cu[1:] - state.cu[:-1]
+    S = pad_scores(scores, state.cu, n, width, num_prefix)
+    return new, StageTrace(S, n, sel.k, sel.cu[1:] - sel.cu[:-1])
 
 
 def uniform_prune_stage(
@@ -204,16 +219,17 @@ def uniform_prune_stage(
 ) -> tuple[PackedState, StageTrace]:
     """topk-l2 / evit (no fuse) stage of a uniform state (every image has n rows): static shapes, no nonzero.
 
-    Keeps the same rows in the same order as `packed_prune_stage` (select.uniform_topk); the new state is
-    uniform again with m = p + k rows per image. steps: [B+1] int64 = 0..B (its cu is steps * m)."""
-    slots = uniform_topk(scores, n, num_prefix, keep)  # [B, m]
-    B, m = slots.shape
-    base = state.cu[:-1].unsqueeze(1)  # [B, 1] = b * n
-    src = (base + slots).reshape(-1)
-    cu = steps * m
+    Keeps the same rows in the same order as `packed_prune_stage`: the k = uniform_keep(n, p, keep) best patch
+    rows and the prefix of each image in position order, whose indices come from one op (`select_rows` with
+    bound = p + k: no dead rows); the new state is uniform again with m = p + k rows per image. steps: [B+1] int64
+    = 0..B (its cu is steps * m, as are the op's cu; seq_id / pos of uniform rows need no op either)."""
+    m = num_prefix + uniform_keep(n, num_prefix, keep)
+    src = select_rows_op(
+        scores.to(torch.float32), state.cu, n, m, num_prefix, SELECT_POLICIES["count"], float(keep), 0.0
+    )[0]
     new = PackedState(
         state.x.index_select(0, src),
-        cu,
+        steps * m,
         state.seq_id.reshape(-1, n)[:, :m].reshape(-1),
         state.pos.reshape(-1, n)[:, :m].reshape(-1),  # uniform rows: positions 0..m-1 in every image
         state.token_index.index_select(0, src),

@@ -16,6 +16,7 @@ import pytest
 from raggedvit.custom_ops._fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
 from raggedvit.custom_ops._fuzz_driver import run_fuzz
 from raggedvit.custom_ops._fuzz_linear import LinearCase, draw_any, draw_linear_case, expected_any
+from raggedvit.custom_ops._fuzz_select import SelectFuzzCase, draw_select_case
 
 CALLS = 10_000
 SEED = int(os.environ.get("RAGGEDVIT_FUZZ_SEED", "14"))
@@ -76,3 +77,13 @@ def test_linear_cases_cover_valid_and_refused_inputs():
     assert len(dead) > 100 and any(int(c.cu[-1]) > c.x_shape[0] for c in valid if c.cu_elem)
     assert {0, 1} <= {c.activation for c in valid} and any(c.x_shape[0] == 0 for c in valid)
     assert draw_linear_case(SEED, 9) == draw_any(SEED, 9)  # a reported call replays alone
+
+
+def test_select_cases_cover_valid_and_refused_inputs():
+    """Every tenth call (index % 10 == 2) is a RaggedSelect case: valid ones and each refusal kind."""
+    cases = [draw_any(SEED, i) for i in range(CALLS)]
+    select = [c for c in cases if isinstance(c, SelectFuzzCase)]
+    assert len(select) == CALLS // 10
+    reasons = Counter(expected_any(c) or "valid" for c in select)
+    assert reasons["valid"] > 300 and reasons["select attributes"] > 50 and reasons["select cu"] > 50, reasons
+    assert draw_select_case(SEED, 12) == draw_any(SEED, 12)  # a reported call replays alone

@@ -74,7 +74,7 @@ def test_library_info(ort_library):
     assert build["num_cubins"] <= build["num_kernel_images"]
     assert {"fwd", "cls", "fwd+pos", "cls+pos"} <= set(build["configs"]["fp16/d64/T>=0"])
     assert build["relative_position_bias"] is True
-    assert info["ops"] == ["RaggedAttention", "RaggedLinear"]
+    assert info["ops"] == ["RaggedAttention", "RaggedLinear", "RaggedSelect"]
 
 
 def test_library_info_linear(ort_library):
@@ -86,6 +86,14 @@ def test_library_info_linear(ort_library):
     assert linear["num_cubins"] + len(linear["skipped"]) == 2 * 2 * 3 * 4
     assert len(linear["shared_bytes"]) == linear["num_cubins"] and linear["cubin_bytes"] > 0
     assert linear["rule"] == {"large_t": 1024, "narrow_n": 1024}
+
+
+def test_library_info_select(ort_library):
+    """RaggedSelect cubins: _select_count and _select_scatter for every arch."""
+    select = library_info()["build"]["select"]
+    assert select["archs"] == [80, 86, 89, 90]
+    assert select["num_cubins"] == 2 * 4 and select["cubin_bytes"] > 0
+    assert select["block"] == [64] and select["num_warps"] == [4]
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):

@@ -78,6 +78,38 @@ struct LinearLaunch {
   int device_ordinal = 0;
 };
 
+// The selection kernels (raggedvit/kernels/_select_kernel.py), launched in this order (the third generated table).
+enum class SelectKernel : int { kCount = 0, kScatter = 1 };
+
+struct SelectImage {
+  SelectKernel kernel;
+  int arch;
+  const char* function_name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  int shared_bytes;
+  int num_warps;
+  int block;       // slots per tile (BLOCK)
+  int num_params;  // kernel params including Triton's trailing scratch pointers
+};
+
+extern const SelectImage kSelectImages[];
+extern const size_t kNumSelectImages;
+
+struct SelectLaunch {
+  const void* scores = nullptr;  // [T] fp32 device
+  const void* cu = nullptr;      // [B+1] int64 device
+  void* k = nullptr;             // [B] int64 device (written by the first kernel, read by the second)
+  void* src = nullptr;           // [B*bound] int64 device
+  void* cu_new = nullptr;        // [B+1] int64 device
+  void* seq_id = nullptr;        // [B*bound] int64 device
+  void* pos = nullptr;           // [B*bound] int64 device
+  int64_t T = 0, B = 0, width = 0, bound = 0, num_prefix = 0, policy = 0;
+  float keep = 0.0f, mass = 0.0f;
+  void* stream = nullptr;        // CUstream; nullptr = legacy default stream of device_ordinal
+  int device_ordinal = 0;
+};
+
 struct AttentionLaunch {
   DType dtype = DType::kFloat16;
   IndexType index_type = IndexType::kInt32;
@@ -114,6 +146,13 @@ std::string CheckLinearSupported(const LinearLaunch& l);
 
 // Enqueues _ragged_linear on l.stream (never synchronises, never reads device data); "" on success.
 std::string LaunchRaggedLinear(const LinearLaunch& l);
+
+// Checks what the AOT selection kernels support (int32 sizes, 16-byte alignment); "" when supported.
+std::string CheckSelectSupported(const SelectLaunch& s);
+
+// Enqueues _select_count then _select_scatter on s.stream, grid (B,) each (never synchronises, never reads device
+// data); "" on success.
+std::string LaunchRaggedSelect(const SelectLaunch& s);
 
 // Smallest BLOCK_D in the table >= D, or 0 when D is unsupported.
 int BlockDFor(int64_t D);

@@ -1,0 +1,58 @@
+"""AOT jobs of the selection kernels (`raggedvit/kernels/_select_kernel.py`: `_select_count`, `_select_scatter`).
+
+One job per kernel x arch (fp32 scores, int64 cu: no dtype variants), BLOCK and num_warps of the kernel file (the
+JIT launch uses the same); compiled by `_aot.compile_job` like the other jobs.
+
+This module must not import torch or raggedvit: it runs inside the package build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from raggedvit.custom_ops._aot import ARCHS, KERNELS_DIR, _load_module
+
+__all__ = ["SELECT_KERNELS", "SelectJob", "make_select_plan"]
+
+SELECT_SOURCE = KERNELS_DIR / "_select_kernel.py"
+_ARGS = {
+    "count": ("Scores", "CU", "K", "T", "B", "W", "num_prefix", "policy", "keep_bits", "mass_bits"),
+    "scatter": ("Scores", "CU", "K", "Src", "CuNew", "SeqId", "Pos", "T", "B", "W", "bound", "num_prefix"),
+}
+_POINTERS = ("CU", "K", "Src", "CuNew", "SeqId", "Pos")  # int64 buffers (Scores: fp32)
+SELECT_KERNELS = tuple(_ARGS)  # launch order
+
+
+@dataclass(frozen=True)
+class SelectJob:
+    kernel: str  # "count" | "scatter"
+    arch: int
+    block: int
+    num_warps: int
+    num_stages: int = 1
+
+    @property
+    def function(self) -> str:
+        return f"_select_{self.kernel}"
+
+    @property
+    def source(self) -> Path:
+        return SELECT_SOURCE
+
+    @property
+    def hinted_ints(self) -> tuple[str, ...]:
+        return ()
+
+    def signature(self) -> tuple[dict[str, str], dict[str, int]]:
+        """Scores *fp32, every other pointer *i64, ints i32; BLOCK constexpr."""
+        sig = {n: "*fp32" if n == "Scores" else "*i64" if n in _POINTERS else "i32" for n in _ARGS[self.kernel]}
+        sig["BLOCK"] = "constexpr"
+        return sig, {"BLOCK": self.block}
+
+
+def make_select_plan(archs: tuple[int, ...] = ARCHS) -> list[SelectJob]:
+    """Both kernels for every arch, with the kernel file's BLOCK and num_warps."""
+    module = _load_module(SELECT_SOURCE, "_raggedvit_aot_select_kernel")
+    block, warps = int(module.SELECT_BLOCK), int(module.SELECT_NUM_WARPS)
+    return [SelectJob(kernel, arch, block, warps) for arch in archs for kernel in SELECT_KERNELS]

@@ -1,0 +1,118 @@
+"""Fuzz cases of com.raggedvit::RaggedSelect on the CPU EP (call index % 10 == SELECT_AT of a fuzz run, through
+`_fuzz_linear.draw_any`): valid calls with dead rows, ties and capacity bounds (checked against the torch op's
+CPU math, select_rows_reference), and every refusal kind (attributes, cu values, shapes, types)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from raggedvit.custom_ops._fuzz_cases import _is_ort_error
+
+__all__ = ["SELECT_AT", "SelectFuzzCase", "draw_select_case", "run_select_case", "select_expected_error"]
+
+SELECT_AT = 2  # call i is a RaggedSelect case when i % 10 == SELECT_AT (never a RaggedLinear index: i % 5 == 4)
+_BREAKS = ("none",) * 6 + ("width", "bound", "policy", "prefix", "decreasing", "past_t", "too_long", "cu_rank")
+
+
+@dataclass(frozen=True)
+class SelectFuzzCase:
+    width: int
+    bound: int
+    num_prefix: int
+    policy: int
+    keep: float
+    mass: float
+    counts: tuple[int, ...]  # rows per image (cu = their cumsum)
+    dead: int  # rows past cu[B]
+    cu_break: str  # "none" or the breakage of cu
+    seed: int
+
+    def describe(self) -> str:
+        return "RaggedSelect " + ", ".join(f"{k}={v!r}" for k, v in asdict(self).items())
+
+
+def draw_select_case(seed: int, index: int) -> SelectFuzzCase:
+    rng = random.Random(f"select/{seed}/{index}")
+    brk = rng.choice(_BREAKS)
+    width = rng.choice((1, 2, 7, 64, 65, 197, 300))
+    p = rng.choice((0, 1, 1, 2))
+    counts = tuple(rng.randint(min(p + 1, width), width) for _ in range(rng.choice((1, 2, 3, 8, 17))))
+    bound = width if rng.random() < 0.5 else max(min(c, width) for c in counts)
+    if brk == "width":
+        width = rng.choice((0, -3))
+    elif brk == "bound":
+        bound = width + rng.randint(1, 5) if rng.random() < 0.5 else -1
+    elif brk == "too_long":
+        counts = (*counts[:-1], width + rng.randint(1, 9))
+    policy = rng.choice((0, 1)) if brk != "policy" else rng.choice((2, -1))
+    return SelectFuzzCase(
+        width, bound, -1 if brk == "prefix" else p, policy, rng.choice((0.1, 0.5, 0.99, 1.0)),
+        rng.choice((0.0, 0.5, 0.9, 1.0)), counts, rng.choice((0, 0, 3)), brk, rng.randrange(2**31),
+    )  # fmt: skip
+
+
+def select_expected_error(c: SelectFuzzCase) -> str | None:
+    if c.width < 1 or not 0 <= c.bound <= c.width or c.num_prefix < 0 or c.policy not in (0, 1):
+        return "select attributes"
+    if c.cu_break in ("decreasing", "past_t", "too_long", "cu_rank"):
+        return "select cu"
+    return None
+
+
+def _inputs(c: SelectFuzzCase) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(c.seed)
+    cu = np.concatenate(([0], np.cumsum(c.counts))).astype(np.int64)
+    T = int(cu[-1]) + c.dead
+    # count policy: ties everywhere (exact); cls mass: continuous scores, since the CPU EP's sums may differ from
+    # torch's in the last bit (DESIGN.md section 3) and tied multiples of 1/7 put prefix sums exactly on `mass`
+    scores = (rng.integers(0, 6, T) / 7.0 if c.policy == 0 else rng.random(T)).astype(np.float32)
+    if c.cu_break == "decreasing" and len(cu) > 2:
+        cu[1] = cu[2] + 1
+    elif c.cu_break in ("decreasing", "past_t"):
+        cu[-1] = T + 1
+    elif c.cu_break == "cu_rank":
+        cu = cu.reshape(1, -1)
+    return scores, cu
+
+
+def run_select_case(c: SelectFuzzCase, sessions: dict) -> tuple[str, str | None]:
+    """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
+    import onnxruntime as ort
+    import torch
+
+    from raggedvit.custom_ops._ort_models import SELECT_OUTPUTS, select_model
+    from raggedvit.pruning.select import select_rows_reference
+    from raggedvit.runtime import session_options
+
+    expected = select_expected_error(c)
+    attrs = {"width": c.width, "bound": c.bound, "num_prefix": c.num_prefix, "policy": c.policy,
+             "keep": c.keep, "mass": c.mass}  # fmt: skip
+    key = repr(("select", sorted(attrs.items())))
+    try:
+        sess = sessions.get(key)
+        if sess is None:
+            so = session_options(intra_op_threads=1, log_severity=4)
+            model = select_model(attrs, any_rank=True)
+            sess = sessions[key] = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - classified below
+        if expected is None:
+            return "failed", f"session creation refused a valid node: {e}"
+        return ("rejected_session", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    scores, cu = _inputs(c)
+    try:
+        got = sess.run(None, {"scores": scores, "cu": cu})
+    except Exception as e:  # noqa: BLE001 - classified below
+        if expected is None:
+            return "failed", f"valid input refused: {e}"
+        return ("rejected_run", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    if expected is not None:
+        return "failed", f"invalid input accepted ({expected})"
+    args = (c.width, c.bound, c.num_prefix, c.policy, c.keep, c.mass)
+    ref = select_rows_reference(torch.from_numpy(scores), torch.from_numpy(cu), *args)
+    for name, g, r in zip(SELECT_OUTPUTS, got, ref):
+        if not np.array_equal(g, r.numpy()):
+            return "failed", f"output {name} differs from select_rows_reference"
+    return "checked", None
