@@ -1,7 +1,7 @@
 """GPU check: a static-shape raggedvit export replayed as an ORT CUDA graph gives the per-node run's outputs.
 
     python3 -m benchmarks.check_cuda_graph --out DIR [--model deit_small_patch16_224] [--batches 1,4,32]
-        [--policies "topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9"] [--dtype fp16]
+        [--policies "topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9"] [--dtype fp16] [--ragged-linear dead-rows]
 
 Exports the model once per policy (';'-separated; seeded weights; adaptive policies, cls-mass and evit with fuse,
 in the capacity layout: their only static-shape export) and, per batch size, runs the sample photos through (a) a
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,32")
     ap.add_argument("--policies", default="topk-l2:keep=0.5:at=4", help="policy strings, ';'-separated")
     ap.add_argument("--dtype", default="fp16", choices=("fp32", "fp16", "fp16-all"))
+    ap.add_argument("--ragged-linear", default="off", choices=("off", "all", "dead-rows"), help="export option")
     args = ap.parse_args()
     vit, _ = load_vit(args.model, seed=0)
     base = sample_inputs(vit).cuda()
@@ -49,12 +50,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, spec in enumerate(specs):
             capacity = not spec.static_shapes
+            linear = False if args.ragged_linear == "off" else args.ragged_linear
             path = export_onnx(vit, spec, Path(tmp) / f"m{i}.onnx", dtype=args.dtype, capacity=capacity,
-                               recipe={"model": args.model})  # fmt: skip
+                               ragged_linear=linear, recipe={"model": args.model})  # fmt: skip
             ok &= _check_export(path, spec, capacity, base, args.batches, rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cuda_graph_check.json").write_text(
-        json.dumps({"model": args.model, "dtype": args.dtype, "rows": rows, "ok": ok}, indent=1)
+        json.dumps(
+            {"model": args.model, "dtype": args.dtype, "ragged_linear": args.ragged_linear, "rows": rows, "ok": ok},
+            indent=1,
+        )
     )
     sys.exit(0 if ok else 1)
 

@@ -18,7 +18,8 @@
 #   e2e       python3 -m benchmarks.e2e (end-to-end pruned ViT benchmark, E2E_FLAGS)
 #   graph     python3 -m benchmarks.check_cuda_graph (CUDA-graph replay of a static-shape export == per-node run)
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
-#             (VCAP=1: cls-mass in the capacity layout; VRL=1: both with --ragged-linear)
+#             (VCAP=1: cls-mass in the capacity layout; VRL=1: both with --ragged-linear; VRLB=dead-rows: cls-mass
+#             with --ragged-linear-blocks dead-rows)
 #   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
 #   serving   python3 -m benchmarks.serving: timm eager, torch.compile, ORT CUDA graphs vs raggedvit (SERVING_FLAGS)
 #   families  issue 12: an EVA02 and a BEiT export, topk-l2 vs the same model unpruned, ORT fp16 CUDA graphs
@@ -43,7 +44,7 @@ validate_exports() {
   local pids=()
   for dt in $dtypes; do
   for pol in "topk-l2 --keep 0.5 --prune-at 4${VRL:+ --ragged-linear}" \
-             "cls-mass --mass 0.9 --prune-at 3,6,9${VCAP:+ --capacity}${VRL:+ --ragged-linear}"; do
+             "cls-mass --mass 0.9 --prune-at 3,6,9${VCAP:+ --capacity}${VRL:+ --ragged-linear}${VRLB:+ --ragged-linear --ragged-linear-blocks $VRLB}"; do
     name=${prefix}_${dt}_${pol%% *}
     (OMP_NUM_THREADS=4 timeout 400 python3 -m raggedvit.cli export deit_base_patch16_224 "$@" --dtype $dt --policy $pol \
       -o "$WORK/$name.onnx" > "$RES/$name.log" 2>&1 &&

@@ -78,12 +78,14 @@ def test_library_info(ort_library):
 
 
 def test_library_info_linear(ort_library):
-    """RaggedLinear cubins: fp16/bf16 x cu i32/i64 x 3 configs x 4 archs, less the configs skipped for shared memory."""
+    """RaggedLinear cubins: fp16/bf16 x cu i32/i64 x (3 configs x 4 archs + xlarge for sm_90), less the configs
+    skipped for shared memory."""
     linear = library_info()["build"]["linear"]
     assert linear["archs"] == [80, 86, 89, 90]
     assert linear["dtypes"] == ["bf16", "fp16"] and linear["cu_dtypes"] == ["i32", "i64"]
-    assert set(linear["configs"]) == {"small_narrow", "small_wide", "large"}
-    assert linear["num_cubins"] + len(linear["skipped"]) == 2 * 2 * 3 * 4
+    assert set(linear["configs"]) == {"small_narrow", "small_wide", "large", "xlarge"}
+    assert linear["num_cubins"] + len(linear["skipped"]) == 2 * 2 * (3 * 4 + 1)
+    assert {k.split("/")[1] for k in linear["shared_bytes"] if k.startswith("xlarge/")} <= {"sm_90"}
     assert len(linear["shared_bytes"]) == linear["num_cubins"] and linear["cubin_bytes"] > 0
     assert linear["rule"] == {"large_t": 1024, "narrow_n": 1024}
 
