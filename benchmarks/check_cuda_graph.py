@@ -80,8 +80,15 @@ def _check_export(path: Path, spec: PruneSpec, capacity: bool, base: torch.Tenso
             row["max_abs_dlogit_graph_vs_plain"] = float((logits.cpu() - ref_logits).abs().max())
             row["token_counts_equal"] = bool(torch.equal(counts.cpu(), ref_counts))
             flipped = x.flip(0).contiguous()  # new data in the bound buffer: the replay must see it
-            logits2, _ = runner(flipped)
-            row["replay_follows_input"] = bool(torch.allclose(logits2.cpu(), ref_logits.flip(0), atol=1e-2))
+            logits2, counts2 = runner(flipped)
+            # against the per-node run of the same flipped batch: the packing order changes float summation order
+            # (and with it the adaptive policies' near-tie cuts), so ref_logits.flip(0) is not the same function
+            ref2, ref_counts2 = (
+                torch.from_numpy(v.numpy()) for v in run_with_iobinding(plain, {"images": flipped}, output_device="cpu")
+            )
+            row["replay_follows_input"] = bool(
+                torch.allclose(logits2.cpu(), ref2, atol=1e-3) and torch.equal(counts2.cpu(), ref_counts2)
+            )
             row["plain_ms"] = _median_ms(lambda x=x: run_with_iobinding(plain, {"images": x}, synchronize_torch=False))
             row["graph_ms"] = _median_ms(runner.replay)
             good = (

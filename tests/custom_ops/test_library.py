@@ -118,7 +118,7 @@ def test_build_cli_single_arch(ort_library, tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "kernel table rows, 12 linear kernel rows" in proc.stdout and "for sm_90" in proc.stdout
+    assert "kernel table rows, 16 linear kernel rows" in proc.stdout and "for sm_90" in proc.stdout  # 3 + xlarge
     res = run_cpu_op_in_subprocess(str(out), dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert res["info"]["build"]["archs"] == [90] and res["out"] == [7, 8]
     assert res["info"]["build"]["linear"]["archs"] == [90] and res["linear"] == [[5, 32], 16.0]
