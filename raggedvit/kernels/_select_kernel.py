@@ -25,8 +25,8 @@ import triton.language as tl
 
 __all__ = ["SELECT_BLOCK", "SELECT_NUM_WARPS", "_select_count", "_select_scatter"]
 
-SELECT_BLOCK = 64  # slots per tile of the pairwise rank (a BLOCK x BLOCK comparison tile); the JIT and AOT launch
-SELECT_NUM_WARPS = 4
+SELECT_BLOCK = 128  # slots per tile of the pairwise rank (a BLOCK x BLOCK comparison tile); the JIT and AOT launch
+SELECT_NUM_WARPS = 8  # 128 x 128 tiles on 8 warps: a 197-token image in 2 x 2 tiles (64 x 64 on 4 warps: 4 x 4)
 
 
 @triton.jit

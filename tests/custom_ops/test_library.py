@@ -95,7 +95,7 @@ def test_library_info_select(ort_library):
     select = library_info()["build"]["select"]
     assert select["archs"] == [80, 86, 89, 90]
     assert select["num_cubins"] == 2 * 4 and select["cubin_bytes"] > 0
-    assert select["block"] == [64] and select["num_warps"] == [4]
+    assert select["block"] == [128] and select["num_warps"] == [8]
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):
