@@ -14,7 +14,7 @@ from raggedvit.pruning.packed import (
 )
 from raggedvit.pruning.packed_block import packed_block_forward
 from raggedvit.pruning.padded import padded_block_forward, padded_reference_forward
-from raggedvit.pruning.select import Selection, pad_scores, select_tokens, uniform_topk
+from raggedvit.pruning.select import Selection, pad_scores, select_tokens
 from raggedvit.pruning.spec import POLICIES, PruneSpec
 
 __all__ = [
@@ -37,5 +37,4 @@ __all__ = [
     "select_tokens",
     "stage_scores",
     "uniform_prune_stage",
-    "uniform_topk",
 ]

@@ -1,8 +1,7 @@
 """Token selection of one pruning stage (DESIGN.md section 4 steps 2-4): the one implementation.
 
-`select_tokens` is the general selection on the padded score layout (any per-image counts, every policy);
-`uniform_topk` is the same decision when every image has the same export-time-known count and the policy's k
-depends on that count only (topk-l2, evit without fuse): static shapes, so a traced graph needs no NonZero.
+`select_tokens` is the general selection on the padded score layout (any per-image counts, every policy; uniform
+states of the count policies go through the same op with an exact capacity, so their graphs need no NonZero).
 `capacity_order` compacts a decision into the capacity layout; `select_rows_reference` is the whole index
 computation of a capacity stage (the CPU implementation of `torch.ops.raggedvit.select_rows`, `select_op.py`).
 """
@@ -14,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from raggedvit.policies import COUNT_POLICIES
-from raggedvit.pruning.spec import CLS_MASS_EPS, PruneSpec, f32, uniform_keep
+from raggedvit.pruning.spec import CLS_MASS_EPS, PruneSpec, f32
 
 __all__ = [
     "SELECT_POLICIES",
@@ -27,7 +26,6 @@ __all__ = [
     "padded_slots",
     "select_rows_reference",
     "select_tokens",
-    "uniform_topk",
 ]
 
 # `policy` codes of select_rows / com.raggedvit::RaggedSelect: k from the count (topk-l2, evit) or the cls mass
@@ -127,22 +125,6 @@ def _select(S: torch.Tensor, n: torch.Tensor, num_prefix: int, policy: int, keep
     in_image = idx.unsqueeze(0) < n.unsqueeze(1)
     keep = in_image & ((idx.unsqueeze(0) < num_prefix) | (rank < k.unsqueeze(1)))
     return Selection(keep, rank, k)
-
-
-def uniform_topk(scores: torch.Tensor, n: int, num_prefix: int, keep: float) -> torch.Tensor:
-    """Kept slots of a uniform state: scores [B*n] (n rows per image) -> slots [B, p + k] int64 ascending.
-
-    The prefix slots 0..p-1, then the k = uniform_keep(n, p, keep) best patch slots in ascending position;
-    among equal scores the lower position wins. Same rows as `select_tokens` on this state (tested)."""
-    p = num_prefix
-    k = uniform_keep(n, p, keep)
-    S = scores.to(torch.float32).reshape(-1, n)[:, p:]  # [B, n - p]
-    best = torch.sort(S, dim=1, descending=True, stable=True).indices[:, :k]  # [B, k]
-    patches = torch.sort(best, dim=1).values + p  # ascending positions
-    if p == 0:
-        return patches
-    prefix = torch.arange(p, device=scores.device, dtype=torch.int64).expand(patches.shape[0], p)
-    return torch.cat((prefix, patches), dim=1)
 
 
 def capacity_order(keep: torch.Tensor, cu_new: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
