@@ -13,7 +13,8 @@
 #   kernels   gpu tests of raggedvit.kernels (Triton JIT on the machine's Triton)
 #   kbench    python3 -m benchmarks.kernel --check [--tune] (KB_FLAGS)
 #   ort       scripts/gpu_ort_checks.sh (CUDA EP tests, 1000-call fuzz, compute-sanitizer memcheck)
-#   memcheck  compute-sanitizer memcheck over scripts/memcheck_ort_fuzz.py (torch-free, our kernels only)
+#   memcheck  compute-sanitizer memcheck over scripts/memcheck_ort_fuzz.py (torch-free; only our kernels: each
+#             --kernel-name filter adds kernels, kns= a substring of the name: _ragged*, _select_count/_scatter)
 #   opbench   python3 -m benchmarks.ort_op (RaggedAttention vs PackedMultiHeadAttention inside ORT graphs)
 #   e2e       python3 -m benchmarks.e2e (end-to-end pruned ViT benchmark, E2E_FLAGS)
 #   graph     python3 -m benchmarks.check_cuda_graph (CUDA-graph replay of a static-shape export == per-node run)
@@ -89,7 +90,8 @@ for stage in "$@"; do
       timeout ${MUT:-500} python3 -m pytest -q -m gpu -p no:cacheprovider -rxX tests/validators/test_mutations.py \
         > "$RES/mutants_gpu.log" 2>&1; rc=$?; tail -12 "$RES/mutants_gpu.log";;
     memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
-      timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --kernel-name kns=_ragged \
+      timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
+        --kernel-name kns=_ragged --kernel-name kns=_select_ \
         --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \
         > "$RES/memcheck_fuzz.log" 2>&1; rc=$?
       grep -v "No registered" "$RES/memcheck_fuzz.log" | tail -4; grep -h "ERROR SUMMARY" "$RES/memcheck.log" | tail -1;;

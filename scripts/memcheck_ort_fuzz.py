@@ -1,6 +1,7 @@
-"""Torch-free fuzz of the RaggedAttention and RaggedLinear CUDA-EP kernels, meant to run under compute-sanitizer.
+"""Torch-free fuzz of the RaggedAttention, RaggedLinear and RaggedSelect CUDA-EP kernels, run under compute-sanitizer.
 
-    compute-sanitizer --tool memcheck --kernel-name kns=_ragged python3 scripts/memcheck_ort_fuzz.py --calls 1000
+    compute-sanitizer --tool memcheck --kernel-name kns=_ragged --kernel-name kns=_select_ \
+        python3 scripts/memcheck_ort_fuzz.py --calls 1000
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
@@ -16,7 +17,16 @@ and GELU): random T (0 included), N and K multiples of 16, CuSeqlens[B] anywhere
 extremes: the kernel clamps it), so that row tiles past the live count are exercised; valid calls must give finite
 outputs with zero dead rows; some calls have K or N not a multiple of 16, a Residual of the wrong shape or a W of
 the wrong width, which must come back as errors, never faults.
+Every fifth call of the --calls ones is a RaggedSelect call (raggedvit/custom_ops/_memcheck_select.py): random B,
+rows per image, dead rows, a few attribute sets (width, bound <= width, num_prefix, both policies); its outputs must
+equal a numpy oracle of the op (cu clamped as the kernels clamp it), on the CUDA EP and on the CPU EP for the cu
+values the CPU EP accepts (it must refuse the others); bad attributes, element types and shapes must be refused.
+Without a CUDA EP (onnxruntime without CUDA) only the RaggedSelect calls run, on the CPU EP.
 Progress is printed every 100 calls; exit 1 on any unexpected error.
+
+compute-sanitizer's --kernel-name kns=SUBSTRING instruments only kernels whose name contains SUBSTRING, and each
+further --kernel-name adds a filter (a kernel matching any is checked): scripts/gpu_session.sh passes kns=_ragged
+(_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear) and kns=_select_ (_select_count, _select_scatter).
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ import time
 import numpy as np
 from onnx import TensorProto, helper
 
-from raggedvit.runtime import create_session
+from raggedvit.custom_ops._memcheck_select import SelectCalls
+from raggedvit.runtime import create_session, session_options
 
 CASES = [  # (numpy dtype, onnx dtype, cu dtype, heads, head dim)
     (np.float16, TensorProto.FLOAT16, np.int32, 12, 64),
@@ -183,70 +194,100 @@ def draw_cu(rng: np.random.Generator, T: int, kind: str) -> np.ndarray:
 
 
 def main() -> int:
+    import onnxruntime as ort
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--calls", type=int, default=1000, help="attention and (every fifth) RaggedSelect calls")
     ap.add_argument("--max-t", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--linear-calls", type=int, default=300, help="RaggedLinear calls after the attention ones")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    crafted, errors = crafted_sessions()
+    cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+
+    def select_session(m: bytes, ep: str):  # refusals are counted here, not logged by ORT
+        return create_session(m, ep, options=session_options(disable_cpu_fallback=ep == "cuda", log_severity=4))
+
+    select = SelectCalls(rng, ("cuda", "cpu") if cuda else ("cpu",), select_session)
+    if not cuda:
+        print(f"onnxruntime {ort.__version__} has no CUDA EP: only the RaggedSelect calls run, on the CPU EP")
+    crafted, errors = crafted_sessions() if cuda else (0, 0)
     sessions = []
-    for npt, elem, cut, heads, dim in CASES:
+    for npt, elem, cut, heads, dim in CASES if cuda else ():
         cu_elem = TensorProto.INT32 if cut == np.int32 else TensorProto.INT64
         sessions.append((create_session(model(elem, cu_elem, heads, dim), "cuda", disable_cpu_fallback=True),
                          create_session(model(elem, cu_elem, heads, dim, bias=True), "cuda", disable_cpu_fallback=True),
                          create_session(model(elem, cu_elem, heads, dim, pos=True), "cuda", disable_cpu_fallback=True),
                          npt, cut, heads, dim))  # fmt: skip
     kinds = ["valid"] * 5 + ["decreasing", "above_t", "negative", "last_ne_t"]
-    counts: dict[str, int] = {"crafted_attributes": crafted}
+    counts: dict[str, int] = {"crafted_attributes": crafted} if cuda else {}
     t0 = time.time()
     for call in range(max(args.calls - crafted, 0)):
-        sess, sess_bias, sess_pos, npt, cut, heads, dim = sessions[call % len(sessions)]
-        T = int(rng.integers(0, args.max_t + 1))
-        kind = kinds[int(rng.integers(0, len(kinds)))]
-        cu = draw_cu(rng, T, kind).astype(cut)
-        qkv = rng.standard_normal((T, 3 * heads * dim)).astype(npt)
-        feeds = {"qkv": qkv, "cu": cu}
-        if call % 10 == 9:  # with a bias: the right one, or a wrong length / type (an error, never a fault)
-            sess = sess_bias
-            which = int(rng.integers(0, 3))
-            width = 3 * heads * dim + (0 if which != 1 else int(rng.integers(1, 64)))
-            feeds["bias"] = rng.standard_normal(width).astype(npt if which != 2 else np.float64)
-            if which and kind == "valid":
-                kind = "bad_bias"
-        elif call % 5 in (3, 4):  # relative position bias: right shapes, or a wrong table / token_pos length
-            sess = sess_pos
-            grid, p = POS
-            R = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
-            which = int(rng.integers(0, 8))
-            table = (heads, R + (1 if which == 1 else 0))
-            n_tokens = T + (int(rng.integers(1, 4)) if which == 2 else 0)
-            tokens = rng.integers(0, p + grid[0] * grid[1], n_tokens)
-            odd = rng.random(n_tokens) < 0.2
-            tokens[odd] = rng.choice(POS_ODD, int(odd.sum()))
-            feeds["pos_table"] = rng.standard_normal(table).astype(np.float32)
-            feeds["token_pos"] = tokens.astype(cut)
-            if which in (1, 2) and kind == "valid":
-                kind = "bad_pos"
-        try:
-            out, cls = sess.run(None, feeds)
-            if kind == "valid" and not (np.isfinite(out).all() and np.isfinite(cls).all()):
-                print(f"call {call}: non-finite output for valid cu {cu.tolist()} T={T}", flush=True)
+        if call % 5 == 2:  # a RaggedSelect call
+            kind, failure = select.call()
+            kind = f"select_{kind}"
+            if failure:
+                print(f"call {call}: {kind}: {failure}", flush=True)
                 errors += 1
-        except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
-            if kind == "valid":
-                print(f"call {call}: unexpected error on valid input: {str(e).splitlines()[0]}", flush=True)
-                errors += 1
+        elif not cuda:
+            continue
+        else:
+            kind, failed = attention_call(rng, call, sessions[call % len(sessions)], kinds, args.max_t)
+            errors += failed
         counts[kind] = counts.get(kind, 0) + 1
         if (call + 1) % 100 == 0:
             print(f"{call + 1} calls ({time.time() - t0:.1f} s)", flush=True)
-    linear_counts, linear_errors = linear_calls(rng, args.linear_calls, args.max_t)
-    counts.update(linear_counts)
-    errors += linear_errors
+    if cuda:
+        linear_counts, linear_errors = linear_calls(rng, args.linear_calls, args.max_t)
+        counts.update(linear_counts)
+        errors += linear_errors
     total = sum(counts.values())
-    print(f"memcheck fuzz: {total} CUDA-EP calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")
+    where = "CUDA-EP" if cuda else "CPU-EP"
+    print(f"memcheck fuzz: {total} {where} calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")
     return 1 if errors else 0
+
+
+def attention_call(
+    rng: np.random.Generator, call: int, session: tuple, kinds: list[str], max_t: int
+) -> tuple[str, int]:
+    """One RaggedAttention call on the CUDA EP: (kind, 1 on an unexpected error else 0)."""
+    sess, sess_bias, sess_pos, npt, cut, heads, dim = session
+    T = int(rng.integers(0, max_t + 1))
+    kind = kinds[int(rng.integers(0, len(kinds)))]
+    cu = draw_cu(rng, T, kind).astype(cut)
+    qkv = rng.standard_normal((T, 3 * heads * dim)).astype(npt)
+    feeds = {"qkv": qkv, "cu": cu}
+    if call % 10 == 9:  # with a bias: the right one, or a wrong length / type (an error, never a fault)
+        sess = sess_bias
+        which = int(rng.integers(0, 3))
+        width = 3 * heads * dim + (0 if which != 1 else int(rng.integers(1, 64)))
+        feeds["bias"] = rng.standard_normal(width).astype(npt if which != 2 else np.float64)
+        if which and kind == "valid":
+            kind = "bad_bias"
+    elif call % 5 in (3, 4):  # relative position bias: right shapes, or a wrong table / token_pos length
+        sess = sess_pos
+        grid, p = POS
+        R = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
+        which = int(rng.integers(0, 8))
+        table = (heads, R + (1 if which == 1 else 0))
+        n_tokens = T + (int(rng.integers(1, 4)) if which == 2 else 0)
+        tokens = rng.integers(0, p + grid[0] * grid[1], n_tokens)
+        odd = rng.random(n_tokens) < 0.2
+        tokens[odd] = rng.choice(POS_ODD, int(odd.sum()))
+        feeds["pos_table"] = rng.standard_normal(table).astype(np.float32)
+        feeds["token_pos"] = tokens.astype(cut)
+        if which in (1, 2) and kind == "valid":
+            kind = "bad_pos"
+    try:
+        out, cls = sess.run(None, feeds)
+        if kind == "valid" and not (np.isfinite(out).all() and np.isfinite(cls).all()):
+            print(f"call {call}: non-finite output for valid cu {cu.tolist()} T={T}", flush=True)
+            return kind, 1
+    except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
+        if kind == "valid":
+            print(f"call {call}: unexpected error on valid input: {str(e).splitlines()[0]}", flush=True)
+            return kind, 1
+    return kind, 0
 
 
 if __name__ == "__main__":
