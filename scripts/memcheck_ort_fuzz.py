@@ -112,6 +112,21 @@ def ort_value(a: np.ndarray, elem: int):
     )
 
 
+def host_float32(value, elem: int) -> np.ndarray:
+    """A host OrtValue -> float32 numpy. bfloat16 through its bits: OrtValue.numpy() has no numpy type for it
+    (ONNX Runtime 1.31), so the uint16 words are read from data_ptr() and widened (bf16 is float32's top half)."""
+    if elem != TensorProto.BFLOAT16:
+        return value.numpy().astype(np.float32)
+    import ctypes
+
+    shape = tuple(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.zeros(shape, np.float32)
+    words = np.ctypeslib.as_array((ctypes.c_uint16 * count).from_address(value.data_ptr())).copy()
+    return (words.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+
+
 def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[str, int], int]:
     """RaggedLinear calls on the CUDA EP: (counts by kind, unexpected errors)."""
     sessions = [(create_session(linear_model(e, c, full=f), "cuda", disable_cpu_fallback=True), e, c, f)
@@ -146,10 +161,7 @@ def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict
         live = T if not full else min(max(int(last), 0), T)
         try:
             (y,) = sess.run_with_ort_values(["Y"], values)
-            out = y.numpy()
-            if elem == TensorProto.BFLOAT16:
-                out = (out.astype(np.uint32) << 16).view(np.float32)
-            out = out.astype(np.float32)
+            out = host_float32(y, elem)
             if kind != "valid":
                 print(f"linear call {call}: {kind} accepted (T={T}, N={n}, K={x_k}/{w_k})", flush=True)
                 errors += 1
