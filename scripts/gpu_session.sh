@@ -8,6 +8,8 @@
 #   RES          every log and result file; emptied first [/tmp/res]
 #   OUT          RES packed into OUT/res.tgz at exit (the device returns at most 8 files) [unset: no tarball]
 #   WORK         scratch: exports, the perturbed checkpoint, the builder tree, the wheel install [/tmp]
+#   RAGGEDVIT_COMMIT  the commit the benchmarks record (benchmarks/env.py): set it in the device command, since the
+#                device's copy of .git can still name an earlier commit than the tree it was sent
 #   BUILDER_TGZ  source tarball of the graph-builder raggedvit for `speed` [.device/builder.tgz, from the repo root]
 # Stages (any subset, in order):
 #   kernels   gpu tests of raggedvit.kernels (Triton JIT on the machine's Triton)
@@ -71,7 +73,8 @@ for stage in "$@"; do
     graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" --policies "${GRAPH_POLICIES:-topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9}" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 -m benchmarks.e2e --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
     serving)  # issue 13: one run, both models; --time-budget (230 s) leaves the timeout room for the report
-      timeout ${SVT:-300} python3 -m benchmarks.serving --out "$RES" --work "$WORK/serving" ${SERVING_FLAGS:-} \
+      timeout ${SVT:-300} python3 -m benchmarks.serving --out "$RES" --work "$WORK/serving" ${SERVING_FLAGS:---policies \
+        topk-l2:keep=0.5:at=4 cls-mass:mass=0.9:at=3,6,9 cls-mass:mass=0.9:at=3,6,9:dead-linear} \
         > "$RES/serving.log" 2>&1; rc=$?; tail -45 "$RES/serving.log";;
     families)  # issue 12: pruned speed of an EVA02 and a BEiT export against the same model unpruned in ORT fp16
       timeout ${FMT:-280} python3 -m benchmarks.serving --out "$RES/families" --work "$WORK/families" \
