@@ -47,6 +47,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(HERE / "fake_cuda" / "launcher_harness.cc"),
             str(CUDA_SRC / "launcher.cc"),
             str(CUDA_SRC / "linear_launcher.cc"),
+            str(CUDA_SRC / "select_launcher.cc"),
             "-ldl",
             "-o",
             str(d / "harness"),
@@ -272,3 +273,89 @@ def test_linear_errors(harness, tmp_path, kw, message):
 def test_linear_empty_launches_nothing(harness, tmp_path):
     res, log = run(harness, tmp_path, [linear(T=0), linear(N=0)])
     assert res == ["OK", "OK"] and not launches(log)
+
+
+def select(*, T=100, B=2, width=64, bound=40, num_prefix=1, policy=0, keep=0.5, mass=0.9, misalign=0) -> str:
+    """misalign i > 0: the i-th buffer of scores, cu, k, src, cu_new, seq_id, pos is 8 bytes off."""
+    return f"S {T} {B} {width} {bound} {num_prefix} {policy} {keep} {mass} {misalign}"
+
+
+def _bits(v: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", v))[0]
+
+
+def test_select_launch_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [select(), select(T=7, B=5, policy=1, keep=0.25, mass=0.75)])
+    assert res == ["OK", "OK"]
+    count, scatter, count2, scatter2 = launches(log)
+    assert count["name"] == "_select_count" and count["image"] == "select/kCount/sm90"
+    assert scatter["name"] == "_select_scatter" and scatter["image"] == "select/kScatter/sm90"
+    # grid (B,), 32 * the table's num_warps threads, the table's shared bytes
+    assert count["grid"] == scatter["grid"] == "2,1,1" and count2["grid"] == scatter2["grid"] == "5,1,1"
+    assert count["block"] == scatter["block"] == "256,1,1"
+    assert count["smem"] == "0" and scatter["smem"] == "1024"
+    assert count["stream"] == scatter["stream"] == "5000"
+    # Scores, CU, K, T, B, W, num_prefix, policy, keep_bits, mass_bits, global/profile scratch
+    assert count["args"] == f"a00000,b00000,b40000,100,2,64,1,0,{_bits(0.5)},{_bits(0.9)},0,0"
+    assert count2["args"] == f"a00000,b00000,b40000,7,5,64,1,1,{_bits(0.25)},{_bits(0.75)},0,0"
+    # Scores, CU, K, Src, CuNew, SeqId, Pos, T, B, W, bound, num_prefix, global/profile scratch
+    assert scatter["args"] == "a00000,b00000,b40000,c00000,c40000,c80000,cc0000,100,2,64,40,1,0,0"
+    assert len([x for x in log if x.startswith("load")]) == 2  # one module per kernel and context
+
+
+def test_select_largest_int32_sizes_are_passed_through(harness, tmp_path):
+    n = 2**31 - 1024  # the launcher's limit (slot indices j < W + BLOCK stay int32)
+    res, log = run(harness, tmp_path, [select(T=n, width=n, bound=n, num_prefix=n)])
+    assert res == ["OK"]
+    count, scatter = launches(log)
+    assert count["args"].startswith(f"a00000,b00000,b40000,{n},2,{n},{n},0,")
+    assert scatter["args"].endswith(f",{n},2,{n},{n},{n},0,0")
+
+
+@pytest.mark.parametrize(
+    ("arch", "image", "block"),
+    [(90, "sm90", "256,1,1"), (80, "sm80", "128,1,1"), (86, "sm80", "128,1,1"), (89, "sm80", "128,1,1")],
+)
+def test_select_cubin_choice_by_compute_capability(harness, tmp_path, arch, image, block):
+    res, log = run(harness, tmp_path, [select()], FAKE_CUDA_ARCH=str(arch))
+    assert res == ["OK"]
+    count, scatter = launches(log)
+    assert count["image"] == f"select/kCount/{image}" and scatter["image"] == f"select/kScatter/{image}"
+    assert count["block"] == scatter["block"] == block
+
+
+@pytest.mark.parametrize(
+    ("kw", "env", "message"),
+    [
+        ({}, {"FAKE_CUDA_ARCH": "70"}, "no RaggedSelect cubin for sm_70 in this library (rebuild with build.py"),
+        ({}, {"FAKE_CUDA_ARCH": "120"}, "no RaggedSelect cubin for sm_120 in this library"),
+        ({}, {"FAKE_CUDA_ARCH": "75"}, "_select_count: cubin expects 11 parameters, launcher passes 12"),
+        ({"B": 0}, {}, "sizes must be T >= 0, B >= 1, 0 <= bound <= width, width >= 1, num_prefix >= 0, got T = 100"),
+        ({"T": -1}, {}, "sizes must be"),
+        ({"width": 0, "bound": 0}, {}, "sizes must be"),
+        ({"bound": 65}, {}, "got T = 100, B = 2, width = 64, bound = 65, num_prefix = 1"),
+        ({"bound": -1}, {}, "sizes must be"),
+        ({"num_prefix": -1}, {}, "sizes must be"),
+        ({"T": 2**31 - 1023}, {}, "T = 2147482625, B = 2, width = 64, bound = 40, num_prefix = 1 exceed the int32"),
+        ({"B": 2**31}, {}, "B = 2147483648, width = 64, bound = 40, num_prefix = 1 exceed the int32 sizes"),
+        ({"width": 2**31, "bound": 0}, {}, "width = 2147483648, bound = 0, num_prefix = 1 exceed the int32 sizes"),
+        ({"width": 2**32, "num_prefix": 2**31}, {}, "exceed the int32 sizes of the kernels"),
+        ({"policy": 2}, {}, "policy must be 0 or 1, got 2"),
+        ({"misalign": 1}, {}, "device buffer 'scores' is not 16-byte aligned"),
+        ({"misalign": 2}, {}, "device buffer 'cu' is not 16-byte aligned"),
+        ({"misalign": 7}, {}, "device buffer 'pos' is not 16-byte aligned"),
+        ({}, {"FAKE_CUDA_LAUNCH_ERR": "700"}, "cuLaunchKernel(_select_count) failed: CUDA_ERROR_ILLEGAL_ADDRESS"),
+        ({}, {"FAKE_CUDA_LOAD_ERR": "209"}, "cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU (209)"),
+    ],
+)
+def test_select_errors_launch_nothing(harness, tmp_path, kw, env, message):
+    res, log = run(harness, tmp_path, [select(**kw)], **env)
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log)
+
+
+def test_select_wrong_parameter_count_of_the_second_kernel(harness, tmp_path):
+    # each kernel's count is checked just before its own launch, so _select_count has been enqueued by then
+    res, log = run(harness, tmp_path, [select()], FAKE_CUDA_ARCH="100")
+    assert res == ["ERR _select_scatter: cubin expects 13 parameters, launcher passes 14"]
+    assert [x["name"] for x in launches(log)] == ["_select_count"]

@@ -1,8 +1,10 @@
-// Drives cuda/launcher.cc against fake_libcuda.c with a small hand-written kernel table.
+// Drives cuda/launcher.cc (and the linear and select launchers) against fake_libcuda.c with a small hand-written kernel table.
 // stdin: one scenario per line: dtype(0 fp32,1 fp16,2 bf16) index(0 i32,1 i64) T B H D cls stream_dev
 //        device_ordinal misalign scale [pos grid_h grid_w num_prefix]   (stream_dev -1 = null stream; pos 1:
 //        pos_table 0xf00000 and token_pos 0xf80000)
 //        or a RaggedLinear launch: L dtype index T N K B bias residual cu activation misalign
+//        or a RaggedSelect launch: S T B width bound num_prefix policy keep mass misalign   (misalign i > 0: the
+//        i-th buffer of scores, cu, k, src, cu_new, seq_id, pos 8 bytes off)
 // stdout: "OK" or "ERR <message>" per line.
 #include <cstdint>
 #include <iostream>
@@ -58,6 +60,26 @@ const LinearImage kLinearImages[] = {
 const size_t kNumLinearImages = sizeof(kLinearImages) / sizeof(kLinearImages[0]);
 const int64_t kLinearLargeT = 1024;
 const int64_t kLinearNarrowN = 1024;
+
+namespace {
+#define SEL(kernel, arch, name, shared, warps, np)                                                        \
+  {SelectKernel::kernel, arch, name, reinterpret_cast<const unsigned char*>("select/" #kernel "/sm" #arch), 8, \
+   shared, warps, 128, np}
+}  // namespace
+
+// sm_90 and sm_80 with different num_warps (the launch must take the table's); sm_75 and sm_100 carry wrong
+// parameter counts (so sm_70 has no image: same major, but only a higher minor)
+const SelectImage kSelectImages[] = {
+    SEL(kCount, 90, "_select_count", 0, 8, 12),
+    SEL(kScatter, 90, "_select_scatter", 1024, 8, 14),
+    SEL(kCount, 80, "_select_count", 0, 4, 12),
+    SEL(kScatter, 80, "_select_scatter", 512, 4, 14),
+    SEL(kCount, 75, "_select_count", 0, 8, 11),  // wrong param count on the first kernel
+    SEL(kScatter, 75, "_select_scatter", 0, 8, 14),
+    SEL(kCount, 100, "_select_count", 0, 8, 12),
+    SEL(kScatter, 100, "_select_scatter", 0, 8, 13),  // wrong param count on the second kernel
+};
+const size_t kNumSelectImages = sizeof(kSelectImages) / sizeof(kSelectImages[0]);
 const char* const kBuildInfoJson = "{}";
 }  // namespace raggedvit::cuda
 
@@ -82,6 +104,25 @@ int main() {
       l.y = reinterpret_cast<void*>(uintptr_t{0xc00000});
       l.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
       std::string err = LaunchRaggedLinear(l);
+      std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
+      continue;
+    }
+    if (line[0] == 'S') {
+      std::string tag;
+      int misalign;
+      SelectLaunch s;
+      in >> tag >> s.T >> s.B >> s.width >> s.bound >> s.num_prefix >> s.policy >> s.keep >> s.mass >> misalign;
+      uintptr_t addr[7] = {0xa00000, 0xb00000, 0xb40000, 0xc00000, 0xc40000, 0xc80000, 0xcc0000};
+      if (misalign > 0 && misalign <= 7) addr[misalign - 1] += 8;
+      s.scores = reinterpret_cast<const void*>(addr[0]);
+      s.cu = reinterpret_cast<const void*>(addr[1]);
+      s.k = reinterpret_cast<void*>(addr[2]);
+      s.src = reinterpret_cast<void*>(addr[3]);
+      s.cu_new = reinterpret_cast<void*>(addr[4]);
+      s.seq_id = reinterpret_cast<void*>(addr[5]);
+      s.pos = reinterpret_cast<void*>(addr[6]);
+      s.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
+      std::string err = LaunchRaggedSelect(s);
       std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
       continue;
     }
