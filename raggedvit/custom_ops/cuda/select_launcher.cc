@@ -93,12 +93,15 @@ std::string LaunchRaggedSelect(const SelectLaunch& s) {
   const int counts[2] = {static_cast<int>(sizeof(count_args) / sizeof(void*)),
                          static_cast<int>(sizeof(scatter_args) / sizeof(void*))};
   const char* what[2] = {"_select_count", "_select_scatter"};
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 2; ++i) {  // both kernels checked before the first launch: a refusal launches nothing
     const SelectImage& im = kSelectImages[index[i]];
     if (im.num_params != counts[i]) {
       return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
              " parameters, launcher passes " + std::to_string(counts[i]);
     }
+  }
+  for (int i = 0; i < 2; ++i) {
+    const SelectImage& im = kSelectImages[index[i]];
     err = Launch(fns[i], static_cast<unsigned>(s.B), 1, im.num_warps, im.shared_bytes, s.stream, args[i], what[i]);
     if (!err.empty()) return err;
   }
