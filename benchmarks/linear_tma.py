@@ -18,21 +18,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from benchmarks._gemm_case import BLOCK_GEMMS, GemmCase, time_impls
 from benchmarks.env import environment
-from benchmarks.kernel import graph_time_us
-from raggedvit.kernels.reference import ragged_linear_reference
 
-SHAPES = {"qkv": (768, 2304, 0, False), "proj": (768, 768, 0, True), "fc1": (768, 3072, 1, False),
-          "fc2": (3072, 768, 0, True)}  # fmt: skip  # K, N, activation, residual
 ROWS = ((25216, 25216), (25216, 12608), (197, 197))  # (T capacity, live rows)
 CONFIGS = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4))
 STYLES = ("tiles", "persistent", "flatten", "flatten_ws")
@@ -99,58 +94,23 @@ def _tma_linear(x_desc, w_desc, y_desc, Bias, Res, CU, T, N, K, B, has_res, acti
 def _case(name: str, T: int, live: int) -> list[dict[str, Any]]:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    K, N, act, has_res = SHAPES[name]
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    w = (torch.randn(N, K, device=dev) / math.sqrt(K)).half()
-    b = (torch.randn(N, device=dev) * 0.1).half()
-    x = torch.randn(T, K, device=dev).half()
-    res = torch.randn(T, N, device=dev).half()
-    y = torch.empty(T, N, device=dev, dtype=torch.float16)
-    cu = torch.tensor([0, live], device=dev, dtype=torch.int32)
-    want = ragged_linear_reference(x, w, b, res if has_res else None, cu, act).float()
-
-    def peer_unfused() -> None:
-        z = F.linear(x, w, b)
-        if act:
-            z = F.gelu(z)
-        if has_res:
-            z = z + res
-
-    fns: dict[str, Any] = {"cublas_gemm": lambda: F.linear(x, w, b), "cublas_unfused": peer_unfused}
+    c = GemmCase.make(name, T, live)
+    sms = torch.cuda.get_device_properties(c.x.device).multi_processor_count
+    fns = c.peers()
     for bm, bn, bk, nw, ns in CONFIGS:
-        xd = TensorDescriptor.from_tensor(x, [bm, bk])
-        wd = TensorDescriptor.from_tensor(w, [bn, bk])
-        yd = TensorDescriptor.from_tensor(y, [bm, bn])
-        tiles = triton.cdiv(T, bm) * triton.cdiv(N, bn)
+        xd = TensorDescriptor.from_tensor(c.x, [bm, bk])
+        wd = TensorDescriptor.from_tensor(c.w, [bn, bk])
+        yd = TensorDescriptor.from_tensor(c.y, [bm, bn])
+        tiles = triton.cdiv(T, bm) * triton.cdiv(c.N, bn)
         for style in STYLES:
             persistent = style != "tiles"
             progs = min(sms, tiles) if persistent else tiles
             flat, ws = style.startswith("flatten"), style == "flatten_ws"
             meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PERSISTENT=persistent, FLATTEN=flat, WS=ws,
                         num_warps=nw, num_stages=ns)  # fmt: skip
-            args = (xd, wd, yd, b, res, cu, T, N, K, 1, int(has_res), act, progs)
+            args = (xd, wd, yd, c.b, c.res, c.cu, T, c.N, c.K, 1, int(c.has_res), c.act, progs)
             fns[f"tma_{style}_{bm}x{bn}x{bk}_w{nw}_s{ns}"] = lambda p=progs, a=args, m=meta: _tma_linear[(p,)](*a, **m)
-    records = []
-    for impl, fn in fns.items():
-        rec: dict[str, Any] = {"shape": name, "T": T, "live": live, "K": K, "N": N, "impl": impl}
-        try:
-            y.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            if not impl.startswith("cublas"):
-                err = (y.float() - want).abs().max().item()
-                rec["max_abs_err"] = err
-                if not err < 0.05:
-                    rec["error"] = f"wrong result: max abs err {err}"
-                    records.append(rec)
-                    continue
-            rec["gpu_us"] = graph_time_us(fn, inner=10, reps=7)[0]
-            rec["tflops_live"] = 2 * live * N * K / rec["gpu_us"] / 1e6
-        except Exception as exc:  # noqa: BLE001 - recorded (compile errors, shared memory)
-            rec["error"] = repr(exc)[:300]
-        records.append(rec)
-    return records
+    return time_impls(c, fns, {"shape": name, "T": T, "live": live, "K": c.K, "N": c.N}, "tflops_live", live)
 
 
 def main() -> None:
@@ -163,7 +123,7 @@ def main() -> None:
     torch.manual_seed(0)
     records: list[dict[str, Any]] = []
     data = {"benchmark": "linear_tma", "env": environment(), "records": records}
-    for name in SHAPES:
+    for name in BLOCK_GEMMS:
         for T, live in ROWS:
             recs = _case(name, T, live)
             records += recs

@@ -14,22 +14,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import triton
 
+from benchmarks._gemm_case import BLOCK_GEMMS, GemmCase, time_impls
 from benchmarks.env import environment
-from benchmarks.kernel import graph_time_us
 from benchmarks.linear_variants import _variant
 from raggedvit.kernels._linear_kernel import _ragged_linear
-from raggedvit.kernels.reference import ragged_linear_reference
 
-SHAPES = {"qkv": (768, 2304, 0, False), "proj": (768, 768, 0, True), "fc1": (768, 3072, 1, False),
-          "fc2": (3072, 768, 0, True)}  # fmt: skip  # K, N, activation, residual
 ROWS = (197, 99, 25216, 12672)  # B=1 full / topk-pruned, B=128 full / pruned
 SMALL = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
     (64, 32, 64, 4, 4), (64, 64, 64, 4, 4), (64, 64, 128, 4, 3), (64, 128, 64, 4, 4), (32, 64, 128, 4, 4),
@@ -42,25 +37,9 @@ LARGE = {
 
 
 def _case(name: str, T: int, quick: bool) -> list[dict[str, Any]]:
-    K, N, act, has_res = SHAPES[name]
-    dev = torch.device("cuda")
-    w = (torch.randn(N, K, device=dev) / math.sqrt(K)).half()
-    wt = w.t().contiguous()
-    b = (torch.randn(N, device=dev) * 0.1).half()
-    x = torch.randn(T, K, device=dev).half()
-    res = torch.randn(T, N, device=dev).half()
-    y = torch.empty(T, N, device=dev, dtype=torch.float16)
-    cu = torch.tensor([0, T], device=dev, dtype=torch.int32)
-    want = ragged_linear_reference(x, w, b, res if has_res else None, cu, act).float()
-
-    def peer_fused() -> None:
-        z = F.linear(x, w, b)
-        if act:
-            z = F.gelu(z)
-        if has_res:
-            z = z + res
-
-    fns: dict[str, Any] = {"cublas_gemm": lambda: F.linear(x, w, b), "cublas_unfused": peer_fused}
+    c = GemmCase.make(name, T, T)
+    x, w, wt, b, res, y, cu, K, N, act, has_res = c.x, c.w, c.wt, c.b, c.res, c.y, c.cu, c.K, c.N, c.act, c.has_res
+    fns = c.peers()
     configs = sorted(SMALL if T < 1024 else LARGE)
     if quick:
         configs = configs[:3]
@@ -72,33 +51,14 @@ def _case(name: str, T: int, quick: bool) -> list[dict[str, Any]]:
             x, w, b, res, cu, y, T, N, K, 1, 1, int(has_res), 1, act, **m))  # fmt: skip
         kn = dict(meta, EARLY_RETURN=True, EVEN_K=True, W_KN=True)
         fns[f"kn_{tag}"] = lambda g=grid, m=kn: _variant[g](x, wt, b, res, cu, y, T, N, K, 1, int(has_res), act, **m)
-    records = []
-    for impl, fn in fns.items():
-        rec: dict[str, Any] = {"shape": name, "T": T, "K": K, "N": N, "impl": impl}
-        try:
-            y.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            if not impl.startswith("cublas"):
-                err = (y.float() - want).abs().max().item()
-                rec["max_abs_err"] = err
-                if not err < 0.05:
-                    rec["error"] = f"wrong result: max abs err {err}"
-                    records.append(rec)
-                    continue
-            rec["gpu_us"] = graph_time_us(fn, inner=10, reps=7)[0]
-            rec["tflops"] = 2 * T * N * K / rec["gpu_us"] / 1e6
-        except Exception as exc:  # noqa: BLE001 - recorded (e.g. out of shared memory)
-            rec["error"] = repr(exc)[:200]
-        records.append(rec)
-    return records
+    return time_impls(c, fns, {"shape": name, "T": T, "K": K, "N": N}, "tflops", T)
 
 
 def run(quick: bool, path: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     records: list[dict[str, Any]] = []
     data = {"benchmark": "linear_tune", "env": environment(), "records": records}
-    for name in SHAPES:
+    for name in BLOCK_GEMMS:
         for T in ROWS:
             recs = _case(name, T, quick)
             records += recs
