@@ -14,7 +14,6 @@ from torch import nn
 from raggedvit.policies import COUNT_POLICIES
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, backbone_for
 from raggedvit.pruning.select import (
-    SELECT_POLICIES,
     capacity_order,
     cu_of,
     pad_rows,
@@ -22,7 +21,7 @@ from raggedvit.pruning.select import (
     padded_slots,
     select_tokens,
 )
-from raggedvit.pruning.select_op import select_rows, select_rows_op
+from raggedvit.pruning.select_op import select_rows
 from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
 
 __all__ = [
@@ -215,18 +214,17 @@ def _selected_stage(
 
 
 def uniform_prune_stage(
-    state: PackedState, scores: torch.Tensor, n: int, num_prefix: int, keep: float, steps: torch.Tensor
+    state: PackedState, scores: torch.Tensor, n: int, num_prefix: int, spec: PruneSpec, steps: torch.Tensor
 ) -> tuple[PackedState, StageTrace]:
     """topk-l2 / evit (no fuse) stage of a uniform state (every image has n rows): static shapes, no nonzero.
 
-    Keeps the same rows in the same order as `packed_prune_stage`: the k = uniform_keep(n, p, keep) best patch
-    rows and the prefix of each image in position order, whose indices come from one op (`select_rows` with
-    bound = p + k: no dead rows); the new state is uniform again with m = p + k rows per image. steps: [B+1] int64
-    = 0..B (its cu is steps * m, as are the op's cu; seq_id / pos of uniform rows need no op either)."""
-    m = num_prefix + uniform_keep(n, num_prefix, keep)
-    src = select_rows_op(
-        scores.to(torch.float32), state.cu, n, m, num_prefix, SELECT_POLICIES["count"], float(keep), 0.0
-    )[0]
+    spec: topk-l2 or evit without fuse. Keeps the same rows in the same order as `packed_prune_stage`: the
+    k = uniform_keep(n, p, spec.keep) best patch rows and the prefix of each image in position order, whose indices
+    come from one op (`select_rows` with bound = p + k: no dead rows); the new state is uniform again with m = p + k
+    rows per image. steps: [B+1] int64 = 0..B (its cu is steps * m, as are the op's cu; seq_id / pos of uniform
+    rows need no op either)."""
+    m = num_prefix + uniform_keep(n, num_prefix, spec.keep)
+    src = select_rows(scores.to(torch.float32), state.cu, n, m, num_prefix, spec).src
     new = PackedState(
         state.x.index_select(0, src),
         steps * m,
@@ -318,7 +316,7 @@ class PrunedViT(nn.Module):
             if bi in stages:
                 scores = stage_scores(state.x, cls_attn, spec)
                 if uniform is not None and spec.static_shapes:
-                    state, trace = uniform_prune_stage(state, scores, uniform, p, spec.keep, steps)
+                    state, trace = uniform_prune_stage(state, scores, uniform, p, spec, steps)
                     uniform = width = p + uniform_keep(uniform, p, spec.keep)
                 elif self.capacity:
                     # counts known before the data (evit with fuse on a uniform state): the capacity is exact

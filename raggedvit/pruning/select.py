@@ -24,6 +24,7 @@ __all__ = [
     "pad_rows",
     "pad_scores",
     "padded_slots",
+    "select_policy",
     "select_rows_reference",
     "select_tokens",
 ]
@@ -99,11 +100,16 @@ def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: Prune
     Returns:
         Selection(keep [B, W] bool, rank [B, W] int64, k [B] int64).
     """
-    if spec.policy in COUNT_POLICIES:
-        return _select(S, n, num_prefix, SELECT_POLICIES["count"], spec.keep, spec.mass)
-    if spec.policy == "cls-mass":
-        return _select(S, n, num_prefix, SELECT_POLICIES["mass"], spec.keep, spec.mass)
-    raise ValueError(f"policy {spec.policy!r} has no selection stage")
+    return _select(S, n, num_prefix, select_policy(spec.policy), spec.keep, spec.mass)
+
+
+def select_policy(policy: str) -> int:
+    """The SELECT_POLICIES code of a pruning policy: "count" for topk-l2 / evit, "mass" for cls-mass."""
+    if policy in COUNT_POLICIES:
+        return SELECT_POLICIES["count"]
+    if policy == "cls-mass":
+        return SELECT_POLICIES["mass"]
+    raise ValueError(f"policy {policy!r} has no selection stage")
 
 
 def _select(S: torch.Tensor, n: torch.Tensor, num_prefix: int, policy: int, keep: float, mass: float) -> Selection:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from raggedvit.pruning.select import SELECT_POLICIES, SelectedRows, select_rows_reference
+from raggedvit.pruning.select import SELECT_POLICIES, SelectedRows, select_policy, select_rows_reference
 from raggedvit.pruning.spec import PruneSpec
 
 __all__ = ["select_rows", "select_rows_op"]
@@ -85,7 +85,7 @@ def select_rows(
     """
     if spec.fuse:
         raise ValueError("select_rows does not fuse dropped tokens (evit with fuse keeps the torch stage)")
-    policy = SELECT_POLICIES["mass" if spec.policy == "cls-mass" else "count"]
+    policy = select_policy(spec.policy)
     width, bound, num_prefix = int(width), int(bound), int(num_prefix)
     _check(scores, cu, width, bound, num_prefix, policy)
     out = select_rows_op(scores, cu, width, bound, num_prefix, policy, float(spec.keep), float(spec.mass))
