@@ -3,8 +3,9 @@ launch and the AOT build (which loads this file without torch or raggedvit, like
 
 Measured on the H200 (`benchmarks/results/linear_tune_2026-12-01_NVIDIA-H200.json`, deit_base's four block
 GEMMs): below ~1k rows 64-row tiles win, with 32-column tiles for narrow outputs (proj, fc2: N <= 1024); from
-thousands of rows 128 x 256 x 64 tiles on 8 warps with 4 stages are the best of every shape (12-17% faster than
-128 x 128 x 64, 3 stages), but they need ~192 KiB of shared memory: sm_90 only. Other archs keep 128 x 128 x 64
+thousands of rows 128 x 256 x 64 tiles on 8 warps with 4 stages are the best or within 3% of the best for every
+shape (3-17% faster than 128 x 128 x 64 with 3 stages: 9-17% at 25,216 rows), but they need ~192 KiB of shared
+memory: sm_90 only. Other archs keep 128 x 128 x 64
 ("large"; the AOT build skips "xlarge" there and the C++ launcher falls back to the next smaller config).
 """
 
