@@ -1,7 +1,9 @@
 """AOT jobs of the selection kernels (`raggedvit/kernels/_select_kernel.py`: `_select_count`, `_select_scatter`).
 
-One job per kernel x arch (fp32 scores, int64 cu: no dtype variants), BLOCK and num_warps of the kernel file (the
-JIT launch uses the same); compiled by `_aot.compile_job` like the other jobs.
+One job per kernel x arch x sort width (fp32 scores, int64 cu: no dtype variants): the kernel file's
+SELECT_SORT_WIDTHS (WP, num_warps) and SELECT_BLOCK, as the JIT launch uses them; compiled by `_aot.compile_job` like
+the other jobs. The C++ launcher runs the smallest WP >= the image width W, else the largest (W > WP: the kernels'
+pairwise path).
 
 This module must not import torch or raggedvit: it runs inside the package build.
 """
@@ -28,8 +30,9 @@ SELECT_KERNELS = tuple(_ARGS)  # launch order
 class SelectJob:
     kernel: str  # "count" | "scatter"
     arch: int
-    block: int
+    sort_width: int  # WP
     num_warps: int
+    block: int = 128  # BLOCK (pairwise tile)
     num_stages: int = 1
 
     @property
@@ -45,14 +48,19 @@ class SelectJob:
         return ()
 
     def signature(self) -> tuple[dict[str, str], dict[str, int]]:
-        """Scores *fp32, every other pointer *i64, ints i32; BLOCK constexpr."""
+        """Scores *fp32, every other pointer *i64, ints i32; BLOCK and WP constexpr."""
         sig = {n: "*fp32" if n == "Scores" else "*i64" if n in _POINTERS else "i32" for n in _ARGS[self.kernel]}
-        sig["BLOCK"] = "constexpr"
-        return sig, {"BLOCK": self.block}
+        sig["BLOCK"] = sig["WP"] = "constexpr"
+        return sig, {"BLOCK": self.block, "WP": self.sort_width}
 
 
 def make_select_plan(archs: tuple[int, ...] = ARCHS) -> list[SelectJob]:
-    """Both kernels for every arch, with the kernel file's BLOCK and num_warps."""
+    """Both kernels for every arch and sort width, with the kernel file's SELECT_SORT_WIDTHS and SELECT_BLOCK."""
     module = _load_module(SELECT_SOURCE, "_raggedvit_aot_select_kernel")
-    block, warps = int(module.SELECT_BLOCK), int(module.SELECT_NUM_WARPS)
-    return [SelectJob(kernel, arch, block, warps) for arch in archs for kernel in SELECT_KERNELS]
+    block = int(module.SELECT_BLOCK)
+    return [
+        SelectJob(kernel, arch, int(wp), int(warps), block)
+        for arch in archs
+        for wp, warps in module.SELECT_SORT_WIDTHS
+        for kernel in SELECT_KERNELS
+    ]

@@ -48,13 +48,13 @@ def linear_info(linear: Sequence[AotResult], skipped: Sequence[AotResult], rule:
 
 
 def select_info(select: Sequence[AotResult]) -> dict:
-    """The RaggedSelect part of the build info: archs, cubins, block and warps."""
+    """The RaggedSelect part of the build info: archs, cubins, sort widths (WP: num_warps) and the pairwise block."""
     return {
         "archs": sorted({r.job.arch for r in select}),
         "num_cubins": len(select),
         "cubin_bytes": sum(len(r.cubin) for r in select),
         "block": sorted({r.job.block for r in select}),
-        "num_warps": sorted({r.num_warps for r in select}),
+        "sort_widths": {str(wp): w for wp, w in sorted({(r.job.sort_width, r.num_warps) for r in select})},
     }
 
 
@@ -172,7 +172,7 @@ def write_cubin_source(
         j = r.job
         out.append(
             f'    {{{_SELECT_KERNEL[j.kernel]}, {j.arch}, "{r.function_name}", kCubin{index[id(r)]}, {len(r.cubin)}, '
-            f"{r.shared_bytes}, {r.num_warps}, {j.block}, {r.num_params}}},"
+            f"{r.shared_bytes}, {r.num_warps}, {j.sort_width}, {r.num_params}}},"
         )
     if not select:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
         out.append('    {SelectKernel::kCount, 0, "", nullptr, 0, 0, 0, 0, 0},')

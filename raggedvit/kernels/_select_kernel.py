@@ -1,10 +1,16 @@
 """Triton kernels of a pruning stage's index computation (`raggedvit::select_rows`, `com.raggedvit::RaggedSelect`),
 shared by the torch op (JIT) and the AOT build (DESIGN.md section 4, "Capacity layout").
 
-Inputs: Scores [T] fp32, CU [B+1] int64 (image b = rows [CU[b], CU[b+1]), n_b <= W). Two launches, grid (B,) each,
-no sort: the rank of patch slot j of an image is #{patch slots i ahead of j}, i ahead of j when key_i > key_j or
-(key_i == key_j and i < j), by O(W^2) pairwise comparisons in BLOCK x BLOCK tiles (key: the float's bits as an
-ordered int32, -0 = +0, so ties keep the lower position first and any NaN still gives a total order).
+Inputs: Scores [T] fp32, CU [B+1] int64 (image b = rows [CU[b], CU[b+1]), n_b <= W). Two launches, grid (B,) each.
+The rank of patch slot j of an image is #{patch slots i ahead of j}, i ahead of j when key_i > key_j or
+(key_i == key_j and i < j) (key: the float's bits as an ordered int32, -0 = +0, so ties keep the lower position
+first and any NaN still gives a total order). Two ways to the same ranks, picked at run time by W:
+
+- W <= WP (the constexpr sort width, a power of two): the image's slots are loaded once as one [WP] vector of
+  int64 `(key << 32) | (2^32 - 1 - j)` (non-patch slots: INT64_MIN, last) and sorted descending (tl.sort), so
+  the order is exactly "ahead"; the count policy keeps the patch slots at or above the k-th sorted value, the
+  mass policy reads the scores back from the sorted keys and sums them in sorted order.
+- W > WP: O(W^2) pairwise comparisons in BLOCK x BLOCK tiles (any W).
 
 1. `_select_count`: k of image b into K[b]: count policy ceil(f32(P_b) * keep); mass policy #{patch slots whose
    exclusive mass (sum of a_i = s_i / max(sum s, 1e-30) over the slots ahead) < mass}; then clamp(k, 1, P_b).
@@ -14,7 +20,8 @@ ordered int32, -0 = +0, so ties keep the lower position first and any NaN still 
    index; other slots: live + (b*W + j) - kept before it) and, when below B*bound, Src / SeqId / Pos there.
 
 CU is clamped (0 <= lo <= hi <= T, n_b <= W) so any CU value reads in bounds; every load and store is masked.
-The mass sums run in float32 in tile order (torch: a double cumsum): the count policy is exact, the mass policy
+The count policy is exact. Mass sums: the sorted path takes the inclusive sum in float64 in sorted order, rounds
+it to float32 and subtracts a (as the CPU op's cumsum does), the pairwise path sums in float32 in tile order; either
 may differ from the CPU op in the last bits of the sums (DESIGN.md section 4).
 """
 
@@ -23,10 +30,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["SELECT_BLOCK", "SELECT_NUM_WARPS", "_select_count", "_select_scatter"]
+__all__ = ["SELECT_BLOCK", "SELECT_SORT_WIDTHS", "_select_count", "_select_scatter", "select_launch_config"]
 
-SELECT_BLOCK = 128  # slots per tile of the pairwise rank (a BLOCK x BLOCK comparison tile); the JIT and AOT launch
-SELECT_NUM_WARPS = 8  # 128 x 128 tiles on 8 warps: a 197-token image in 2 x 2 tiles (64 x 64 on 4 warps: 4 x 4)
+SELECT_BLOCK = 128  # slots per tile of the pairwise rank (W > WP) and per chunk of the images' counts
+# (WP, num_warps) of the compiled variants, the JIT and AOT launch: the smallest WP >= W, else the last (pairwise).
+# Measured at W = 197 on the H200 (benchmarks/select_tune.py): the sorted path at (256, 4) takes 3.5 + 4.1 us
+# (mass count + scatter) against 20 + 21 us for the pairwise path at BLOCK 128 / 8 warps; WP 512 wants 8 warps.
+SELECT_SORT_WIDTHS = ((256, 4), (512, 8), (1024, 8), (2048, 16))
+
+_NONE = tl.constexpr(-(2**63))  # the sort key of a non-patch slot: after every patch slot
+
+
+def select_launch_config(width: int) -> tuple[int, int]:
+    """(WP, num_warps) of the launch for images of up to `width` rows (the rule the C++ launcher applies)."""
+    for wp, warps in SELECT_SORT_WIDTHS:
+        if width <= wp:
+            return wp, warps
+    return SELECT_SORT_WIDTHS[-1]
 
 
 @triton.jit
@@ -54,14 +74,33 @@ def _ahead(key_i, i, patch_i, key_j, j):
     return patch_i[:, None] & ((ki > kj) | ((ki == kj) & (i[:, None] < j[None, :])))
 
 
+@triton.jit
+def _sorted_keys(Scores, lo, num_prefix, n, WP: tl.constexpr):
+    """Slots j = 0..WP-1 of the image: (packed [WP] int64, j, patch mask), packed = key * 2^32 + (2^32 - 1 - j) at
+    patch slots (distinct; larger = ahead), _NONE elsewhere; and the packed values sorted descending."""
+    j = tl.arange(0, WP)
+    key, _, patch = _keys(Scores, lo, j, num_prefix, n)
+    packed = tl.where(patch, key.to(tl.int64) * 4294967296 + (4294967295 - j.to(tl.int64)), _NONE)
+    return packed, j, patch, tl.sort(packed, descending=True)
+
+
 @triton.jit(do_not_specialize=["T", "B", "W", "num_prefix", "policy", "keep_bits", "mass_bits"])
-def _select_count(Scores, CU, K, T, B, W, num_prefix, policy, keep_bits, mass_bits, BLOCK: tl.constexpr):
+def _select_count(
+    Scores, CU, K, T, B, W, num_prefix, policy, keep_bits, mass_bits, BLOCK: tl.constexpr, WP: tl.constexpr
+):  # fmt: skip
     b = tl.program_id(0)
     lo, n = _image(CU, b, T, W)
     patches = n - num_prefix
     offs = tl.arange(0, BLOCK)
     if policy == 0:
         k = tl.ceil(patches.to(tl.float32) * keep_bits.to(tl.float32, bitcast=True)).to(tl.int64)
+    elif W <= WP:
+        _, _, _, srt = _sorted_keys(Scores, lo, num_prefix, n, WP)
+        key = (srt >> 32).to(tl.int32)  # the scores back from their ordered keys, in rank order
+        s = tl.where(srt != _NONE, tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True), 0.0)
+        a = s / tl.maximum(tl.sum(s, axis=0), 1e-30)
+        excl = tl.cumsum(a.to(tl.float64), axis=0).to(tl.float32) - a
+        k = tl.sum(((srt != _NONE) & (excl < mass_bits.to(tl.float32, bitcast=True))).to(tl.int64), axis=0)
     else:
         total = tl.zeros([BLOCK], dtype=tl.float32)
         for c in range(0, tl.cdiv(n, BLOCK)):
@@ -95,9 +134,25 @@ def _kept_count(CU, K, b, T, W, num_prefix, mask):
     return tl.where(mask, tl.minimum(n, num_prefix) + tl.maximum(k, 0), 0)
 
 
+@triton.jit
+def _scatter_chunk(Src, SeqId, Pos, j, keep, b, lo, n, W, rows, before, carry, live):
+    """Stores of image b's slots j (a chunk, in order) with their keep mask; carry = kept slots of the rows ahead
+    of the chunk (earlier images' and this image's). Returns the chunk's kept count."""
+    kept = keep.to(tl.int64)
+    incl = tl.cumsum(kept, axis=0) + carry  # kept slots up to and including j, from row 0
+    excl = incl - kept
+    slot = b.to(tl.int64) * W + j
+    dest = tl.where(keep, excl, live + slot - excl)
+    ok = (j < W) & (dest < rows)
+    tl.store(Src + dest, tl.where(j < n, lo + j, 0), mask=ok)
+    tl.store(SeqId + dest, b.to(tl.int64) + j * 0, mask=ok)
+    tl.store(Pos + dest, tl.maximum(incl - before - 1, 0), mask=ok)
+    return tl.sum(kept, axis=0)
+
+
 @triton.jit(do_not_specialize=["T", "B", "W", "bound", "num_prefix"])
 def _select_scatter(
-    Scores, CU, K, Src, CuNew, SeqId, Pos, T, B, W, bound, num_prefix, BLOCK: tl.constexpr
+    Scores, CU, K, Src, CuNew, SeqId, Pos, T, B, W, bound, num_prefix, BLOCK: tl.constexpr, WP: tl.constexpr
 ):  # fmt: skip
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
@@ -117,23 +172,22 @@ def _select_scatter(
     if b == 0:
         tl.store(CuNew, before * 0)
     rows = (b * 0 + B).to(tl.int64) * bound
-    carry = before  # kept slots of earlier images and of this image before the chunk
-    for cj in range(0, tl.cdiv(W, BLOCK)):
-        j = cj * BLOCK + offs
-        key_j, _, patch_j = _keys(Scores, lo, j, num_prefix, n)
-        rank = tl.zeros([BLOCK], dtype=tl.int32)
-        for ci in range(0, tl.cdiv(n, BLOCK)):
-            i = ci * BLOCK + offs
-            key_i, _, patch_i = _keys(Scores, lo, i, num_prefix, n)
-            rank += tl.sum(_ahead(key_i, i, patch_i, key_j, j).to(tl.int32), axis=0)
-        keep = (j < n) & ((j < num_prefix) | (patch_j & (rank.to(tl.int64) < k)))
-        kept = keep.to(tl.int64)
-        incl = tl.cumsum(kept, axis=0) + carry  # kept slots up to and including j, from row 0
-        excl = incl - kept
-        slot = b.to(tl.int64) * W + j
-        dest = tl.where(keep, excl, live + slot - excl)
-        ok = (j < W) & (dest < rows)
-        tl.store(Src + dest, tl.where(j < n, lo + j, 0), mask=ok)
-        tl.store(SeqId + dest, b.to(tl.int64) + j * 0, mask=ok)
-        tl.store(Pos + dest, tl.maximum(incl - before - 1, 0), mask=ok)
-        carry += tl.sum(kept, axis=0)
+    if W <= WP:
+        packed, j, patch_j, srt = _sorted_keys(Scores, lo, num_prefix, n, WP)
+        patches = n - num_prefix
+        kth = tl.sum(tl.where(j.to(tl.int64) == k - 1, srt, 0), axis=0)  # the k-th best patch slot (1 <= k < P)
+        best = patch_j & ((k >= patches) | ((k > 0) & (packed >= kth)))  # rank < k
+        _scatter_chunk(Src, SeqId, Pos, j, (j < n) & ((j < num_prefix) | best), b, lo, n, W, rows, before, before,
+                       live)  # fmt: skip
+    else:
+        carry = before  # kept slots of earlier images and of this image before the chunk
+        for cj in range(0, tl.cdiv(W, BLOCK)):
+            j = cj * BLOCK + offs
+            key_j, _, patch_j = _keys(Scores, lo, j, num_prefix, n)
+            rank = tl.zeros([BLOCK], dtype=tl.int32)
+            for ci in range(0, tl.cdiv(n, BLOCK)):
+                i = ci * BLOCK + offs
+                key_i, _, patch_i = _keys(Scores, lo, i, num_prefix, n)
+                rank += tl.sum(_ahead(key_i, i, patch_i, key_j, j).to(tl.int32), axis=0)
+            keep = (j < n) & ((j < num_prefix) | (patch_j & (rank.to(tl.int64) < k)))
+            carry += _scatter_chunk(Src, SeqId, Pos, j, keep, b, lo, n, W, rows, before, carry, live)

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import torch
 
-from raggedvit.kernels._select_kernel import SELECT_BLOCK, SELECT_NUM_WARPS
+from raggedvit.kernels._select_kernel import SELECT_BLOCK, select_launch_config
 
 __all__ = ["float_bits", "launch_select"]
 
@@ -38,9 +38,12 @@ def launch_select(
     mass: float,
     *,
     kernels: ModuleType | None = None,
+    config: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """scores [T] float32, cu [B+1] int64 (B >= 1) -> (src, cu_new, seq_id, pos [B*bound] / [B+1], k [B]) int64,
-    the rows of `select.select_rows_reference` (mass policy: up to the float order of its sums)."""
+    the rows of `select.select_rows_reference` (mass policy: up to the float order of its sums).
+    config: (WP, num_warps) instead of select_launch_config(width) (tests: a WP below the width runs the pairwise
+    path)."""
     T = scores.shape[0]
     B = cu.shape[0] - 1
     dev = scores.device
@@ -50,12 +53,13 @@ def launch_select(
     cu_new = torch.empty(B + 1, dtype=torch.int64, device=dev)
     k = torch.empty(B, dtype=torch.int64, device=dev)
     mod = _default_kernels() if kernels is None else kernels
-    block, warps = SELECT_BLOCK, SELECT_NUM_WARPS
+    wp, warps = select_launch_config(width) if config is None else config
     mod._select_count[(B,)](
-        scores, cu, k, T, B, width, num_prefix, policy, float_bits(keep), float_bits(mass), BLOCK=block,
-        num_warps=warps,
+        scores, cu, k, T, B, width, num_prefix, policy, float_bits(keep), float_bits(mass), BLOCK=SELECT_BLOCK,
+        WP=wp, num_warps=warps,
     )  # fmt: skip
     mod._select_scatter[(B,)](
-        scores, cu, k, src, cu_new, seq_id, pos, T, B, width, bound, num_prefix, BLOCK=block, num_warps=warps
-    )
+        scores, cu, k, src, cu_new, seq_id, pos, T, B, width, bound, num_prefix, BLOCK=SELECT_BLOCK, WP=wp,
+        num_warps=warps,
+    )  # fmt: skip
     return src, cu_new, seq_id, pos, k

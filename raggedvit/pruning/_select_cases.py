@@ -38,6 +38,7 @@ SELECT_CASES = [
     SelectCase("b8-count-p0", 8, 33, 0, 0, 0, 0.3, 0.9),
     SelectCase("b3-mass-wide", 3, 197, 0, 1, 1, 0.5, 0.9),
     SelectCase("b1-mass-all", 1, 65, 0, 4, 1, 0.5, 1.0),
+    SelectCase("b2-mass-w300", 2, 300, 0, 1, 1, 0.5, 0.9, dead=5),  # the kernels' sort width 512
 ]
 
 

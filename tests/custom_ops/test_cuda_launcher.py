@@ -288,8 +288,8 @@ def test_select_launch_parameters(harness, tmp_path):
     res, log = run(harness, tmp_path, [select(), select(T=7, B=5, policy=1, keep=0.25, mass=0.75)])
     assert res == ["OK", "OK"]
     count, scatter, count2, scatter2 = launches(log)
-    assert count["name"] == "_select_count" and count["image"] == "select/kCount/sm90"
-    assert scatter["name"] == "_select_scatter" and scatter["image"] == "select/kScatter/sm90"
+    assert count["name"] == "_select_count" and count["image"] == "select/kCount/sm90/w256"
+    assert scatter["name"] == "_select_scatter" and scatter["image"] == "select/kScatter/sm90/w256"
     # grid (B,), 32 * the table's num_warps threads, the table's shared bytes
     assert count["grid"] == scatter["grid"] == "2,1,1" and count2["grid"] == scatter2["grid"] == "5,1,1"
     assert count["block"] == scatter["block"] == "256,1,1"
@@ -313,9 +313,24 @@ def test_select_largest_int32_sizes_are_passed_through(harness, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("width", "image", "block"),
+    [(1, "w256", "256,1,1"), (256, "w256", "256,1,1"), (257, "w512", "64,1,1"), (512, "w512", "64,1,1"),
+     (513, "w1024", "512,1,1"), (1024, "w1024", "512,1,1"), (5000, "w1024", "512,1,1")],
+)  # fmt: skip
+def test_select_cubin_choice_by_width(harness, tmp_path, width, image, block):
+    # the smallest sort width >= the image width, else the widest (its pairwise path), on every launch
+    res, log = run(harness, tmp_path, [select(width=width, bound=1)] * 2)
+    assert res == ["OK", "OK"]
+    for launch in launches(log):
+        assert launch["image"].endswith(f"/sm90/{image}") and launch["block"] == block
+    assert len([x for x in log if x.startswith("load")]) == 2  # a module per image and context, loaded once
+
+
+@pytest.mark.parametrize(
     ("arch", "image", "block"),
-    [(90, "sm90", "256,1,1"), (80, "sm80", "128,1,1"), (86, "sm80", "128,1,1"), (89, "sm80", "128,1,1")],
-)
+    [(90, "sm90/w256", "256,1,1"), (80, "sm80/w256", "128,1,1"), (86, "sm80/w256", "128,1,1"),
+     (89, "sm80/w256", "128,1,1")],
+)  # fmt: skip
 def test_select_cubin_choice_by_compute_capability(harness, tmp_path, arch, image, block):
     res, log = run(harness, tmp_path, [select()], FAKE_CUDA_ARCH=str(arch))
     assert res == ["OK"]

@@ -91,11 +91,14 @@ def test_library_info_linear(ort_library):
 
 
 def test_library_info_select(ort_library):
-    """RaggedSelect cubins: _select_count and _select_scatter for every arch."""
+    """RaggedSelect cubins: _select_count and _select_scatter for every arch and sort width."""
+    from raggedvit.kernels._select_kernel import SELECT_BLOCK, SELECT_SORT_WIDTHS
+
     select = library_info()["build"]["select"]
     assert select["archs"] == [80, 86, 89, 90]
-    assert select["num_cubins"] == 2 * 4 and select["cubin_bytes"] > 0
-    assert select["block"] == [128] and select["num_warps"] == [8]
+    assert select["num_cubins"] == 2 * 4 * len(SELECT_SORT_WIDTHS) and select["cubin_bytes"] > 0
+    assert select["block"] == [SELECT_BLOCK]
+    assert select["sort_widths"] == {str(wp): warps for wp, warps in SELECT_SORT_WIDTHS}
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):

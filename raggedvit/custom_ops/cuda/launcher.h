@@ -89,7 +89,7 @@ struct SelectImage {
   size_t cubin_size;
   int shared_bytes;
   int num_warps;
-  int block;       // slots per tile (BLOCK)
+  int sort_width;  // WP: images of width W <= WP take the sorted path (the smallest such image runs)
   int num_params;  // kernel params including Triton's trailing scratch pointers
 };
 

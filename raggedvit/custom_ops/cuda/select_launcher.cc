@@ -1,5 +1,6 @@
 // Launcher of the AOT-compiled selection kernels (raggedvit/kernels/_select_kernel.py): for the device's arch the
-// image of each kernel (same major, highest minor <= the device's), then the context / module cache /
+// image of each kernel (same major, highest minor <= the device's; of those, the smallest sort width >= the image
+// width, else the largest: the rule of _select_kernel.select_launch_config), then the context / module cache /
 // cuLaunchKernel path shared with the other launchers (launch_context.h). Two launches of grid (B,).
 #include <cstdint>
 #include <cstring>
@@ -15,12 +16,25 @@ namespace {
 // the kernels take T, B, W, bound, num_prefix as int32; slot indices j < W + BLOCK and the chunk loops stay int32
 constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1024;
 
-long PickSelectImage(SelectKernel kernel, int arch) {
+// true when image a fits width better than image b (both of one arch): a covers width and b does not, or both
+// cover it and a is narrower, or neither does and a is wider
+bool FitsBetter(const SelectImage& a, const SelectImage& b, int64_t width) {
+  const bool ca = a.sort_width >= width, cb = b.sort_width >= width;
+  if (ca != cb) return ca;
+  return ca ? a.sort_width < b.sort_width : a.sort_width > b.sort_width;
+}
+
+long PickSelectImage(SelectKernel kernel, int arch, int64_t width) {
   long best = -1;
   for (size_t i = 0; i < kNumSelectImages; ++i) {
     const SelectImage& im = kSelectImages[i];
     if (im.kernel != kernel || im.arch / 10 != arch / 10 || im.arch > arch) continue;
-    if (best < 0 || im.arch > kSelectImages[best].arch) best = static_cast<long>(i);
+    if (best < 0) {
+      best = static_cast<long>(i);
+      continue;
+    }
+    const SelectImage& cur = kSelectImages[best];
+    if (im.arch > cur.arch || (im.arch == cur.arch && FitsBetter(im, cur, width))) best = static_cast<long>(i);
   }
   return best;
 }
@@ -66,7 +80,7 @@ std::string LaunchRaggedSelect(const SelectLaunch& s) {
   LaunchScope scope;
   err = EnterContext(s.stream, s.device_ordinal, scope, [&](int arch, const LoadFn& load) -> std::string {
     for (int i = 0; i < 2; ++i) {
-      index[i] = PickSelectImage(static_cast<SelectKernel>(i), arch);
+      index[i] = PickSelectImage(static_cast<SelectKernel>(i), arch, s.width);
       if (index[i] < 0) {
         return std::string("no RaggedSelect cubin for sm_") + std::to_string(arch) +
                " in this library (rebuild with build.py --archs)";

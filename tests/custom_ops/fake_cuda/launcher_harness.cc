@@ -62,22 +62,27 @@ const int64_t kLinearLargeT = 1024;
 const int64_t kLinearNarrowN = 1024;
 
 namespace {
-#define SEL(kernel, arch, name, shared, warps, np)                                                        \
-  {SelectKernel::kernel, arch, name, reinterpret_cast<const unsigned char*>("select/" #kernel "/sm" #arch), 8, \
-   shared, warps, 128, np}
+#define SEL(kernel, arch, wp, name, shared, warps, np)                                                           \
+  {SelectKernel::kernel, arch, name, reinterpret_cast<const unsigned char*>("select/" #kernel "/sm" #arch "/w" #wp), \
+   8, shared, warps, wp, np}
 }  // namespace
 
-// sm_90 and sm_80 with different num_warps (the launch must take the table's); sm_75 and sm_100 carry wrong
-// parameter counts (so sm_70 has no image: same major, but only a higher minor)
+// sm_90: sort widths 1024 (listed first), 256 and 512 with different num_warps (the launch must take the picked
+// image's); sm_80 one width; sm_75 and sm_100 carry wrong parameter counts (so sm_70 has no image: same major,
+// but only a higher minor)
 const SelectImage kSelectImages[] = {
-    SEL(kCount, 90, "_select_count", 0, 8, 12),
-    SEL(kScatter, 90, "_select_scatter", 1024, 8, 14),
-    SEL(kCount, 80, "_select_count", 0, 4, 12),
-    SEL(kScatter, 80, "_select_scatter", 512, 4, 14),
-    SEL(kCount, 75, "_select_count", 0, 8, 11),  // wrong param count on the first kernel
-    SEL(kScatter, 75, "_select_scatter", 0, 8, 14),
-    SEL(kCount, 100, "_select_count", 0, 8, 12),
-    SEL(kScatter, 100, "_select_scatter", 0, 8, 13),  // wrong param count on the second kernel
+    SEL(kCount, 90, 1024, "_select_count", 0, 16, 12),
+    SEL(kScatter, 90, 1024, "_select_scatter", 2048, 16, 14),
+    SEL(kCount, 90, 256, "_select_count", 0, 8, 12),
+    SEL(kScatter, 90, 256, "_select_scatter", 1024, 8, 14),
+    SEL(kCount, 90, 512, "_select_count", 0, 2, 12),
+    SEL(kScatter, 90, 512, "_select_scatter", 512, 2, 14),
+    SEL(kCount, 80, 256, "_select_count", 0, 4, 12),
+    SEL(kScatter, 80, 256, "_select_scatter", 512, 4, 14),
+    SEL(kCount, 75, 256, "_select_count", 0, 8, 11),  // wrong param count on the first kernel
+    SEL(kScatter, 75, 256, "_select_scatter", 0, 8, 14),
+    SEL(kCount, 100, 256, "_select_count", 0, 8, 12),
+    SEL(kScatter, 100, 256, "_select_scatter", 0, 8, 13),  // wrong param count on the second kernel
 };
 const size_t kNumSelectImages = sizeof(kSelectImages) / sizeof(kSelectImages[0]);
 const char* const kBuildInfoJson = "{}";
