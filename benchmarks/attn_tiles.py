@@ -104,8 +104,9 @@ def _attn_per_seq(
         live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T)
         rows = live + (pid - carry) * BLOCK_M + offs_m
         ok = (rows < T) & (pid >= carry)
-        tl.store(Out + rows.to(tl.int64)[:, None] * (H * D) + head_off + offs_d[None, :],
-                 tl.zeros([BLOCK_M, BLOCK_D], dtype=Out.dtype.element_ty), mask=ok[:, None] & d_ok[None, :])  # fmt: skip
+        zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=Out.dtype.element_ty)
+        tl.store(Out + rows.to(tl.int64)[:, None] * (H * D) + head_off + offs_d[None, :], zeros,
+                 mask=ok[:, None] & d_ok[None, :])  # fmt: skip
 
 
 def _lengths(B: int, kind: str, gen: torch.Generator) -> list[int]:

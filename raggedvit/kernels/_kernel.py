@@ -1,9 +1,11 @@
 """Triton kernels of ragged attention (DESIGN.md section 2), shared by the torch op and the AOT build.
 
 Layout: QKV [T, 3*H*D] (q | k | v, head-major), Out [T, H*D], Lse [H, T] fp32, ClsAttn [T] fp32,
-CU [B+1] int32/int64. A query tile owns BLOCK_M consecutive packed rows and may straddle sequences;
-every row finds its sequence by a binary search of CU and attends only to that sequence's keys.
-CU is clamped to [0, T] in-kernel and every load is masked, so a bad CU never reads out of bounds.
+CU [B+1] int32/int64. A query tile of the forward kernel holds up to BLOCK_M rows of one sequence (the
+sequence's rows in BLOCK_M chunks, sequence after sequence, then the dead rows past cu[B]): its key loop runs
+that sequence's keys only. CU is read as f(0) = 0, f(b) = CU[b] clamped to [0, T], made non-decreasing by a
+running max, so every row of [0, T) is in exactly one tile whatever CU holds (a valid CU is unchanged: cu[0] = 0,
+non-decreasing, cu[B] <= T), and every load is masked, so a bad CU never reads out of bounds.
 
 Relative position bias (HAS_POS, a constexpr: the kernels without it are unchanged): PosTable [H, R] fp32 and
 TokPos [T] (CU's type) = each row's original token index; the bias of a (query, key) pair is
@@ -88,33 +90,41 @@ def _pos_split(TokPos, idx, ok, grid_h, grid_w, num_prefix):
     return patch.to(tl.int32), y, rel - y * grid_w
 
 
-@triton.jit
-def _seq_bounds_bsearch(CU, rows, T, B):
-    """rows [R] int32 -> (start, end) [R] int32 of each row's sequence, both clamped to [0, T].
+_CU_CHUNK = tl.constexpr(256)  # cu entries per step of the forward kernel's tile search
 
-    Binary lifting for the largest b in [0, B] with cu[b] <= row (cu[0] is taken as 0), then b is
-    clamped to B - 1. Used by the forward kernel: it measured faster than the vectorised `_seq_bounds` below,
-    whose extra [rows, chunk] compares cost more than the log2(B) dependent loads they remove (DESIGN.md
-    section 2, "Kernel choices").
+
+@triton.jit
+def _seq_tile(CU, pid, T, B, BLOCK_M: tl.constexpr):
+    """Tile `pid` of the forward kernel's list -> (first row, row limit, key start, key end), all in [0, T].
+
+    Sequence b spans [f'(b), f'(b+1)) with f' the running max of f (f(0) = 0, f(b) = CU[b] clamped to [0, T]);
+    its tiles are its rows in BLOCK_M chunks, listed sequence by sequence, then the dead rows [f'(B), T) in chunks
+    (keys: none). A pid past the list gives rows >= T. CU is scanned _CU_CHUNK entries at a time (any B).
     """
-    b = rows * 0
-    step = 1
-    while step * 2 <= B:
-        step = step * 2
-    while step > 0:
-        cand = b + step
-        ok = cand <= B
-        v = tl.load(CU + cand, mask=ok, other=0)
-        v = tl.minimum(tl.maximum(v, 0), T).to(tl.int32)
-        b = tl.where(ok & (v <= rows), cand, b)
-        step = step // 2
-    b = tl.minimum(b, tl.maximum(B - 1, 0))
-    has_seq = b < B
-    start = tl.load(CU + b, mask=has_seq, other=0)
-    end = tl.load(CU + b + 1, mask=has_seq, other=0)
-    start = tl.minimum(tl.maximum(start, 0), T).to(tl.int32)
-    end = tl.minimum(tl.maximum(end, 0), T).to(tl.int32)
-    return start, end
+    offs = tl.arange(0, _CU_CHUNK)
+    tiles_before = pid * 0  # tiles of the chunks already scanned
+    top = pid * 0  # f' at the end of the chunks already scanned
+    first = pid * 0 - 1  # list index of the hit sequence's first tile (-1: no hit)
+    lo_hit = pid * 0
+    hi_hit = pid * 0
+    for c0 in range(0, B, _CU_CHUNK):
+        bb = c0 + offs
+        ok = bb < B
+        f_lo = tl.minimum(tl.maximum(tl.load(CU + bb, mask=ok & (bb > 0), other=0), 0), T).to(tl.int32)
+        f_hi = tl.minimum(tl.maximum(tl.load(CU + bb + 1, mask=ok, other=0), 0), T).to(tl.int32)
+        lo = tl.maximum(tl.associative_scan(f_lo, 0, _max_combine), top)  # f'(b) (the interpreter scans only with this)
+        hi = tl.maximum(lo, f_hi)  # f'(b + 1)
+        tiles = tl.where(ok, (hi - lo + BLOCK_M - 1) // BLOCK_M, 0)
+        incl = tl.associative_scan(tiles, 0, _add_fn) + tiles_before
+        hit = ok & (incl - tiles <= pid) & (pid < incl)
+        first = tl.maximum(first, tl.reduce(tl.where(hit, incl - tiles, -1), 0, _max_fn))
+        lo_hit = tl.maximum(lo_hit, tl.reduce(tl.where(hit, lo, 0), 0, _max_fn))
+        hi_hit = tl.maximum(hi_hit, tl.reduce(tl.where(hit, hi, 0), 0, _max_fn))
+        tiles_before += tl.reduce(tiles, 0, _add_fn)
+        top = tl.maximum(top, tl.reduce(tl.where(ok, hi, 0), 0, _max_fn))
+    live = first >= 0
+    row0 = tl.where(live, lo_hit + (pid - first) * BLOCK_M, top + (pid - tiles_before) * BLOCK_M)
+    return row0, tl.where(live, hi_hit, T), tl.where(live, lo_hit, 0), tl.where(live, hi_hit, 0)
 
 
 @triton.jit
@@ -178,7 +188,8 @@ def _ragged_attn_fwd(
     BLOCK_D: tl.constexpr,
     HAS_POS: tl.constexpr,
 ):
-    """grid = (cdiv(T, BLOCK_M), H). Out[rows, h] = softmax(q k^T * scale + pos) v within each row's sequence.
+    """grid = (T // BLOCK_M + B + 2, H) (room for every tile of `_seq_tile`'s list). Out[rows, h] =
+    softmax(q k^T * scale + pos) v within each row's sequence; dead rows (past cu[B]): 0, Lse -inf.
 
     has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias): q + bq in QKV's dtype, the k bias
     cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias.
@@ -186,16 +197,9 @@ def _ragged_attn_fwd(
     otherwise); Lse includes it."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < T
-    row_start, row_end = _seq_bounds_bsearch(CU, rows, T, B)
-    # dead rows (row >= cu[B], the capacity layout's tail) fall past their clamped sequence's end: no keys, so
-    # their output is zero, and a tile of dead rows runs no key loop
-    live = row_ok & (rows < row_end)
-    row_start = tl.where(live, row_start, row_end)
-    # keys any live row of the tile may need
-    lo = tl.reduce(tl.where(live, row_start, T), 0, _min_fn)
-    hi = tl.reduce(tl.where(live, row_end, 0), 0, _max_fn)
+    row0, row_lim, lo, hi = _seq_tile(CU, pid_m, T, B, BLOCK_M)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_lim  # row_lim <= T; a tile of dead rows has no keys (lo = hi = 0): its output is zero
 
     qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
     offs_d = tl.arange(0, BLOCK_D)
@@ -240,8 +244,7 @@ def _ragged_attn_fwd(
             both = (q_patch[:, None] & k_patch[None, :]) != 0
             idx = tl.where(both, q_base[:, None] - (yk * w2 + xk)[None, :], q_cls[:, None] - 2 * k_patch[None, :])
             s += tl.load(pos_row + idx) * 1.4426950408889634  # bias in log2 units; idx in [0, R) always
-        in_seq = (cols[None, :] >= row_start[:, None]) & (cols[None, :] < row_end[:, None])
-        s = tl.where(in_seq, s, float("-inf"))
+        s = tl.where((cols < hi)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid inf - inf
         p = tl.math.exp2(s - m_use[:, None])

@@ -150,7 +150,7 @@ def _launch_triton(
     cfg = pick_config(T, D, qkv.dtype) if config is None else config
     bits = scale_bits(scale)
     pos_ints = (int(grid[0]), int(grid[1]), int(num_prefix))  # grid_h, grid_w, num_prefix
-    grid_m = -(-T // cfg.block_m)
+    grid_m = T // cfg.block_m + B + 2  # room for every tile of _kernel._seq_tile's list
     fwd_args = (
         qkv,
         bias,

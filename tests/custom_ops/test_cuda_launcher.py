@@ -98,7 +98,8 @@ def test_launch_parameters_match_the_kernel_signatures(harness, tmp_path):
     fwd, cls = launches(log)
     bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
     assert fwd["name"] == "_ragged_attn_fwd" and fwd["image"].endswith("/sm90/min0")
-    assert fwd["grid"] == "4,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"  # cdiv(100, 32), H
+    # the tile list of one-sequence tiles: T // 32 + B + 2 programs, H
+    assert fwd["grid"] == "8,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"
     # QKV, Bias (no bias: QKV's pointer, never read), CU, Out, Lse, PosTable, TokPos (no pos: QKV's and CU's
     # pointers, never read), T, B, H, D, scale_bits, store_lse, has_bias, grid_h, grid_w, num_prefix,
     # global_scratch, profile_scratch
@@ -127,7 +128,7 @@ def test_config_follows_T_and_large_shared_memory_is_opted_in_once(harness, tmp_
     assert res == ["OK"] * 3
     images = [x["image"] for x in launches(log)]
     assert images == [f"kForward/kFloat16/kInt32/d64/posfalse/sm90/min{m}" for m in ("0", "2048", "2048")]
-    assert launches(log)[1]["grid"] == "32,12,1"  # cdiv(2048, 64)
+    assert launches(log)[1]["grid"] == "37,12,1"  # 2048 // 64 + B + 2
     assert [x for x in log if x.startswith("setattr")] == [
         "setattr kForward/kFloat16/kInt32/d64/posfalse/sm90/min2048 attr=8 value=60000"
     ]
@@ -176,6 +177,7 @@ def test_empty_grid_launches_nothing(harness, tmp_path):
         ({"D": 256}, {}, "ERR head dim D = 256 is not supported"),
         ({"misalign": 8}, {}, "ERR device buffer 'qkv' is not 16-byte aligned"),
         ({"T": 3_000_000, "H": 12, "D": 64}, {}, "exceed the int32 indexing"),
+        ({"B": 2**31 - 3}, {}, "ERR T = 100, B = 2147483645: T / 32 + B + 2 query tiles exceed the CUDA grid limit"),
         ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 14 parameters, launcher passes 19"),
         (
             {"pos": (1, 14, 14, 1)},

@@ -9,7 +9,6 @@ import sys
 
 import torch
 
-
 PATHS = {"sorted": None, "pairwise": (8, 4)}  # launch_select's config: the default, or WP 8 (< every case's width)
 
 

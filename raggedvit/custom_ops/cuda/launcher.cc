@@ -359,7 +359,13 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
     return std::string(f.function_name) + ": cubin expects " + std::to_string(f.num_params) +
            " parameters, launcher passes " + std::to_string(kFwdParams);
   }
-  const unsigned fwd_grid = static_cast<unsigned>((a.T + f.block_m - 1) / f.block_m);
+  // the forward kernel's tile list (_kernel._seq_tile): at most T / BLOCK_M + B + 2 tiles, B < 2^31 (checked)
+  const int64_t fwd_tiles = a.T / f.block_m + a.B + 2;
+  if (f.block_m < 1 || fwd_tiles > (int64_t{1} << 31) - 1) {
+    return "T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ": T / " + std::to_string(f.block_m) +
+           " + B + 2 query tiles exceed the CUDA grid limit 2^31 - 1";
+  }
+  const unsigned fwd_grid = static_cast<unsigned>(fwd_tiles);
   err = Launch(fwd, fwd_grid, static_cast<unsigned>(a.H), f.num_warps, f.shared_bytes, a.stream, fwd_args,
                "_ragged_attn_fwd");
   if (!err.empty()) return err;
