@@ -18,6 +18,9 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    epilogue for ONNX Runtime's SkipLayerNorm kernel, which is 2.3x faster than its LayerNormalization kernel on
    the H200 (benchmarks/results/serving_*: 38 against 87 us over [25216, 768] fp16).
 4. (MatMul + Add left over, before a stage or the head, is fused by ONNX Runtime itself into a Gemm.)
+0. `fold_weight_layout` (a pass, first): Reshape / Transpose of initializers (the patch embedding's
+   proj.weight.reshape(C, -1).T, which torch.onnx writes as nodes that ran every forward: a kernel and a copy of the
+   weight per call) become one initializer.
 5. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
    Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).
 """
@@ -297,8 +300,45 @@ def drop_unused_outputs(model: ir.Model, op_type: str = "RaggedAttention") -> in
     return done
 
 
+def fold_weight_layout(model: ir.Model) -> int:
+    """Reshape(W, shape) and Transpose(W) of constant W (and constant shape), in graph order so chains fold, ->
+    one new initializer each. Returns the number of nodes folded."""
+    graph = model.graph
+    done = 0
+    for node in list(graph):
+        if node.op_type not in ("Reshape", "Transpose") or node.domain not in ("", "ai.onnx"):
+            continue
+        ins = [v for v in node.inputs if v is not None]
+        if not ins or any(v.const_value is None for v in ins) or len(node.outputs) != 1:
+            continue
+        x = ins[0].const_value.numpy()
+        if node.op_type == "Reshape":
+            if len(ins) != 2:
+                continue
+            shape = [int(d) for d in ins[1].const_value.numpy().reshape(-1)]
+            if not node.attributes.get_int("allowzero", 0):
+                shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]  # 0: copy the input's dim
+            y = x.reshape(shape)
+        else:
+            perm = node.attributes.get_ints("perm", None)
+            y = np.transpose(x, None if perm is None else [int(a) for a in perm])
+        old = node.outputs[0]
+        name = f"{ins[0].name}_{node.op_type.lower()}"  # e.g. model.vit.patch_embed.proj.weight_reshape_transpose
+        new = ir.Value(name=name, const_value=ir.tensor(np.ascontiguousarray(y)))
+        new.shape, new.type = new.const_value.shape, ir.TensorType(new.const_value.dtype)
+        graph.register_initializer(new)
+        old.replace_all_uses_with(new)
+        if old in graph.outputs:
+            graph.outputs[graph.outputs.index(old)] = new
+        graph.remove(node, safe=True)
+        done += 1
+    return done
+
+
 def fuse_for_ort(model: ir.Model) -> ir.Model:
-    """gemm_to_matmul, drop_unused_outputs, then RULES in order, then drop dead nodes and initializers."""
+    """fold_weight_layout, gemm_to_matmul, drop_unused_outputs, then RULES in order, then drop dead nodes and
+    initializers."""
+    fold_weight_layout(model)
     gemm_to_matmul(model)
     drop_unused_outputs(model)
     for rules in RULES:

@@ -210,7 +210,9 @@ def _selected_stage(
     )
     n = state.cu[1:] - state.cu[:-1]
     S = pad_scores(scores, state.cu, n, width, num_prefix)
-    return new, StageTrace(S, n, sel.k, sel.cu[1:] - sel.cu[:-1])
+    # kept = min(n_b, p) + k_b = p + k_b (every image keeps its p prefix rows from the embedding on, so n_b >= p):
+    # the differences of sel.cu, without the two Slices and a Sub per stage in the export (3 kernels at batch 1)
+    return new, StageTrace(S, n, sel.k, sel.k + num_prefix)
 
 
 def uniform_prune_stage(
