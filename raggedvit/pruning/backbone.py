@@ -114,10 +114,6 @@ class Backbone:
             return list(self.blocks)
         return [m for blk in self.blocks for m in (blk.attn, blk.mlp)]
 
-    def half_parameters(self, recipe: str) -> list[nn.Parameter]:
-        """Parameters of the model itself (not of a submodule in half_modules) that the recipe runs in float16."""
-        return []
-
 
 _REGISTRY: dict[str, type[Backbone]] = {}
 

@@ -7,9 +7,7 @@ runs every recipe; the exporter traces the recipe's copy of the model and the ca
 - ``fp16``: the block GEMMs, attention and MLP (and q/k norms) in float16; the residual stream, its LayerNorms
   and LayerScales, the patch embedding, the pruning scores and the head in float32.
 - ``fp16-all``: whole blocks in float16 (residual stream and its LayerNorms too: no Cast inside a block); the
-  scores and the head stay float32. The embedding: float16 where the family says so (timm VisionTransformer:
-  patch embedding, class / register / distillation tokens, position embedding and norm_pre, so the images are
-  cast once and the patch GEMM runs on float16 tensor cores), else float32 and cast once into the stream.
+  embedding (cast once into the stream), the scores and the head stay float32.
 """
 
 from __future__ import annotations
@@ -32,9 +30,6 @@ def apply_dtype(vit: nn.Module, dtype: str) -> nn.Module:
     from raggedvit.pruning.backbone import backbone_for
 
     out = copy.deepcopy(vit).float()
-    backbone = backbone_for(out)
-    for module in backbone.half_modules(dtype):
+    for module in backbone_for(out).half_modules(dtype):
         module.half()
-    for param in backbone.half_parameters(dtype):
-        param.data = param.data.half()
     return out.eval()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
-from torch import nn
 
 from raggedvit.pruning._model import check_vit, classify, embed_tokens, is_distilled
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, register_backbone
@@ -31,22 +30,6 @@ class ViTBackbone(Backbone):
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         return embed_tokens(self.model, images)
-
-    def half_modules(self, recipe: str) -> list[nn.Module]:
-        """fp16-all: the blocks and the embedding (patch_embed, norm_pre; with half_parameters' tokens and position
-        embedding): on the H200 the float32 patch GEMM, its bias, the position add and the Cast into the stream were
-        ~30 us of deit_base's 485 us at batch 1 (benchmarks/results/serving_*)."""
-        mods = super().half_modules(recipe)
-        if recipe == "fp16-all":
-            mods += [self.model.patch_embed, self.model.norm_pre]
-        return mods
-
-    def half_parameters(self, recipe: str) -> list[nn.Parameter]:
-        vit = self.model
-        if recipe != "fp16-all":
-            return []
-        names = ("cls_token", "reg_token", "dist_token", "pos_embed")
-        return [p for p in (getattr(vit, n, None) for n in names) if isinstance(p, nn.Parameter)]
 
     def block(
         self,
