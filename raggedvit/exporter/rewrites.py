@@ -2,6 +2,9 @@
 
 Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md section 5):
 
+0. `fold_weight_layout` (a pass, first): Reshape / Transpose of initializers (the patch embedding's
+   proj.weight.reshape(C, -1).T, which torch.onnx writes as two nodes) become one initializer: the file holds the
+   layout the MatMul reads (ONNX Runtime folds such nodes at session start; the file no longer relies on it).
 1. `gemm_to_matmul` (a pass, not a pattern): torch.onnx writes a Linear as Gemm(x, W, b, transB=1); it becomes
    MatMul(x, W^T) with the weight transposed once in the file (+ Add(b)), the layout the builder-era graphs ran
    fastest with on the CUDA EP, and a bias Add the next rules can fuse.
@@ -18,9 +21,6 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    epilogue for ONNX Runtime's SkipLayerNorm kernel, which is 2.3x faster than its LayerNormalization kernel on
    the H200 (benchmarks/results/serving_*: 38 against 87 us over [25216, 768] fp16).
 4. (MatMul + Add left over, before a stage or the head, is fused by ONNX Runtime itself into a Gemm.)
-0. `fold_weight_layout` (a pass, first): Reshape / Transpose of initializers (the patch embedding's
-   proj.weight.reshape(C, -1).T, which torch.onnx writes as nodes that ran every forward: a kernel and a copy of the
-   weight per call) become one initializer.
 5. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
    Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).
 """
