@@ -1,0 +1,56 @@
+"""Graph passes of raggedvit/exporter/rewrites.py on hand-built graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from raggedvit.exporter.rewrites import fold_weight_layout
+
+
+def _const(name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(array))
+    value.shape, value.type = value.const_value.shape, ir.TensorType(value.const_value.dtype)
+    return value
+
+
+def _model(w: np.ndarray, shape: list[int], perm: list[int] | None, allowzero: int = 0) -> tuple[ir.Model, ir.Value]:
+    """x @ Transpose(Reshape(W, shape)) with W and shape initializers; returns the model and x."""
+    x = ir.Value(name="x", shape=ir.Shape([2, w.size // w.shape[0]]), type=ir.TensorType(ir.DataType.FLOAT))
+    wv, sv = _const("w", w), _const("shape", np.array(shape, dtype=np.int64))
+    reshape = ir.node("Reshape", [wv, sv], {"allowzero": allowzero})
+    attrs = {} if perm is None else {"perm": perm}
+    transpose = ir.node("Transpose", [reshape.outputs[0]], attrs)
+    mm = ir.node("MatMul", [x, transpose.outputs[0]])
+    mm.outputs[0].name = "y"
+    graph = ir.Graph(
+        [x], [mm.outputs[0]], nodes=[reshape, transpose, mm], initializers=[wv, sv], opset_imports={"": 20}
+    )
+    return ir.Model(graph, ir_version=10), x
+
+
+def test_reshape_then_transpose_of_a_weight_become_one_initializer():
+    w = np.arange(4 * 3 * 2 * 2, dtype=np.float32).reshape(4, 3, 2, 2)  # a conv weight [C, cin, ph, pw]
+    model, _ = _model(w, [4, -1], None)
+    assert fold_weight_layout(model) == 2
+    ops = [n.op_type for n in model.graph]
+    assert ops == ["MatMul"]
+    folded = model.graph.node(0).inputs[1]
+    assert folded.name == "w_reshape_transpose" and folded.name in model.graph.initializers
+    np.testing.assert_array_equal(folded.const_value.numpy(), w.reshape(4, -1).T)
+
+
+def test_explicit_perm_and_zero_dims():
+    w = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    model, _ = _model(w, [0, 12], [1, 0])  # allowzero 0: the 0 copies W's first dim
+    assert fold_weight_layout(model) == 2
+    np.testing.assert_array_equal(model.graph.node(0).inputs[1].const_value.numpy(), w.reshape(2, 12).T)
+
+
+def test_nodes_with_a_runtime_input_are_left_alone():
+    w = np.ones((4, 6), dtype=np.float32)
+    model, x = _model(w, [4, 6], None)
+    reshape = model.graph.node(0)
+    reshape.replace_input_with(0, x)  # Reshape(x, shape): not a constant
+    assert fold_weight_layout(model) == 0
+    assert [n.op_type for n in model.graph] == ["Reshape", "Transpose", "MatMul"]
