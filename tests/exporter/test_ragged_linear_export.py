@@ -58,6 +58,22 @@ def test_block_gemms_are_ragged_linear(ragged_export):
     assert read_recipe(model)["ragged_linear"] is True
 
 
+@pytest.mark.parametrize(
+    ("spec", "nodes"),
+    [(SPEC, 4 * (DEPTH - 1)), (PruneSpec("topk-l2", (1,), keep=0.5), 0)],
+    ids=["cls-mass", "topk-l2"],
+)
+def test_dead_rows_export(deit_tiny_d2, spec, nodes):
+    """--ragged-linear-blocks dead-rows: RaggedLinear in the blocks after a cls-mass stage only (none for a count
+    policy, whose capacities are exact), MatMul elsewhere; check_graph accepts both."""
+    model = to_proto(build_model(deit_tiny_d2, spec, dtype="fp16-all", capacity=True, ragged_linear="dead-rows"))
+    assert check_graph(model) == []
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["RaggedLinear"] == nodes
+    assert ops["MatMul"] + ops["Gemm"] == 2 + 4 * DEPTH - nodes  # patch embedding, head, the other block GEMMs
+    assert read_recipe(model)["ragged_linear"] == "dead-rows"
+
+
 def test_default_export_has_no_ragged_linear(deit_tiny_d2):
     model = to_proto(build_model(deit_tiny_d2, SPEC, dtype="fp16", capacity=True))
     assert not any(n.op_type == "RaggedLinear" for n in model.graph.node)

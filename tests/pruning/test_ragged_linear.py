@@ -110,3 +110,30 @@ def test_other_families_refuse() -> None:
     with pytest.raises(ValueError, match="ragged_linear=True needs a timm VisionTransformer; Eva runs as EvaBackbone"):
         PrunedViT(eva_model("eva02"), PruneSpec(), ragged_linear=True)
     PrunedViT(eva_model("eva02"), PruneSpec())  # the default stays available
+
+
+@pytest.mark.parametrize("capacity", [False, True], ids=["compact", "capacity"])
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_dead_rows_mode_follows_has_dead_rows(spec: PruneSpec, capacity: bool, monkeypatch) -> None:
+    """ragged_linear="dead-rows" runs the op in exactly the blocks after the first data-dependent capacity stage;
+    policies.has_dead_rows (what check_graph expects of an export) says whether there are any; same result."""
+    from raggedvit.policies import has_dead_rows
+
+    vit = get_model("deit_tiny_d4")
+    model = PrunedViT(vit, spec, capacity=capacity, ragged_linear="dead-rows")
+    flags: list[bool] = []
+    block = model.backbone.block
+
+    def spy(index, state, **kwargs):
+        flags.append(bool(kwargs["ragged_linear"]))
+        return block(index, state, **kwargs)
+
+    monkeypatch.setattr(model.backbone, "block", spy)
+    images = get_images("deit_tiny_d4", PHOTOS)
+    with torch.no_grad():
+        got = model(images)
+        ref = PrunedViT(vit, spec, capacity=capacity)(images)
+    _check_same(ref, got, 1e-5)
+    first = min(spec.prune_at) if spec.prune_at else len(flags)
+    dead = has_dead_rows(spec.policy, capacity)
+    assert flags == [dead and i >= first for i in range(len(flags))]
