@@ -54,3 +54,50 @@ def test_nodes_with_a_runtime_input_are_left_alone():
     reshape.replace_input_with(0, x)  # Reshape(x, shape): not a constant
     assert fold_weight_layout(model) == 0
     assert [n.op_type for n in model.graph] == ["Reshape", "Transpose", "MatMul"]
+
+
+def _embedding_model(p: int, rows: int, C: int, axis: int = 1) -> ir.Model:
+    """Add(Concat(prefix [B, p, C], Add(y [B, rows, C], b [C])), pos [1, p + rows, C]): timm ViT's embedding."""
+    gen = np.random.default_rng(0)
+    f32 = ir.TensorType(ir.DataType.FLOAT)
+    prefix = ir.Value(name="prefix", shape=ir.Shape(["B", p, C]), type=f32)
+    y = ir.Value(name="y", shape=ir.Shape(["B", rows, C]), type=f32)
+    b = _const("b", gen.standard_normal(C).astype(np.float32))
+    pos = _const("pos", gen.standard_normal((1, p + rows, C)).astype(np.float32))
+    add = ir.node("Add", [y, b])
+    cat = ir.node("Concat", [prefix, add.outputs[0]], {"axis": axis})
+    out = ir.node("Add", [cat.outputs[0], pos])
+    out.outputs[0].name = "tokens"
+    graph = ir.Graph(
+        [prefix, y], [out.outputs[0]], nodes=[add, cat, out], initializers=[b, pos], opset_imports={"": 20}
+    )
+    return ir.Model(graph, ir_version=10)
+
+
+def _run(model: ir.Model, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(ir.serde.serialize_model(model)).run(None, feeds)[0]
+
+
+def test_patch_bias_joins_the_position_table():
+    from onnxscript.rewriter import rewrite
+
+    from raggedvit.exporter.rewrites import PatchBiasIntoPosition
+
+    gen = np.random.default_rng(1)
+    feeds = {"prefix": gen.standard_normal((2, 1, 8)).astype(np.float32)}
+    feeds["y"] = gen.standard_normal((2, 6, 8)).astype(np.float32)
+    want = _run(_embedding_model(1, 6, 8), feeds)
+    model = rewrite(_embedding_model(1, 6, 8), pattern_rewrite_rules=[PatchBiasIntoPosition.rule("p")])
+    assert [n.op_type for n in model.graph] == ["Concat", "Add"]  # no bias Add left
+    np.testing.assert_allclose(_run(model, feeds), want, rtol=1e-6, atol=1e-6)
+
+
+def test_patch_bias_rule_needs_a_row_concat():
+    from onnxscript.rewriter import rewrite
+
+    from raggedvit.exporter.rewrites import PatchBiasIntoPosition
+
+    model = rewrite(_embedding_model(1, 6, 8, axis=2), pattern_rewrite_rules=[PatchBiasIntoPosition.rule("p")])
+    assert [n.op_type for n in model.graph] == ["Add", "Concat", "Add"]
