@@ -43,8 +43,16 @@ def ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _gpu_time_ratio(rec: dict[str, Any] | None, base: dict[str, Any] | None) -> float | None:
+    """BASELINE's GPU time per image over the variant's (both profiled): the bar's ratio without host time (at batch
+    1 torch.compile's wall time is mostly host time: serving_2026-12-01_*_run8.json, 823 us for 554 us of kernels)."""
+    g, gb = (rec or {}).get("gpu_us_per_image"), (base or {}).get("gpu_us_per_image")
+    return round(gb / g, 3) if g and gb else None
+
+
 def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each bar of names.BARS per model and batch of the run: measured ratio, mode, met (False when unmeasured)."""
+    """Each bar of names.BARS per model and batch of the run: measured ratio (img/s, what the bar judges), mode, met
+    (False when unmeasured), and the GPU-time ratio for reference (None without both profiles)."""
     ok = _ok(records)
     run_batches = {r["batch"] for r in records}
     rows = []
@@ -71,6 +79,7 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                             "batch": b,
                             "min_ratio": bar.min_ratio,
                             "ratio": round(ratio, 3) if ratio is not None else None,
+                            "gpu_time_ratio": _gpu_time_ratio(rec, base),
                             "mode": rec.get("mode") if rec else None,
                             "met": bool(ratio is not None and mode_ok and ratio >= bar.min_ratio),
                             "why_not": why,

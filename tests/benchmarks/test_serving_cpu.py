@@ -88,6 +88,18 @@ def test_ratios_and_bars_from_records() -> None:
     assert not rows[(topk, 32)]["met"] and rows[(topk, 32)]["ratio"] == 1.5  # below 1.6
     assert not rows[(cls, 4)]["met"] and "node_by_node" in rows[(cls, 4)]["why_not"]  # 3x, but not a CUDA graph
     assert rows[(cls, 1)]["met"] and rows[(cls, 128)]["met"]
+    assert rows[(topk, 1)]["gpu_time_ratio"] is None  # no profiles in these records
+
+
+def test_bars_carry_the_gpu_time_ratio() -> None:
+    topk = "topk-l2:keep=0.5:at=4"
+    base = {**_rec(BASELINE, "none", 1, 1000.0, mode="cuda_graph_trees"), "gpu_us_per_image": 600.0}
+    mine = {**_rec("ort_raggedvit", topk, 1, 1500.0), "gpu_us_per_image": 400.0}
+    row = next(t for t in targets([base, mine]) if t["policy"] == topk and t["batch"] == 1)
+    assert row["ratio"] == 1.5 and row["gpu_time_ratio"] == 1.5 and not row["met"]  # judged on img/s: 1.5 < 2.0
+    mine["gpu_us_per_image"] = 250.0
+    row = next(t for t in targets([base, mine]) if t["policy"] == topk and t["batch"] == 1)
+    assert row["gpu_time_ratio"] == 2.4 and not row["met"]  # the GPU-time ratio is for reference only
 
 
 def test_weight_bandwidth_floor() -> None:
