@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from benchmarks.env import environment
+from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
 from raggedvit.kernels._config import pick_config
 from raggedvit.kernels._launch import _launch_triton, scale_bits
@@ -174,9 +172,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    path = Path(args.out) / f"attn_tiles_{dt.date.today().isoformat()}_{gpu}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = probe_result_path(args.out, "attn_tiles")
     records: list[dict[str, Any]] = []
     data = {"benchmark": "attn_tiles", "env": environment(), "H": H, "D": D, "records": records}
     for kind in ("197", "99", "ragged"):

@@ -7,9 +7,10 @@ import importlib.metadata as md
 import os
 import platform
 import subprocess
+from pathlib import Path
 from typing import Any
 
-__all__ = ["environment"]
+__all__ = ["environment", "probe_result_path"]
 
 _PACKAGES = ("torch", "triton", "onnxruntime-gpu", "onnxruntime", "onnx", "onnxscript", "onnx-ir", "timm")
 
@@ -57,3 +58,13 @@ def environment() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "packages": {name: _version(name) for name in _PACKAGES},
     }
+
+
+def probe_result_path(out: str | Path, name: str) -> Path:
+    """`out`/<name>_<date>_<GPU name, spaces as dashes>.json for a probe's results; `out` is created."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
+    path = Path(out) / f"{name}_{dt.date.today().isoformat()}_{gpu}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

@@ -17,10 +17,8 @@ raggedvit op: the kernels here live only in this file.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from benchmarks.env import environment
+from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
 
 C = 768  # deit_base width
@@ -196,9 +194,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 row counts, 5 configs")
     args = ap.parse_args()
     data = run(args.quick)
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    path = Path(args.out) / f"gemm_epilogue_{dt.date.today().isoformat()}_{gpu}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = probe_result_path(args.out, "gemm_epilogue")
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}")
 

@@ -16,9 +16,7 @@ linear_tma_<date>_<gpu>.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +24,7 @@ import triton
 import triton.language as tl
 
 from benchmarks._gemm_case import BLOCK_GEMMS, GemmCase, time_impls
-from benchmarks.env import environment
+from benchmarks.env import environment, probe_result_path
 
 ROWS = ((25216, 25216), (25216, 12608), (197, 197))  # (T capacity, live rows)
 CONFIGS = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4))
@@ -117,9 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    path = Path(args.out) / f"linear_tma_{dt.date.today().isoformat()}_{gpu}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = probe_result_path(args.out, "linear_tma")
     torch.manual_seed(0)
     records: list[dict[str, Any]] = []
     data = {"benchmark": "linear_tma", "env": environment(), "records": records}

@@ -12,7 +12,6 @@ replays (benchmarks.kernel.graph_time_us). Writes linear_tune_<date>_<gpu>.json;
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import torch
 import triton
 
 from benchmarks._gemm_case import BLOCK_GEMMS, GemmCase, time_impls
-from benchmarks.env import environment
+from benchmarks.env import environment, probe_result_path
 from benchmarks.linear_variants import _variant
 from raggedvit.kernels._linear_kernel import _ragged_linear
 
@@ -77,9 +76,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--quick", action="store_true", help="three configs per case (a smoke run)")
     args = ap.parse_args()
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    path = Path(args.out) / f"linear_tune_{dt.date.today().isoformat()}_{gpu}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = probe_result_path(args.out, "linear_tune")
     run(args.quick, path)
     print(f"wrote {path}")
 

@@ -12,17 +12,15 @@ kernels here live only in this file. Writes linear_variants_<date>_<gpu>.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from benchmarks.env import environment
+from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
 from raggedvit.kernels._linear_config import linear_config
 from raggedvit.kernels._linear_kernel import _ragged_linear
@@ -143,9 +141,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     data = run()
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    path = Path(args.out) / f"linear_variants_{dt.date.today().isoformat()}_{gpu}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = probe_result_path(args.out, "linear_variants")
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}")
 

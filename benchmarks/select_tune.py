@@ -13,15 +13,13 @@ prints one line per case; the shipped config (select_launch_config) is marked.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 
-from benchmarks.env import environment
+from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
 from raggedvit.kernels import _select_kernel as K
 from raggedvit.kernels._select_launch import float_bits
@@ -77,9 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    path = Path(args.out) / f"select_tune_{dt.date.today().isoformat()}_{gpu}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = probe_result_path(args.out, "select_tune")
     records: list[dict[str, Any]] = []
     data = {"benchmark": "select_tune", "env": environment(), "width": WIDTH, "records": records}
     for B in BATCHES:
