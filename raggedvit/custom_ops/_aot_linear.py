@@ -1,4 +1,5 @@
-"""AOT jobs of the ragged linear kernel (`raggedvit/kernels/_linear_kernel.py:_ragged_linear`).
+"""AOT jobs of the ragged linear kernel (`raggedvit/kernels/_linear_kernel.py:_ragged_linear`) and of the bias +
+GELU kernel of the same file (`_bias_gelu`: one job per dtype x config x arch, `make_gelu_plan`).
 
 One job per dtype (fp16, bf16) x cu dtype x launch config of `raggedvit/kernels/_linear_config.py` x arch; compiled
 by `_aot.compile_job` like the attention jobs. A config whose shared memory exceeds the arch's opt-in limit is not
@@ -15,7 +16,17 @@ from typing import Any
 
 from raggedvit.custom_ops._aot import ARCHS, CU_DTYPES, KERNELS_DIR, _load_module
 
-__all__ = ["LINEAR_DTYPES", "SHARED_OPTIN_BYTES", "LinearJob", "fits_arch", "linear_rule", "make_linear_plan"]
+__all__ = [
+    "LINEAR_DTYPES",
+    "SHARED_OPTIN_BYTES",
+    "GeluJob",
+    "LinearJob",
+    "fits_arch",
+    "gelu_rule",
+    "linear_rule",
+    "make_gelu_plan",
+    "make_linear_plan",
+]
 
 LINEAR_SOURCE = KERNELS_DIR / "_linear_kernel.py"
 LINEAR_CONFIG_SOURCE = KERNELS_DIR / "_linear_config.py"
@@ -88,3 +99,53 @@ def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
 def fits_arch(job: LinearJob, shared_bytes: int) -> bool:
     """Whether a cubin of `job` needing shared_bytes can run on its arch (unknown archs: the sm_80 limit)."""
     return shared_bytes <= SHARED_OPTIN_BYTES.get(job.arch, SHARED_OPTIN_BYTES[80])
+
+
+_GELU_ARGS = ("X", "Bias", "Y", "M", "N", "has_bias")
+
+
+@dataclass(frozen=True)
+class GeluJob:
+    dtype: str  # "fp16" | "bf16"
+    arch: int
+    config: str  # name in aot_gelu_configs(): "small" | "large"
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 1
+    kernel: str = "bias_gelu"
+
+    @property
+    def function(self) -> str:
+        return "_bias_gelu"
+
+    @property
+    def source(self) -> Path:
+        return LINEAR_SOURCE
+
+    @property
+    def hinted_ints(self) -> tuple[str, ...]:
+        return ("N",)  # 16-divisible rows: vector loads (the launcher checks N % 16 == 0)
+
+    def signature(self) -> tuple[dict[str, str], dict[str, int]]:
+        """Triton signature (arg -> type) and constexprs: X, Bias, Y pointers of dtype, ints i32."""
+        sig = {n: ("*" + self.dtype) if n in ("X", "Bias", "Y") else "i32" for n in _GELU_ARGS}
+        consts = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n}
+        sig.update({k: "constexpr" for k in consts})
+        return sig, consts
+
+
+def gelu_rule() -> dict[str, int]:
+    """The selection threshold of `gelu_config` (GELU_LARGE_M), for the C++ launcher's copy of the rule."""
+    return {"large_m": int(_config_module().GELU_LARGE_M)}
+
+
+def make_gelu_plan(archs: tuple[int, ...] = ARCHS) -> list[GeluJob]:
+    """Every dtype x config x arch of the bias + GELU kernel."""
+    module = _config_module()
+    return [
+        GeluJob(dt, arch, name, c.block_m, c.block_n, c.num_warps)
+        for arch in archs
+        for dt in LINEAR_DTYPES
+        for name, c in module.aot_gelu_configs()
+    ]

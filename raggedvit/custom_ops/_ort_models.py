@@ -130,6 +130,19 @@ def linear_model(
     return _finish(helper.make_graph([node], "ragged_linear", inputs, [y]))
 
 
+def gelu_model(elem: int, *, bias: bool = True, bias_elem: int | None = None, rank: int | None = 2) -> bytes:
+    """One com.raggedvit::BiasGelu node: X (, Bias [N]) -> Y of X's shape, element type `elem` (bias_elem overrides
+    the bias's, to test the op's checks). rank None declares X and Y without a shape (bad ranks reach the op)."""
+    dims = None if rank is None else [f"d{i}" for i in range(rank - 1)] + ["N"]
+    names = ["X", "Bias"] if bias else ["X"]
+    node = helper.make_node("BiasGelu", names, ["Y"], domain="com.raggedvit")
+    inputs = [helper.make_tensor_value_info("X", elem, dims)]
+    if bias:
+        inputs.append(helper.make_tensor_value_info("Bias", bias_elem or elem, None if rank is None else ["N"]))
+    y = helper.make_tensor_value_info("Y", elem, dims)
+    return _finish(helper.make_graph([node], "bias_gelu", inputs, [y]))
+
+
 SELECT_OUTPUTS = ("src", "cu_new", "seq_id", "pos", "k")  # RaggedSelect's output order
 
 

@@ -1,5 +1,5 @@
-"""Builds libraggedvit_ort.so: Triton AOT cubins of raggedvit/kernels/_kernel.py, _linear_kernel.py and
-_select_kernel.py + the C++ op library.
+"""Builds libraggedvit_ort.so: Triton AOT cubins of raggedvit/kernels/_kernel.py, _linear_kernel.py (the ragged
+linear and the bias + GELU kernels) and _select_kernel.py + the C++ op library.
 
     python raggedvit/custom_ops/build.py --output PATH [--archs 80,86,89,90] [--jobs N]
 
@@ -34,7 +34,9 @@ SOURCES = (
     "ragged_attention.cc",
     "ragged_linear.cc",
     "ragged_select.cc",
+    "bias_gelu.cc",
     "cpu/ragged_attention_cpu.cc",
+    "cpu/bias_gelu_cpu.cc",
     "cpu/ragged_linear_cpu.cc",
     "cpu/ragged_select_cpu.cc",
     "cuda/ragged_attention_cuda.cc",
@@ -43,6 +45,8 @@ SOURCES = (
     "cuda/linear_launcher.cc",
     "cuda/ragged_select_cuda.cc",
     "cuda/select_launcher.cc",
+    "cuda/bias_gelu_cuda.cc",
+    "cuda/gelu_launcher.cc",
     "registration.cc",
 )
 CXXFLAGS = [
@@ -83,19 +87,23 @@ def _compile_one(job: _aot.AotJob, cache_dir: Path) -> tuple[_aot.AotResult, boo
 
 def compile_cubins(
     archs: tuple[int, ...], jobs: int, cache_dir: Path
-) -> tuple[list[tuple[_aot.AotResult, int]], list[_aot.AotResult], list[_aot.AotResult], list[_aot.AotResult]]:
+) -> tuple[
+    list[tuple[_aot.AotResult, int]], list[_aot.AotResult], list[_aot.AotResult], list[_aot.AotResult],
+    list[_aot.AotResult],
+]:  # fmt: skip
     """Compiles (or loads from the cache) every kernel; returns the attention table rows (result, min_tokens), the
-    linear cubins that fit their arch's shared memory, the linear cubins skipped for exceeding it and the
-    selection cubins."""
+    linear cubins that fit their arch's shared memory, the linear cubins skipped for exceeding it, the
+    selection cubins and the bias + GELU cubins."""
     work, rows = _aot.make_plan(archs)
     linear_work = _aot_linear.make_linear_plan(archs)
     select_work = _aot_select.make_select_plan(archs)
+    gelu_work = _aot_linear.make_gelu_plan(archs)
     if not work and not linear_work:
-        return [], [], [], []
+        return [], [], [], [], []
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     # most expensive first (forward kernels, wide heads, large linear tiles), so two workers finish together
     order = sorted(work, key=lambda j: (j.kernel != "fwd", -j.block_d, j.dtype != "fp32"))
-    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + select_work
+    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + select_work + gelu_work
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
         futures = {job: pool.submit(_compile_one, job, cache_dir) for job in order}
         done = {job: f.result() for job, f in futures.items()}
@@ -105,11 +113,13 @@ def compile_cubins(
     print(
         f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, {len(linear)} linear "
         f"kernel rows ({len(skipped)} skipped: shared memory above the arch limit), {len(select_work)} select rows, "
+        f"{len(gelu_work)} bias-GELU rows, "
         f"for sm_{', sm_'.join(map(str, archs))}",
         flush=True,
     )
     select = [done[job][0] for job in select_work]
-    return [(done[job][0], min_tokens) for job, min_tokens in rows], linear, skipped, select
+    gelu = [done[job][0] for job in gelu_work]
+    return [(done[job][0], min_tokens) for job, min_tokens in rows], linear, skipped, select, gelu
 
 
 def _compile_object(src: Path, obj_dir: Path, flags: list[str]) -> tuple[Path, subprocess.Popen | None]:
@@ -161,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build: {exc}", file=sys.stderr)
         return 2
     print(f"build: ORT headers {ort_include} (API {_ort_headers.header_api_version(ort_include)})", flush=True)
-    rows, linear, skipped, select = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
+    rows, linear, skipped, select, gelu = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
     t1 = time.perf_counter()
 
     import triton
@@ -169,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir = build_dir / "ort-gen" / hashlib.sha256(str(archs).encode()).hexdigest()[:8]
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
-    info = _codegen.build_info(rows, _version(), triton.__version__, linear, skipped, select)
+    info = _codegen.build_info(rows, _version(), triton.__version__, linear, skipped, select, gelu)
     new_text = gen_dir / f"cubins.cc.new{os.getpid()}"
-    _codegen.write_cubin_source(new_text, rows, info, linear, select)
+    _codegen.write_cubin_source(new_text, rows, info, linear, select, gelu)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()
     else:

@@ -6,9 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu/bias_gelu_cpu.h"
 #include "cpu/ragged_attention_cpu.h"
 #include "cpu/ragged_linear_cpu.h"
 #include "cpu/ragged_select_cpu.h"
+#include "cuda/bias_gelu_cuda.h"
 #include "cuda/launcher.h"
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
@@ -34,8 +36,13 @@ const OpSet& Ops() {
       set.ops.push_back(std::make_unique<RaggedLinearCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
     }
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
+    set.ops.push_back(std::make_unique<BiasGeluCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     if (cuda::DriverAvailable()) {
       set.ops.push_back(std::make_unique<RaggedSelectCudaOp>(kCudaExecutionProvider));
+      // typed like RaggedLinear: float BiasGelu nodes run on the CPU EP (the exporter emits float16 / bfloat16 only)
+      for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+        set.ops.push_back(std::make_unique<BiasGeluCudaOp>(kCudaExecutionProvider, dtype));
+      }
       for (auto cu : kCuTypes) {
         set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu));
         // typed: float RaggedLinear nodes find no CUDA kernel and run on the CPU EP (no fp32 linear cubins)
@@ -77,7 +84,7 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
            raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
-           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

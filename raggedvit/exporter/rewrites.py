@@ -12,9 +12,12 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    patch rows): the patch embedding's bias rides in the position table (ViT's embedding; ONNX Runtime otherwise
    runs the patch GEMM as a Gemm whose bias is first broadcast into the whole output, 72 us of deit_base's
    topk-l2 B=128 forward on the H200, benchmarks/results/serving_*_run7.json).
-   `bias_gelu`: Gelu(Add(y, b)) -> com.microsoft::BiasGelu(y, b) (exact GELU); `zero_bias_gelu`: the other
-   exact Gelus -> BiasGelu(x, 0): ONNX Runtime's CUDA BiasGelu kernel is vectorised, its Gelu kernels are not
-   (twice the time on the H200 profile in benchmarks/results/traced_vs_builder_*.json).
+   `bias_gelu`: Gelu(Add(y, b)) -> BiasGelu(y, b) (exact GELU); `zero_bias_gelu`: the other exact Gelus ->
+   BiasGelu(x) without a bias. float16 rows whose static width is a multiple of 16 get com.raggedvit::BiasGelu
+   (raggedvit's kernel: ~765 against ~600 G elements/s for ONNX Runtime's on the H200, benchmarks/results/
+   gelu_2026-12-01_*.json and serving_*_run8.json); the others com.microsoft::BiasGelu (with a zero bias for
+   `zero_bias_gelu`), whose CUDA kernel is vectorised where ONNX Runtime's Gelu kernels are not (twice the time on
+   the H200 profile in benchmarks/results/traced_vs_builder_*.json).
 3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->
    com.microsoft::SkipLayerNormalization(y, residual, gamma, beta, b) (outputs: normalised, sum); the
    `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
@@ -39,6 +42,7 @@ from onnxscript.rewriter import pattern, rewrite
 __all__ = ["RULES", "fuse_for_ort"]
 
 _MS = "com.microsoft"
+_RAGGED = "com.raggedvit"
 
 
 def _rank1_const(value: ir.Value) -> bool:
@@ -55,6 +59,13 @@ def _plain_gemm(node: ir.Node) -> bool:
     )
 
 
+def _raggedvit_gelu(x: ir.Value) -> bool:
+    """Whether com.raggedvit::BiasGelu takes x: float16 (its CPU kernel: float / float16; the exporter writes no
+    float32 node of it) with a static last dim that is a multiple of 16 (its CUDA kernel's vector loads)."""
+    n = x.shape[-1] if x.shape is not None and len(x.shape) else None
+    return x.dtype == ir.DataType.FLOAT16 and isinstance(n, int) and n % 16 == 0
+
+
 class BiasGelu(pattern.RewriteRuleClassBase):
     def pattern(self, op, y, b):
         return op.Gelu(op.Add(y, b), _allow_other_attributes=True, _outputs=["g"])
@@ -68,7 +79,7 @@ class BiasGelu(pattern.RewriteRuleClassBase):
         return ok
 
     def rewrite(self, op, y, b, **_):
-        return op.BiasGelu(y, b, _domain=_MS)
+        return op.BiasGelu(y, b, _domain=_RAGGED if _raggedvit_gelu(y) else _MS)
 
 
 class ZeroBiasGelu(pattern.RewriteRuleClassBase):
@@ -84,6 +95,8 @@ class ZeroBiasGelu(pattern.RewriteRuleClassBase):
         return ok
 
     def rewrite(self, op, x, **_):
+        if _raggedvit_gelu(x):
+            return op.BiasGelu(x, _domain=_RAGGED)
         zeros = np.zeros(x.shape[-1], dtype=x.dtype.numpy())
         bias = op.initializer(ir.tensor(zeros), name=f"{x.name}_zero_bias")
         return op.BiasGelu(x, bias, _domain=_MS)
@@ -189,7 +202,7 @@ class PlainSkipLayerNorm(pattern.RewriteRuleClassBase):
 
 class RaggedLinearSkipLayerNorm(pattern.RewriteRuleClassBase):
     def pattern(self, op, x, w, b, residual, cu, gamma, beta):
-        y = op.RaggedLinear(x, w, b, residual, cu, _domain="com.raggedvit", _allow_other_attributes=True,
+        y = op.RaggedLinear(x, w, b, residual, cu, _domain=_RAGGED, _allow_other_attributes=True,
                             _outputs=["y"])  # fmt: skip
         normed = op.LayerNormalization(y, gamma, beta, _allow_other_attributes=True, _outputs=["ln"])
         return normed, y  # y is also the next residual: an output of the pattern (replaced by the sum)
@@ -209,7 +222,7 @@ class RaggedLinearSkipLayerNorm(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, w, b, residual, cu, gamma, beta, y, ln, **_):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
-        gemm = op.RaggedLinear(x, w, b, None, cu, activation=0, _domain="com.raggedvit")
+        gemm = op.RaggedLinear(x, w, b, None, cu, activation=0, _domain=_RAGGED)
         normed, _mean, _inv_std, total = op.SkipLayerNormalization(
             gemm, residual, gamma, beta, epsilon=eps, _domain=_MS, _outputs=4
         )

@@ -13,7 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LARGE_T", "XLARGE_MIN_ARCH", "LinearConfig", "aot_linear_configs", "linear_config"]
+__all__ = [
+    "GELU_LARGE_M",
+    "LARGE_T",
+    "XLARGE_MIN_ARCH",
+    "GeluConfig",
+    "LinearConfig",
+    "aot_gelu_configs",
+    "aot_linear_configs",
+    "gelu_config",
+    "linear_config",
+]
 
 LARGE_T = 1024  # rows (the capacity, T) from which the large-tile config is used
 NARROW_N = 1024  # output width up to which small-T launches use 32-column tiles
@@ -49,3 +59,31 @@ def aot_linear_configs() -> list[tuple[str, LinearConfig]]:
     """(name, config) of every config `linear_config` can return; the AOT build compiles each, and the C++
     launcher applies the same rule (LARGE_T, NARROW_N) to pick one."""
     return [("small_narrow", _SMALL_NARROW), ("small_wide", _SMALL_WIDE), ("large", _LARGE), ("xlarge", _XLARGE)]
+
+
+# ---- the bias + GELU kernel (`_linear_kernel._bias_gelu`), same file for the same reason ----
+# Measured on the H200 (benchmarks/results/gelu_2026-12-01_NVIDIA-H200.json, deit's fc1 outputs): one row per
+# program with 1,024 columns is the fastest at a few hundred rows (197 x 3072: 2.5 us against 3.1-4.3 us), and
+# 8 x 512 tiles on 4 warps at thousands of rows (25,216 x 3072: 101 us, 765 G elements/s; 25,216 x 1536: 54 us).
+GELU_LARGE_M = 1024  # rows (M = elements / N) from which the large-tile config is used
+
+
+@dataclass(frozen=True)
+class GeluConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+_GELU_SMALL = GeluConfig(1, 1024, 4)
+_GELU_LARGE = GeluConfig(8, 512, 4)
+
+
+def gelu_config(M: int) -> GeluConfig:
+    """The config of a bias + GELU launch over M rows (every dtype and arch)."""
+    return _GELU_LARGE if M >= GELU_LARGE_M else _GELU_SMALL
+
+
+def aot_gelu_configs() -> list[tuple[str, GeluConfig]]:
+    """(name, config) of every config `gelu_config` can return; the C++ launcher applies the same rule."""
+    return [("small", _GELU_SMALL), ("large", _GELU_LARGE)]

@@ -10,6 +10,21 @@ BLOCK_N tile of Y (grouped ordering over GROUP_M row tiles for L2 reuse of W); a
 value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
 
 Grid: (cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N),).
+
+GELU (`gelu_erf`, the epilogue's and `_bias_gelu`'s one definition): GELU(x) = x * Phi(x), Phi(x) =
+erfc(-x / sqrt 2) / 2, with e = erfc(|x| / sqrt 2) / 2 from Numerical Recipes' Chebyshev form `erfcc`
+(t = 1 / (1 + z/2), e = t exp(P(t) - z^2) / 2, fractional error below 1.2e-7 for every z >= 0) and Phi = e for
+x < 0, 1 - e else: one reciprocal, one exp, ten FMAs, no branch. In fp32 arithmetic the relative error is below
+2e-6 for x >= -4 (|GELU| >= 1.3e-4) and below 1e-5 further out (the exp's argument grows as x^2). Against x (1 + erf(x / sqrt 2)) / 2 with
+libdevice's erff it keeps the negative tail's relative accuracy (no 1 + erf cancellation) and takes about half the
+instructions; over every finite fp16 x its fp16-rounded result is the exactly rounded GELU in all but a handful of
+inputs (1 ulp off), where the fp32 erf form misses hundreds (tests/kernels/test_bias_gelu.py).
+
+`_bias_gelu` (com.raggedvit::BiasGelu): Y[m, n] = GELU(X[m, n] + Bias[n]) (Bias optional), X / Y [M, N] row-major
+contiguous in one dtype (fp16 / bf16 / fp32), Bias [N] in that dtype; the sum and GELU in fp32, one rounding. A
+program owns a BLOCK_M x BLOCK_N tile, every access masked (any M, N >= 1). Grid: (cdiv(M, BLOCK_M) * cdiv(N,
+BLOCK_N),). On the H200 (benchmarks/results/gelu_2026-12-01_NVIDIA-H200.json, fc1 outputs of deit) it streams
+~720-765 G elements/s against ~600 G/s for ONNX Runtime's BiasGelu in the serving profile.
 """
 
 from __future__ import annotations
@@ -17,7 +32,41 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_ragged_linear"]
+__all__ = ["_bias_gelu", "_ragged_linear", "gelu_erf"]
+
+
+@triton.jit
+def gelu_erf(x):
+    """GELU (erf form) of an fp32 tensor, to 2e-6 relative for x >= -4, 1e-5 beyond (module docstring)."""
+    z = tl.abs(x) * 0.7071067811865476
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = 0.17087277
+    p = p * t - 0.82215223
+    p = p * t + 1.48851587
+    p = p * t - 1.13520398
+    p = p * t + 0.27886807
+    p = p * t - 0.18628806
+    p = p * t + 0.09678418
+    p = p * t + 0.37409196
+    p = p * t + 1.00002368
+    p = p * t - 1.26551223
+    e = 0.5 * t * tl.exp(p - z * z)
+    return x * tl.where(x < 0.0, e, 1.0 - e)
+
+
+@triton.jit(do_not_specialize=["M", "has_bias"])
+def _bias_gelu(X, Bias, Y, M, N, has_bias, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    rows = (pid // num_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_in = cols < N
+    mask = (rows < M)[:, None] & col_in[None, :]
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    if has_bias != 0:
+        x += tl.load(Bias + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + offs, gelu_erf(x).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["T", "B", "has_bias", "has_res", "has_live", "activation"])
@@ -77,7 +126,7 @@ def _ragged_linear(
         if has_bias != 0:
             acc += tl.load(Bias + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
         if activation == 1:
-            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+            acc = gelu_erf(acc)
         keep = row_live[:, None] & col_in[None, :]
         if has_res != 0:
             res_ptrs = Res + rows.to(tl.int64)[:, None] * N + cols[None, :]

@@ -12,9 +12,9 @@ from types import ModuleType
 
 import torch
 
-from raggedvit.kernels._linear_config import LinearConfig, linear_config
+from raggedvit.kernels._linear_config import GeluConfig, LinearConfig, gelu_config, linear_config
 
-__all__ = ["_launch_linear"]
+__all__ = ["_launch_bias_gelu", "_launch_linear"]
 
 
 def _default_kernels() -> ModuleType:
@@ -64,5 +64,32 @@ def _launch_linear(
         T, N, K, B, int(bias is not None), int(residual is not None), int(has_live), int(activation),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def _launch_bias_gelu(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    kernels: ModuleType | None = None,
+    config: GeluConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., N] contiguous, bias [N] in x's dtype or None -> GELU(x + bias) in x's dtype (`_bias_gelu`).
+
+    CUDA tensors must be on the current device; `config` defaults to `gelu_config(M)`, M = x.numel() // N."""
+    N = x.shape[-1] if x.dim() else 1
+    M = x.numel() // N if N else 0
+    if out is None:
+        out = torch.empty_like(x)
+    if M == 0 or N == 0:
+        return out
+    cfg = gelu_config(M) if config is None else config
+    grid = (-(-M // cfg.block_m) * -(-N // cfg.block_n),)
+    k = _default_kernels() if kernels is None else kernels
+    k._bias_gelu[grid](
+        x, x if bias is None else bias, out, M, N, int(bias is not None),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
     )  # fmt: skip
     return out

@@ -1,4 +1,5 @@
-"""onnx.reference evaluation of exported graphs without the op library (RaggedAttention and BiasGelu in Python).
+"""onnx.reference evaluation of exported graphs without the op library (RaggedAttention, both BiasGelus and
+SkipLayerNormalization in Python).
 
 Used to check the graph's own arithmetic (e.g. fp16) independently of the ORT kernels.
 """
@@ -30,9 +31,13 @@ class RaggedAttention(OpRun):
 class BiasGelu(OpRun):
     op_domain = "com.microsoft"
 
-    def _run(self, x, bias):
-        y = torch.from_numpy(x.astype(np.float64) + bias.astype(np.float64))
+    def _run(self, x, bias=None):
+        y = torch.from_numpy(x.astype(np.float64) + (0.0 if bias is None else bias.astype(np.float64)))
         return ((0.5 * y * (1.0 + torch.erf(y / math.sqrt(2.0)))).numpy().astype(x.dtype),)
+
+
+# com.raggedvit::BiasGelu: the same function (onnx.reference takes the op type from the class name)
+RaggedBiasGelu = type("BiasGelu", (BiasGelu,), {"op_domain": "com.raggedvit"})
 
 
 class SkipLayerNormalization(OpRun):
@@ -53,4 +58,4 @@ class SkipLayerNormalization(OpRun):
 
 
 def reference_evaluator(model) -> ReferenceEvaluator:
-    return ReferenceEvaluator(model, new_ops=[RaggedAttention, BiasGelu, SkipLayerNormalization])
+    return ReferenceEvaluator(model, new_ops=[RaggedAttention, BiasGelu, RaggedBiasGelu, SkipLayerNormalization])

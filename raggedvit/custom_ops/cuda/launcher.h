@@ -110,6 +110,38 @@ struct SelectLaunch {
   int device_ordinal = 0;
 };
 
+// Launch configs of the bias + GELU kernel (_linear_kernel._bias_gelu; _linear_config.gelu_config): kLarge for
+// M >= kGeluLargeM rows, else kSmall (the fourth generated table).
+enum class GeluConfig : int { kSmall = 0, kLarge = 1 };
+
+struct GeluImage {
+  DType dtype;
+  int arch;
+  GeluConfig config;
+  const char* function_name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  int shared_bytes;
+  int num_warps;
+  int block_m;
+  int block_n;
+  int num_params;  // kernel params including Triton's trailing scratch pointers
+};
+
+extern const GeluImage kGeluImages[];
+extern const size_t kNumGeluImages;
+extern const int64_t kGeluLargeM;
+
+struct GeluLaunch {
+  DType dtype = DType::kFloat16;  // fp16 or bf16 (no fp32 cubins)
+  const void* x = nullptr;        // [M, N] device
+  const void* bias = nullptr;     // [N] device or nullptr
+  void* y = nullptr;              // [M, N] device
+  int64_t M = 0, N = 0;
+  void* stream = nullptr;         // CUstream; nullptr = legacy default stream of device_ordinal
+  int device_ordinal = 0;
+};
+
 struct AttentionLaunch {
   DType dtype = DType::kFloat16;
   IndexType index_type = IndexType::kInt32;
@@ -153,6 +185,16 @@ std::string CheckSelectSupported(const SelectLaunch& s);
 // Enqueues _select_count then _select_scatter on s.stream, grid (B,) each (never synchronises, never reads device
 // data); "" on success.
 std::string LaunchRaggedSelect(const SelectLaunch& s);
+
+// The config gelu_config(M) asks for.
+GeluConfig PreferredGeluConfig(int64_t M);
+
+// Checks what the AOT bias + GELU kernel supports (dtype, N % 16, int32 sizes, 16-byte alignment); "" when
+// supported.
+std::string CheckGeluSupported(const GeluLaunch& g);
+
+// Enqueues _bias_gelu on g.stream (never synchronises, never reads device data); "" on success.
+std::string LaunchBiasGelu(const GeluLaunch& g);
 
 // Smallest BLOCK_D in the table >= D, or 0 when D is unsupported.
 int BlockDFor(int64_t D);
