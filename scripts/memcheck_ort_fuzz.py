@@ -1,7 +1,8 @@
-"""Torch-free fuzz of the RaggedAttention, RaggedLinear and RaggedSelect CUDA-EP kernels, run under compute-sanitizer.
+"""Torch-free fuzz of the RaggedAttention, RaggedLinear, RaggedSelect and BiasGelu CUDA-EP kernels, run under
+compute-sanitizer.
 
     compute-sanitizer --tool memcheck --kernel-name kns=_ragged --kernel-name kns=_select_ \
-        python3 scripts/memcheck_ort_fuzz.py --calls 1000
+        --kernel-name kns=_bias_gelu python3 scripts/memcheck_ort_fuzz.py --calls 1000
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
@@ -17,6 +18,9 @@ and GELU): random T (0 included), N and K multiples of 16, CuSeqlens[B] anywhere
 extremes: the kernel clamps it), so that row tiles past the live count are exercised; valid calls must give finite
 outputs with zero dead rows; some calls have K or N not a multiple of 16, a Residual of the wrong shape or a W of
 the wrong width, which must come back as errors, never faults.
+Then --gelu-calls BiasGelu calls (fp16 / bf16, with and without Bias, M from 0 to past the large-config threshold,
+N multiples of 16): valid calls must match a numpy GELU to the dtype's rounding; N not a multiple of 16 or a Bias
+of the wrong length must come back as errors, never faults.
 Every fifth call of the --calls ones is a RaggedSelect call (raggedvit/custom_ops/_memcheck_select.py): random B,
 rows per image, dead rows, a few attribute sets (width, bound <= width, num_prefix, both policies); its outputs must
 equal a numpy oracle of the op (cu clamped as the kernels clamp it), on the CUDA EP and on the CPU EP for the cu
@@ -26,7 +30,8 @@ Progress is printed every 100 calls; exit 1 on any unexpected error.
 
 compute-sanitizer's --kernel-name kns=SUBSTRING instruments only kernels whose name contains SUBSTRING, and each
 further --kernel-name adds a filter (a kernel matching any is checked): scripts/gpu_session.sh passes kns=_ragged
-(_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear) and kns=_select_ (_select_count, _select_scatter).
+(_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear), kns=_select_ (_select_count, _select_scatter) and
+kns=_bias_gelu.
 """
 
 from __future__ import annotations
@@ -176,6 +181,75 @@ def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict
     return counts, errors
 
 
+GELU_BAD = ("n_not_16", "bias_shape")
+
+
+def gelu_model(elem: int, *, bias: bool) -> bytes:
+    """com.raggedvit::BiasGelu(X[, Bias]) -> Y over X [M, N]."""
+    names = ["X", "Bias"] if bias else ["X"]
+    node = helper.make_node("BiasGelu", names, ["Y"], domain="com.raggedvit")
+    inputs = [helper.make_tensor_value_info("X", elem, ["M", "N"])]
+    if bias:
+        inputs.append(helper.make_tensor_value_info("Bias", elem, ["NB"]))
+    out = helper.make_tensor_value_info("Y", elem, ["M", "N"])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    m = helper.make_model(helper.make_graph([node], "gelu", inputs, [out]), opset_imports=opsets)
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def gelu_calls(rng: np.random.Generator, calls: int, max_m: int) -> tuple[dict[str, int], int]:
+    """BiasGelu calls on the CUDA EP (fp16 / bf16, with and without Bias; M from 0, both launch configs): valid calls
+    must match a numpy GELU to the dtype's rounding; N not a multiple of 16 or a Bias of the wrong length must come
+    back as errors, never faults. (counts by kind, unexpected errors)."""
+    from math import erf
+
+    erf_v = np.vectorize(erf)
+    sessions = [(create_session(gelu_model(e, bias=b), "cuda", disable_cpu_fallback=True), e, b)
+                for e in (TensorProto.FLOAT16, TensorProto.BFLOAT16) for b in (True, False)]  # fmt: skip
+    counts: dict[str, int] = {}
+    errors = 0
+    for call in range(calls):
+        sess, elem, has_bias = sessions[call % len(sessions)]
+        M = int(rng.integers(0, max_m + 1)) if rng.random() < 0.8 else int(rng.integers(1000, 1100))
+        N = 16 * int(rng.integers(1, 17))
+        kind = "valid" if rng.random() < 0.85 else str(rng.choice(GELU_BAD))
+        if kind == "bias_shape" and not has_bias:
+            kind = "valid"
+        n, nb = N, N
+        if kind == "n_not_16":
+            n = nb = N + int(rng.integers(1, 16))
+        elif kind == "bias_shape":
+            nb = N + 16
+        x = (3 * rng.standard_normal((M, n))).astype(np.float32)
+        values = {"X": ort_value(x, elem)}
+        b = rng.standard_normal(nb).astype(np.float32)
+        if has_bias:
+            values["Bias"] = ort_value(b, elem)
+        try:
+            (y,) = sess.run_with_ort_values(["Y"], values)
+            out = host_float32(y, elem)
+            if kind != "valid":
+                print(f"gelu call {call}: {kind} accepted (M={M}, N={n}, bias {nb})", flush=True)
+                errors += 1
+                continue
+            s = host_float32(values["X"], elem).astype(np.float64)
+            if has_bias:
+                s = s + host_float32(values["Bias"], elem).astype(np.float64)
+            ref = 0.5 * s * (1.0 + erf_v(s / np.sqrt(2.0))) if s.size else s
+            tol = 2.0**-8 if elem == TensorProto.BFLOAT16 else 2.0**-11
+            bad = out.shape != (M, n) or not np.isfinite(out).all()
+            if bad or (np.abs(out - ref) > tol * np.abs(ref) + 1e-6).any():
+                print(f"gelu call {call}: bad output (shape {out.shape}, M={M}, N={n})", flush=True)
+                errors += 1
+        except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
+            if kind == "valid":
+                print(f"gelu call {call}: unexpected error on valid input: {str(e).splitlines()[0]}", flush=True)
+                errors += 1
+        counts[f"gelu_{kind}"] = counts.get(f"gelu_{kind}", 0) + 1
+    return counts, errors
+
+
 def crafted_sessions() -> tuple[int, int]:
     """(attempts, crashes-or-accepted): each crafted num_heads must be refused when the session is created or run."""
     bad = 0
@@ -213,6 +287,7 @@ def main() -> int:
     ap.add_argument("--max-t", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--linear-calls", type=int, default=300, help="RaggedLinear calls after the attention ones")
+    ap.add_argument("--gelu-calls", type=int, default=1000, help="BiasGelu calls after the RaggedLinear ones")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     cuda = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -253,6 +328,9 @@ def main() -> int:
         linear_counts, linear_errors = linear_calls(rng, args.linear_calls, args.max_t)
         counts.update(linear_counts)
         errors += linear_errors
+        gelu_counts, gelu_errors = gelu_calls(rng, args.gelu_calls, 2 * args.max_t)
+        counts.update(gelu_counts)
+        errors += gelu_errors
     total = sum(counts.values())
     where = "CUDA-EP" if cuda else "CPU-EP"
     print(f"memcheck fuzz: {total} {where} calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")

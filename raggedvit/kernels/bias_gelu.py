@@ -1,8 +1,10 @@
-"""Bias + GELU (erf form) as one pass: the kernel of `com.raggedvit::BiasGelu` (exporter rule `raggedvit_bias_gelu`).
+"""Bias + GELU (erf form) as one pass: the kernel of `com.raggedvit::BiasGelu` (exporter rules `bias_gelu` and
+`zero_bias_gelu`, raggedvit/exporter/rewrites.py).
 
 `bias_gelu(x, bias)` = GELU(x + bias) with the sum and GELU in fp32 and one rounding: the Triton kernel
 `_linear_kernel._bias_gelu` on CUDA tensors, else the torch reference `bias_gelu_reference` (the kernel runs on CPU
-tensors through `_linear_launch._launch_bias_gelu` in a process started with TRITON_INTERPRET=1: the tests). The ONNX op's CPU EP kernel and AOT cubins compute the same (DESIGN.md section 2).
+tensors through `_linear_launch._launch_bias_gelu` in a process started with TRITON_INTERPRET=1: the tests). The
+ONNX op's AOT cubins are the same kernel; its CPU EP kernel computes the same function (DESIGN.md section 2).
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ def _check(x: torch.Tensor, bias: torch.Tensor | None) -> None:
         raise ValueError(f"x must have at least 1 dimension [..., N], got shape {tuple(x.shape)}")
     if x.dtype not in _DTYPES:
         raise ValueError(f"x dtype must be float16, bfloat16 or float32, got {x.dtype}")
-    if bias is not None and (
-        tuple(bias.shape) != (x.shape[-1],) or bias.dtype != x.dtype or bias.device != x.device
-    ):
+    if bias is not None and (tuple(bias.shape) != (x.shape[-1],) or bias.dtype != x.dtype or bias.device != x.device):
         raise ValueError(
             f"bias must be [{x.shape[-1]}] {x.dtype} on {x.device} (x shape {tuple(x.shape)}), "
             f"got {tuple(bias.shape)} {bias.dtype} on {bias.device}"
@@ -57,4 +57,3 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor
         with torch.cuda.device(x.device):
             return _launch_bias_gelu(x.contiguous(), None if bias is None else bias.contiguous())
     return bias_gelu_reference(x, bias)
-

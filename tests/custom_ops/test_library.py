@@ -74,7 +74,7 @@ def test_library_info(ort_library):
     assert build["num_cubins"] <= build["num_kernel_images"]
     assert {"fwd", "cls", "fwd+pos", "cls+pos"} <= set(build["configs"]["fp16/d64/T>=0"])
     assert build["relative_position_bias"] is True
-    assert info["ops"] == ["RaggedAttention", "RaggedLinear", "RaggedSelect"]
+    assert info["ops"] == ["RaggedAttention", "RaggedLinear", "RaggedSelect", "BiasGelu"]
 
 
 def test_library_info_linear(ort_library):
@@ -99,6 +99,19 @@ def test_library_info_select(ort_library):
     assert select["num_cubins"] == 2 * 4 * len(SELECT_SORT_WIDTHS) and select["cubin_bytes"] > 0
     assert select["block"] == [SELECT_BLOCK]
     assert select["sort_widths"] == {str(wp): warps for wp, warps in SELECT_SORT_WIDTHS}
+
+
+def test_library_info_gelu(ort_library):
+    """BiasGelu cubins: fp16/bf16 x both configs x 4 archs, with gelu_config's rule."""
+    from raggedvit.kernels._linear_config import GELU_LARGE_M, aot_gelu_configs
+
+    gelu = library_info()["build"]["gelu"]
+    assert gelu["archs"] == [80, 86, 89, 90] and gelu["dtypes"] == ["bf16", "fp16"]
+    assert gelu["num_cubins"] == 2 * 2 * 4 and gelu["cubin_bytes"] > 0
+    assert gelu["rule"] == {"large_m": GELU_LARGE_M}
+    assert gelu["configs"] == {
+        name: {"block_m": c.block_m, "block_n": c.block_n, "num_warps": c.num_warps} for name, c in aot_gelu_configs()
+    }
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):

@@ -62,8 +62,12 @@ def _run() -> dict:
         "inputs": x.numel(),
         "mismatches": int(mismatch.sum()),
         "max_ulps": int(ulps.max()),
-        "inf_nan": [float(v) for v in _launch_bias_gelu(torch.tensor([[math.inf, -math.inf, math.nan] + [0.0] * 13]),
-                                                         None, kernels=_linear_kernel)[0, :3]],  # fmt: skip
+        "inf_nan": [
+            float(v)
+            for v in _launch_bias_gelu(
+                torch.tensor([[math.inf, -math.inf, math.nan] + [0.0] * 13]), None, kernels=_linear_kernel
+            )[0, :3]
+        ],  # fmt: skip
     }
     # the fp32 erf form (torch's F.gelu) on the same inputs, for comparison
     torch_ref = torch.nn.functional.gelu(x.float()).to(torch.float16)

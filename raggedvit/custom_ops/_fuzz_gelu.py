@@ -1,0 +1,149 @@
+"""Fuzz cases of com.raggedvit::BiasGelu on the CPU EP (calls with index % 10 == GELU_AT of `_fuzz_linear.draw_any`).
+
+A case is a pure function of (seed, index): random X rank (1-4) and shape (empty included), values with specials
+(inf, -inf, nan, huge, subnormal), optional Bias; and broken ones (scalar X, Bias shape and type, X types the CPU
+EP lacks). `gelu_expected_error` is the contract written independently of the C++ checks; valid outputs must be
+within half an ulp (+ 1e-5 + (x+b)^2 2^-24 relative, + 1e-4 of the smallest normal absolute) of a float64
+erfc-form GELU (`_check`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from onnx import helper
+
+from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, _is_ort_error
+
+__all__ = ["GELU_AT", "GeluCase", "draw_gelu_case", "gelu_expected_error", "run_gelu_case"]
+
+GELU_AT = 7  # call i is a BiasGelu case when i % 10 == GELU_AT (never a RaggedLinear or RaggedSelect index)
+CPU_TYPES = ("float", "float16")
+
+
+@dataclass(frozen=True)
+class GeluCase:
+    index: int
+    x_elem: str
+    x_shape: tuple[int, ...]
+    bias: tuple[str, tuple[int, ...]] | None  # (element type, shape) or absent
+    specials: bool  # sprinkle inf / -inf / nan / huge / subnormal values into X
+    data_seed: int
+
+    def describe(self) -> str:
+        return "BiasGelu " + ", ".join(f"{k}={v!r}" for k, v in asdict(self).items())
+
+
+def draw_gelu_case(seed: int, index: int) -> GeluCase:
+    """The BiasGelu case `index` of fuzz run `seed` (deterministic)."""
+    rng = random.Random(f"raggedvit-fuzz-gelu:{seed}:{index}")
+    x_elem = rng.choice(CPU_TYPES) if rng.random() < 0.93 else rng.choice(("bfloat16", "double"))
+    rank = 0 if rng.random() < 0.03 else rng.randint(1, 4)
+    shape = tuple(0 if rng.random() < 0.04 else rng.randint(1, 9 if rank > 2 else 70) for _ in range(rank))
+    bias = None
+    if rng.random() < 0.7:
+        n = shape[-1] if shape else 1
+        b_shape: tuple[int, ...] = (n,)
+        if rng.random() < 0.06:
+            b_shape = rng.choice([(n + 1,), (1, n), ()])
+        b_elem = x_elem if rng.random() < 0.95 else rng.choice([e for e in ("float", "float16") if e != x_elem])
+        bias = (b_elem, b_shape)
+    return GeluCase(index, x_elem, shape, bias, rng.random() < 0.3, rng.getrandbits(62))
+
+
+def gelu_expected_error(c: GeluCase) -> str | None:
+    """Why the op must refuse `c`, as "gelu <category>: <detail>" (None: it must run and match the reference)."""
+    if c.x_elem not in CPU_TYPES:
+        return f"gelu X type: {c.x_elem}"
+    if not c.x_shape:
+        return "gelu X rank: 0"
+    if c.bias is not None and (c.bias[1] != (c.x_shape[-1],) or c.bias[0] != c.x_elem):
+        return f"gelu Bias: {c.bias} vs {c.x_elem} ({c.x_shape[-1]},)"
+    return None
+
+
+def _model(c: GeluCase) -> bytes:
+    names = ["X", "Bias"] if c.bias else ["X"]
+    node = helper.make_node("BiasGelu", names, ["Y"], domain="com.raggedvit")
+    inputs = [helper.make_tensor_value_info("X", ELEM[c.x_elem], None)]
+    if c.bias:
+        inputs.append(helper.make_tensor_value_info("Bias", ELEM[c.bias[0]], None))
+    graph = helper.make_graph([node], "fuzz_gelu", inputs, [helper.make_tensor_value_info("Y", ELEM[c.x_elem], None)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    )
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def _tensors(c: GeluCase) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(c.data_seed)
+    x = torch.randn(c.x_shape, generator=gen, dtype=torch.float64) * 4
+    if c.specials and x.numel():
+        pick = torch.randint(0, x.numel(), (max(1, x.numel() // 8),), generator=gen)
+        vals = torch.tensor([math.inf, -math.inf, math.nan, 6e4, -6e4, 1e-7, -1e-7, -12.0])
+        x.view(-1)[pick] = vals[torch.randint(0, len(vals), pick.shape, generator=gen)].double()
+    feeds = {"X": x.to(TORCH[c.x_elem])}
+    if c.bias:
+        feeds["Bias"] = torch.randn(c.bias[1], generator=gen, dtype=torch.float64).to(TORCH[c.bias[0]])
+    return feeds
+
+
+def _check(y: torch.Tensor, feeds: dict[str, torch.Tensor]) -> str | None:
+    s = feeds["X"].double() + (feeds["Bias"].double() if "Bias" in feeds else 0.0)
+    ref = 0.5 * s * torch.special.erfc(-s / math.sqrt(2.0))  # -inf * 0 = nan, as the op gives
+    fi = torch.finfo(y.dtype)
+    # relative: half an ulp, 1e-5 of float32 math, and s^2 2^-24 (rounding z = -s/sqrt 2 to float32 moves erfc(z) by
+    # 2 z dz); absolute: 1e-4 of the smallest normal (float32 erfc goes subnormal past s ~ -13, |GELU| < 1e-37)
+    bound = (0.5 * fi.eps + 1e-5 + s.nan_to_num(0.0, 0.0, 0.0) ** 2 * 2.0**-24) * ref.abs()
+    bound = bound + fi.tiny * (0.5 * fi.eps + 1e-4)
+    yd = y.double()
+    same_nan = torch.isnan(yd) == torch.isnan(ref)
+    close = torch.isnan(ref) | (yd == ref) | ((yd - ref).abs() <= bound)
+    if ref.dtype != yd.dtype or not bool((same_nan & close).all()):
+        bad = ~(same_nan & close)
+        return f"Y differs from the reference at {int(bad.sum())} of {y.numel()} elements: e.g. x+b={s[bad][:3].tolist()}, y={yd[bad][:3].tolist()}, ref={ref[bad][:3].tolist()}"  # noqa: E501
+    return None
+
+
+def run_gelu_case(c: GeluCase, sessions: dict) -> tuple[str, str | None]:
+    """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
+    import onnxruntime as ort
+
+    from raggedvit.runtime import bind_tensor, session_options
+
+    expected = gelu_expected_error(c)
+    key = repr(("gelu", c.x_elem, c.bias and c.bias[0]))
+    try:
+        sess = sessions.get(key)
+        if sess is None:
+            so = session_options(intra_op_threads=1, log_severity=4)
+            sess = sessions[key] = ort.InferenceSession(_model(c), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - classified below
+        if expected is None:
+            return "failed", f"session creation refused a valid node: {e}"
+        return ("rejected_session", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    feeds = _tensors(c)
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4
+    binding = sess.io_binding()
+    try:
+        for name, value in feeds.items():
+            bind_tensor(binding, name, value)
+        binding.bind_output("Y", "cpu")
+        sess.run_with_iobinding(binding, run_options)
+        y = binding.copy_outputs_to_cpu()[0]
+    except Exception as e:  # noqa: BLE001 - classified below
+        if expected is None:
+            return "failed", f"valid input refused: {e}"
+        return ("rejected_run", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    if expected is not None:
+        return "failed", f"invalid input accepted ({expected})"
+    if tuple(y.shape) != c.x_shape:
+        return "failed", f"Y has shape {tuple(y.shape)}, not {c.x_shape}"
+    err = _check(torch.from_numpy(np.ascontiguousarray(y)), feeds)
+    return ("failed", err) if err else ("checked", None)
