@@ -11,7 +11,7 @@ value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
 
 Grid: (cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N),).
 
-GELU (`gelu_erf`, the epilogue's and `_bias_gelu`'s one definition): GELU(x) = x * Phi(x), Phi(x) =
+GELU of `_bias_gelu` (`gelu_erf`): GELU(x) = x * Phi(x), Phi(x) =
 erfc(-x / sqrt 2) / 2, with e = erfc(|x| / sqrt 2) / 2 from Numerical Recipes' Chebyshev form `erfcc`
 (t = 1 / (1 + z/2), e = t exp(P(t) - z^2) / 2, fractional error below 1.2e-7 for every z >= 0) and Phi = e for
 x < 0, 1 - e else: one reciprocal, one exp, ten FMAs, no branch. In fp32 arithmetic the relative error is below
@@ -20,6 +20,11 @@ x (1 + erf(x / sqrt 2)) / 2 with libdevice's erff it keeps the negative tail's r
 cancellation); over every finite fp16 x its fp16-rounded result is the exactly rounded GELU in all but a handful of
 inputs (1 ulp off), where the fp32 erf form misses hundreds (tests/kernels/test_bias_gelu.py); and the kernel below
 runs ~10% faster with it than with libdevice's erff (benchmarks/results/gelu_2026-12-01_NVIDIA-H200.json).
+`_ragged_linear`'s GELU epilogue keeps the erf form the exports were validated with: with gelu_erf there, the
+fp16-all cls-mass capacity export with the dead-row RaggedLinear (deit_base, seeded) swapped one token of the
+astronaut sample photo at block 9, where the reference's score gap is 7.0e-4 (under 4 fp16 ulps), and `raggedvit
+validate --device cuda` failed on it (max |dlogit| 0.148 against 7.8e-3 with the erf form, H200): the validator
+judges a same-count token swap by its logits (DESIGN.md section 6). Either GELU is within rounding of the exact one.
 
 `_bias_gelu` (com.raggedvit::BiasGelu): Y[m, n] = GELU(X[m, n] + Bias[n]) (Bias optional), X / Y [M, N] row-major
 contiguous in one dtype (fp16 / bf16 / fp32), Bias [N] in that dtype; the sum and GELU in fp32, one rounding. A
@@ -127,7 +132,7 @@ def _ragged_linear(
         if has_bias != 0:
             acc += tl.load(Bias + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
         if activation == 1:
-            acc = gelu_erf(acc)
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # not gelu_erf: module docstring
         keep = row_live[:, None] & col_in[None, :]
         if has_res != 0:
             res_ptrs = Res + rows.to(tl.int64)[:, None] * N + cols[None, :]
