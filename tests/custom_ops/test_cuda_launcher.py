@@ -48,6 +48,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(CUDA_SRC / "launcher.cc"),
             str(CUDA_SRC / "linear_launcher.cc"),
             str(CUDA_SRC / "select_launcher.cc"),
+            str(CUDA_SRC / "gelu_launcher.cc"),
             "-ldl",
             "-o",
             str(d / "harness"),
@@ -274,6 +275,59 @@ def test_linear_errors(harness, tmp_path, kw, message):
 
 def test_linear_empty_launches_nothing(harness, tmp_path):
     res, log = run(harness, tmp_path, [linear(T=0), linear(N=0)])
+    assert res == ["OK", "OK"] and not launches(log)
+
+
+def gelu(*, dtype=1, M=100, N=512, bias=1, misalign=0) -> str:
+    return f"G {dtype} {M} {N} {bias} {misalign}"
+
+
+def test_gelu_launch_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [gelu(), gelu(bias=0)])
+    assert res == ["OK", "OK"]
+    full, bare = launches(log)
+    assert full["name"] == "_bias_gelu" and full["image"] == "gelu/kFloat16/sm90/kSmall"
+    assert full["grid"] == "100,1,1" and full["block"] == "128,1,1"  # cdiv(100, 1) * cdiv(512, 1024)
+    # X, Bias, Y, M, N, has_bias, global/profile scratch
+    assert full["args"] == "a00000,b00000,c00000,100,512,1,0,0"
+    assert bare["args"] == "a00000,a00000,c00000,100,512,0,0,0"  # absent bias: X's pointer stands in, never read
+
+
+@pytest.mark.parametrize(
+    ("arch", "M", "N", "image", "grid"),
+    [
+        (90, 1023, 3072, "sm90/kSmall", "3069,1,1"),
+        (90, 1024, 3072, "sm90/kLarge", "768,1,1"),  # cdiv(1024, 8) * cdiv(3072, 512)
+        (89, 2000, 1536, "sm80/kLarge", "750,1,1"),  # no sm_89 image: the highest minor of the same major
+    ],
+)
+def test_gelu_config_rule_by_rows_and_arch(harness, tmp_path, arch, M, N, image, grid):
+    res, log = run(harness, tmp_path, [gelu(M=M, N=N)], FAKE_CUDA_ARCH=str(arch))
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == f"gelu/kFloat16/{image}" and launch["grid"] == grid
+
+
+@pytest.mark.parametrize(
+    ("kw", "env", "message"),
+    [
+        ({"N": 40}, {}, "N = 40 must be a multiple of 16"),
+        ({"misalign": 8}, {}, "device buffer 'X' is not 16-byte aligned"),
+        ({"dtype": 0}, {}, "element type fp32 has no CUDA kernel"),
+        ({"dtype": 2}, {}, "_bias_gelu: cubin expects 7 parameters, launcher passes 8"),
+        ({"dtype": 2, "M": 2000}, {}, "no BiasGelu cubin for sm_90 bf16 config large"),
+        ({"M": 2**31}, {}, "exceed the int32 sizes of the kernel"),
+        ({}, {"FAKE_CUDA_ARCH": "75"}, "no BiasGelu cubin for sm_75"),
+    ],
+)
+def test_gelu_errors(harness, tmp_path, kw, env, message):
+    res, log = run(harness, tmp_path, [gelu(**kw)], **env)
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log)
+
+
+def test_gelu_empty_launches_nothing(harness, tmp_path):
+    res, log = run(harness, tmp_path, [gelu(M=0), gelu(N=0)])
     assert res == ["OK", "OK"] and not launches(log)
 
 

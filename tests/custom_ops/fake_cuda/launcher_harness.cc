@@ -3,6 +3,7 @@
 //        device_ordinal misalign scale [pos grid_h grid_w num_prefix]   (stream_dev -1 = null stream; pos 1:
 //        pos_table 0xf00000 and token_pos 0xf80000)
 //        or a RaggedLinear launch: L dtype index T N K B bias residual cu activation misalign
+//        or a BiasGelu launch: G dtype M N bias misalign
 //        or a RaggedSelect launch: S T B width bound num_prefix policy keep mass misalign   (misalign i > 0: the
 //        i-th buffer of scores, cu, k, src, cu_new, seq_id, pos 8 bytes off)
 // stdout: "OK" or "ERR <message>" per line.
@@ -85,6 +86,24 @@ const SelectImage kSelectImages[] = {
     SEL(kScatter, 100, 256, "_select_scatter", 0, 8, 13),  // wrong param count on the second kernel
 };
 const size_t kNumSelectImages = sizeof(kSelectImages) / sizeof(kSelectImages[0]);
+
+namespace {
+#define GELU(dt, arch, config, bm, bn, warps, np)                                                                  \
+  {DType::dt, arch, GeluConfig::config, "_bias_gelu",                                                             \
+   reinterpret_cast<const unsigned char*>("gelu/" #dt "/sm" #arch "/" #config), 8, 0, warps, bm, bn, np}
+}  // namespace
+
+// sm_90 and sm_80 both configs (sm_80 listed first: the launch must take the device's arch), bf16 on sm_90 with a
+// wrong parameter count
+const GeluImage kGeluImages[] = {
+    GELU(kFloat16, 80, kSmall, 1, 1024, 4, 8),
+    GELU(kFloat16, 80, kLarge, 8, 512, 4, 8),
+    GELU(kFloat16, 90, kSmall, 1, 1024, 4, 8),
+    GELU(kFloat16, 90, kLarge, 8, 512, 4, 8),
+    GELU(kBFloat16, 90, kSmall, 1, 1024, 4, 7),
+};
+const size_t kNumGeluImages = sizeof(kGeluImages) / sizeof(kGeluImages[0]);
+const int64_t kGeluLargeM = 1024;
 const char* const kBuildInfoJson = "{}";
 }  // namespace raggedvit::cuda
 
@@ -109,6 +128,20 @@ int main() {
       l.y = reinterpret_cast<void*>(uintptr_t{0xc00000});
       l.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
       std::string err = LaunchRaggedLinear(l);
+      std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
+      continue;
+    }
+    if (line[0] == 'G') {
+      std::string tag;
+      int dtype, bias, misalign;
+      GeluLaunch g;
+      in >> tag >> dtype >> g.M >> g.N >> bias >> misalign;
+      g.dtype = static_cast<DType>(dtype);
+      g.x = reinterpret_cast<const void*>(uintptr_t{0xa00000} + misalign);
+      if (bias) g.bias = reinterpret_cast<const void*>(uintptr_t{0xb00000});
+      g.y = reinterpret_cast<void*>(uintptr_t{0xc00000});
+      g.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
+      std::string err = LaunchBiasGelu(g);
       std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
       continue;
     }
