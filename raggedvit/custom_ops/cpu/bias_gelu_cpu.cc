@@ -1,6 +1,7 @@
 // CPU kernel: GELU(x + b) = s * erfc(-s / sqrt 2) / 2 in float (erfc keeps the negative tail's relative accuracy),
 // one task per block of rows.
 #include "bias_gelu_cpu.h"
+#include "float_convert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,18 +11,6 @@ namespace raggedvit {
 namespace {
 
 constexpr int64_t kElementsPerTask = 1 << 15;
-
-inline float ToFloat(float x) { return x; }
-inline float ToFloat(Ort::Float16_t x) { return x.ToFloat(); }
-
-template <typename T>
-inline T FromFloat(float x) {
-  return T(x);
-}
-template <>
-inline float FromFloat<float>(float x) {
-  return x;
-}
 
 template <typename T>
 struct Job {

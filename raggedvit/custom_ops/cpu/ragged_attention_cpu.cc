@@ -1,6 +1,7 @@
 // CPU kernel: one task per (sequence, block of query rows), all heads inside the task, so the task that
 // owns a sequence's first row is the only writer of that sequence's cls_attn entries.
 #include "ragged_attention_cpu.h"
+#include "float_convert.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,19 +13,6 @@ namespace raggedvit {
 namespace {
 
 constexpr int64_t kRowsPerTask = 16;
-
-inline float ToFloat(float x) { return x; }
-inline float ToFloat(Ort::Float16_t x) { return x.ToFloat(); }
-inline float ToFloat(Ort::BFloat16_t x) { return x.ToFloat(); }
-
-template <typename T>
-inline T FromFloat(float x) {
-  return T(x);
-}
-template <>
-inline float FromFloat<float>(float x) {
-  return x;
-}
 
 struct Task {
   int64_t seq_begin, seq_end;  // the sequence's rows [seq_begin, seq_end)

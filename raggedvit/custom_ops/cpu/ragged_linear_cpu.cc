@@ -1,6 +1,7 @@
 // CPU kernel: X and W as float (converted once per call for float16), then one task per block of live rows; each
 // task walks W's rows once per group of kRowGroup X rows, so a W row is read from L1 by every row of the group.
 #include "ragged_linear_cpu.h"
+#include "float_convert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,18 +13,6 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 32;
 constexpr int64_t kRowGroup = 4;
-
-inline float ToFloat(float x) { return x; }
-inline float ToFloat(Ort::Float16_t x) { return x.ToFloat(); }
-
-template <typename T>
-inline T FromFloat(float x) {
-  return T(x);
-}
-template <>
-inline float FromFloat<float>(float x) {
-  return x;
-}
 
 // sum a[k] * b[k] over 8 lanes (vectorised; cloned for AVX2+FMA CPUs), then the lanes in order.
 __attribute__((target_clones("arch=haswell", "default"))) float Dot(const float* __restrict a,
