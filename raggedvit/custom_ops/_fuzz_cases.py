@@ -15,15 +15,27 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from onnx import TensorProto, helper
 
 from raggedvit.custom_ops._fuzz_pos import draw_pos, pos_attr_error, pos_input_error, token_pos
+from raggedvit.custom_ops._ort_models import model_bytes
 
-__all__ = ["CRAFTED_NUM_HEADS", "Case", "draw_case", "expected_error", "run_case"]
+__all__ = [
+    "CRAFTED_NUM_HEADS",
+    "Case",
+    "cpu_session",
+    "draw_case",
+    "expected_error",
+    "quiet_run_options",
+    "refusal",
+    "run_case",
+]
 
 INT64_MAX = 2**63 - 1
 MAX_NUM_HEADS = INT64_MAX // 3  # the op's limit: 3*num_heads must fit int64
@@ -276,11 +288,7 @@ def build_model(c: Case) -> bytes:
     if c.cls_attn:
         outputs.append(helper.make_tensor_value_info("cls_attn", TensorProto.FLOAT, None))
     graph = helper.make_graph([node], "fuzz", inputs, outputs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
-    )
-    model.ir_version = 10
-    return model.SerializeToString()
+    return model_bytes(graph)
 
 
 def _tensors(c: Case) -> dict[str, torch.Tensor]:
@@ -338,23 +346,16 @@ def run_case(c: Case, sessions: dict) -> tuple[str, str | None]:
 
     Outcomes: "checked" (valid, ran and matched), "rejected_session" / "rejected_run" (invalid, refused by
     ORT at session creation / at run time), "failed" (anything else)."""
-    import onnxruntime as ort
-
-    from raggedvit.runtime import bind_tensor, session_options
+    from raggedvit.runtime import bind_tensor
 
     expected = expected_error(c)
     # repr: 2.0 == 2 as a dict key, but a float num_heads is a different node
     key = repr((c.qkv_elem, c.cu_elem, c.num_heads, c.scale, c.max_seqlen, c.cls_attn, c.declared, c.bias_elem,
                 c.grid_h, c.grid_w, c.num_prefix, c.pos_table_elem, c.token_pos_elem))  # fmt: skip
     try:
-        sess = sessions.get(key)
-        if sess is None:
-            so = session_options(intra_op_threads=1, log_severity=4)
-            sess = sessions[key] = ort.InferenceSession(build_model(c), so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"session creation refused a valid node: {e}"
-        return ("rejected_session", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+        sess = cpu_session(sessions, key, lambda: build_model(c))
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "session")
     feeds = _tensors(c)
     outs: dict[str, torch.Tensor] = {}
     if expected is None and c.qkv_shape[0] > 0:  # preallocated (numpy has no bfloat16 to read ORT's back)
@@ -362,8 +363,7 @@ def run_case(c: Case, sessions: dict) -> tuple[str, str | None]:
         if c.cls_attn:
             outs["cls_attn"] = torch.full((c.qkv_shape[0],), math.nan)
     binding = sess.io_binding()
-    run_options = ort.RunOptions()
-    run_options.log_severity_level = 4
+    run_options = quiet_run_options()
     try:
         for name, value in feeds.items():
             bind_tensor(binding, name, value)
@@ -373,10 +373,8 @@ def run_case(c: Case, sessions: dict) -> tuple[str, str | None]:
             else:
                 binding.bind_output(name, "cpu")
         sess.run_with_iobinding(binding, run_options)
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"valid input refused: {e}"
-        return ("rejected_run", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "run")
     if expected is not None:
         return "failed", f"invalid input accepted ({expected})"
     if not outs:  # T = 0: ORT allocated the empty outputs
@@ -385,6 +383,38 @@ def run_case(c: Case, sessions: dict) -> tuple[str, str | None]:
         return ("checked", None) if shapes == want else ("failed", f"empty outputs have shapes {shapes}, not {want}")
     err = _check_outputs(c, feeds, outs)
     return ("failed", err) if err else ("checked", None)
+
+
+def cpu_session(sessions: dict, key: str, model: Callable[[], bytes]) -> Any:
+    """The CPU-EP session of `key` from the cache `sessions`, created from model() on first use (quiet logging);
+    raises what session creation raises (classify it with `refusal`)."""
+    import onnxruntime as ort
+
+    from raggedvit.runtime import session_options
+
+    sess = sessions.get(key)
+    if sess is None:
+        so = session_options(intra_op_threads=1, log_severity=4)
+        sess = sessions[key] = ort.InferenceSession(model(), so, providers=["CPUExecutionProvider"])
+    return sess
+
+
+def quiet_run_options() -> Any:
+    """ORT RunOptions that log nothing below fatal (the fuzz's refusals are expected)."""
+    import onnxruntime as ort
+
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4
+    return run_options
+
+
+def refusal(e: Exception, expected: str | None, stage: str) -> tuple[str, str | None]:
+    """The outcome of an exception at `stage` ("session" creation or "run"): "rejected_<stage>" for ORT's refusal
+    of an invalid case, "failed" for a valid case or a non-ORT error."""
+    if expected is None:
+        what = "session creation refused a valid node" if stage == "session" else "valid input refused"
+        return "failed", f"{what}: {e}"
+    return (f"rejected_{stage}", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
 
 
 def _is_ort_error(e: Exception) -> bool:

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from onnx import helper
 
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, _is_ort_error
+from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, quiet_run_options, refusal
+from raggedvit.testing import gelu_float64
 
 __all__ = ["GELU_AT", "GeluCase", "draw_gelu_case", "gelu_expected_error", "run_gelu_case"]
 
@@ -66,20 +66,6 @@ def gelu_expected_error(c: GeluCase) -> str | None:
     return None
 
 
-def _model(c: GeluCase) -> bytes:
-    names = ["X", "Bias"] if c.bias else ["X"]
-    node = helper.make_node("BiasGelu", names, ["Y"], domain="com.raggedvit")
-    inputs = [helper.make_tensor_value_info("X", ELEM[c.x_elem], None)]
-    if c.bias:
-        inputs.append(helper.make_tensor_value_info("Bias", ELEM[c.bias[0]], None))
-    graph = helper.make_graph([node], "fuzz_gelu", inputs, [helper.make_tensor_value_info("Y", ELEM[c.x_elem], None)])
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
-    )
-    model.ir_version = 10
-    return model.SerializeToString()
-
-
 def _tensors(c: GeluCase) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(c.data_seed)
     x = torch.randn(c.x_shape, generator=gen, dtype=torch.float64) * 4
@@ -95,7 +81,7 @@ def _tensors(c: GeluCase) -> dict[str, torch.Tensor]:
 
 def _check(y: torch.Tensor, feeds: dict[str, torch.Tensor]) -> str | None:
     s = feeds["X"].double() + (feeds["Bias"].double() if "Bias" in feeds else 0.0)
-    ref = 0.5 * s * torch.special.erfc(-s / math.sqrt(2.0))  # -inf * 0 = nan, as the op gives
+    ref = gelu_float64(s)  # -inf * 0 = nan, as the op gives
     fi = torch.finfo(y.dtype)
     # relative: half an ulp, 1e-5 of float32 math, and s^2 2^-24 (rounding z = -s/sqrt 2 to float32 moves erfc(z) by
     # 2 z dz); absolute: 1e-4 of the smallest normal (float32 erfc goes subnormal past s ~ -13, |GELU| < 1e-37)
@@ -112,35 +98,27 @@ def _check(y: torch.Tensor, feeds: dict[str, torch.Tensor]) -> str | None:
 
 def run_gelu_case(c: GeluCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
-    import onnxruntime as ort
-
-    from raggedvit.runtime import bind_tensor, session_options
+    from raggedvit.custom_ops._ort_models import gelu_model
+    from raggedvit.runtime import bind_tensor
 
     expected = gelu_expected_error(c)
     key = repr(("gelu", c.x_elem, c.bias and c.bias[0]))
+    bias_elem = ELEM[c.bias[0]] if c.bias else None
     try:
-        sess = sessions.get(key)
-        if sess is None:
-            so = session_options(intra_op_threads=1, log_severity=4)
-            sess = sessions[key] = ort.InferenceSession(_model(c), so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"session creation refused a valid node: {e}"
-        return ("rejected_session", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+        sess = cpu_session(sessions, key, lambda: gelu_model(ELEM[c.x_elem], bias=bool(c.bias), bias_elem=bias_elem,
+                                                             rank=None))  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "session")
     feeds = _tensors(c)
-    run_options = ort.RunOptions()
-    run_options.log_severity_level = 4
     binding = sess.io_binding()
     try:
         for name, value in feeds.items():
             bind_tensor(binding, name, value)
         binding.bind_output("Y", "cpu")
-        sess.run_with_iobinding(binding, run_options)
+        sess.run_with_iobinding(binding, quiet_run_options())
         y = binding.copy_outputs_to_cpu()[0]
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"valid input refused: {e}"
-        return ("rejected_run", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "run")
     if expected is not None:
         return "failed", f"invalid input accepted ({expected})"
     if tuple(y.shape) != c.x_shape:

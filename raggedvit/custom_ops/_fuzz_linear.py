@@ -20,7 +20,7 @@ import torch
 from onnx import TensorProto, helper
 
 from raggedvit.custom_ops import _fuzz_cases
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, Case, _is_ort_error
+from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, Case, cpu_session, quiet_run_options, refusal
 from raggedvit.custom_ops._fuzz_gelu import GELU_AT, GeluCase, draw_gelu_case, gelu_expected_error, run_gelu_case
 from raggedvit.custom_ops._fuzz_select import (
     SELECT_AT,
@@ -29,6 +29,7 @@ from raggedvit.custom_ops._fuzz_select import (
     run_select_case,
     select_expected_error,
 )
+from raggedvit.custom_ops._ort_models import model_bytes
 
 __all__ = ["LinearCase", "draw_any", "draw_linear_case", "expected_any", "linear_expected_error", "run_any"]
 
@@ -140,11 +141,7 @@ def _model(c: LinearCase) -> bytes:
         cu_type = TensorProto.FLOAT if c.cu_elem == "float" else ELEM[c.cu_elem]
         inputs.append(helper.make_tensor_value_info("CuSeqlens", cu_type, None))
     graph = helper.make_graph([node], "fuzz_linear", inputs, [helper.make_tensor_value_info("Y", ELEM[c.x_elem], None)])
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
-    )
-    model.ir_version = 10
-    return model.SerializeToString()
+    return model_bytes(graph)
 
 
 def _tensors(c: LinearCase) -> dict[str, torch.Tensor]:
@@ -182,30 +179,22 @@ def _reference(c: LinearCase, feeds: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
-    import onnxruntime as ort
-
-    from raggedvit.runtime import bind_tensor, session_options
+    from raggedvit.runtime import bind_tensor
     from raggedvit.testing import assert_close
 
     expected = linear_expected_error(c)
     key = repr(("linear", c.x_elem, c.w_elem, c.bias and c.bias[0], c.residual and c.residual[0], c.cu_elem,
                 c.activation))  # fmt: skip
     try:
-        sess = sessions.get(key)
-        if sess is None:
-            so = session_options(intra_op_threads=1, log_severity=4)
-            sess = sessions[key] = ort.InferenceSession(_model(c), so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"session creation refused a valid node: {e}"
-        return ("rejected_session", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+        sess = cpu_session(sessions, key, lambda: _model(c))
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "session")
     feeds = _tensors(c)
     y = None
     if expected is None:
         y = torch.full((c.x_shape[0], c.w_shape[0]), math.nan, dtype=TORCH[c.x_elem])
     binding = sess.io_binding()
-    run_options = ort.RunOptions()
-    run_options.log_severity_level = 4
+    run_options = quiet_run_options()
     try:
         for name, value in feeds.items():
             bind_tensor(binding, name, value)
@@ -214,10 +203,8 @@ def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
         else:
             binding.bind_output("Y", "cpu")
         sess.run_with_iobinding(binding, run_options)
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"valid input refused: {e}"
-        return ("rejected_run", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "run")
     if expected is not None:
         return "failed", f"invalid input accepted ({expected})"
     if y is None or not y.numel():

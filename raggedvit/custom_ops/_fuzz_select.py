@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from raggedvit.custom_ops._fuzz_cases import _is_ort_error
+from raggedvit.custom_ops._fuzz_cases import cpu_session, refusal
 
 __all__ = ["SELECT_AT", "SelectFuzzCase", "draw_select_case", "run_select_case", "select_expected_error"]
 
@@ -80,34 +80,24 @@ def _inputs(c: SelectFuzzCase) -> tuple[np.ndarray, np.ndarray]:
 
 def run_select_case(c: SelectFuzzCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
-    import onnxruntime as ort
     import torch
 
     from raggedvit.custom_ops._ort_models import SELECT_OUTPUTS, select_model
     from raggedvit.pruning.select import select_rows_reference
-    from raggedvit.runtime import session_options
 
     expected = select_expected_error(c)
     attrs = {"width": c.width, "bound": c.bound, "num_prefix": c.num_prefix, "policy": c.policy,
              "keep": c.keep, "mass": c.mass}  # fmt: skip
     key = repr(("select", sorted(attrs.items())))
     try:
-        sess = sessions.get(key)
-        if sess is None:
-            so = session_options(intra_op_threads=1, log_severity=4)
-            model = select_model(attrs, any_rank=True)
-            sess = sessions[key] = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"session creation refused a valid node: {e}"
-        return ("rejected_session", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+        sess = cpu_session(sessions, key, lambda: select_model(attrs, any_rank=True))
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "session")
     scores, cu = _inputs(c)
     try:
         got = sess.run(None, {"scores": scores, "cu": cu})
-    except Exception as e:  # noqa: BLE001 - classified below
-        if expected is None:
-            return "failed", f"valid input refused: {e}"
-        return ("rejected_run", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    except Exception as e:  # noqa: BLE001 - classified by refusal
+        return refusal(e, expected, "run")
     if expected is not None:
         return "failed", f"invalid input accepted ({expected})"
     args = (c.width, c.bound, c.num_prefix, c.policy, c.keep, c.mass)

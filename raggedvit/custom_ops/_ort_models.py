@@ -1,4 +1,4 @@
-"""ONNX models with com.raggedvit::RaggedAttention / RaggedLinear / RaggedSelect nodes (IR 10, opset 17 +
+"""ONNX models with com.raggedvit::RaggedAttention / RaggedLinear / RaggedSelect / BiasGelu nodes (IR 10, opset 17 +
 com.raggedvit 1) and inputs."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ __all__ = [
     "SELECT_OUTPUTS",
     "attention_model",
     "chained_model",
+    "gelu_model",
     "linear_model",
+    "model_bytes",
     "random_batch",
     "select_model",
     "to_numpy",
@@ -28,7 +30,8 @@ DTYPES = {
 _CU = {torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64}
 
 
-def _finish(graph: onnx.GraphProto) -> bytes:
+def model_bytes(graph: onnx.GraphProto) -> bytes:
+    """The serialized model of `graph`: IR 10, opset 17 + com.raggedvit 1."""
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
     )
@@ -90,7 +93,7 @@ def attention_model(
         + pos_inputs,
         outputs,
     )
-    return _finish(graph)
+    return model_bytes(graph)
 
 
 LINEAR_INPUTS = ("X", "W", "Bias", "Residual", "CuSeqlens")  # RaggedLinear's input order
@@ -127,7 +130,7 @@ def linear_model(
         if present[n]
     ]
     y = helper.make_tensor_value_info("Y", types["X"], None if any_rank else ["T", "N"])
-    return _finish(helper.make_graph([node], "ragged_linear", inputs, [y]))
+    return model_bytes(helper.make_graph([node], "ragged_linear", inputs, [y]))
 
 
 def gelu_model(elem: int, *, bias: bool = True, bias_elem: int | None = None, rank: int | None = 2) -> bytes:
@@ -140,7 +143,7 @@ def gelu_model(elem: int, *, bias: bool = True, bias_elem: int | None = None, ra
     if bias:
         inputs.append(helper.make_tensor_value_info("Bias", bias_elem or elem, None if rank is None else ["N"]))
     y = helper.make_tensor_value_info("Y", elem, dims)
-    return _finish(helper.make_graph([node], "bias_gelu", inputs, [y]))
+    return model_bytes(helper.make_graph([node], "bias_gelu", inputs, [y]))
 
 
 SELECT_OUTPUTS = ("src", "cu_new", "seq_id", "pos", "k")  # RaggedSelect's output order
@@ -158,7 +161,7 @@ def select_model(
     node = helper.make_node("RaggedSelect", ["scores", "cu"], list(SELECT_OUTPUTS), domain="com.raggedvit", **attrs)
     inputs = [helper.make_tensor_value_info(n, types[n], None if any_rank else declared[n]) for n in declared]
     outputs = [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in SELECT_OUTPUTS]
-    return _finish(helper.make_graph([node], "ragged_select", inputs, outputs))
+    return model_bytes(helper.make_graph([node], "ragged_select", inputs, outputs))
 
 
 def chained_model(
@@ -204,7 +207,7 @@ def chained_model(
         outputs,
         initializer=inits,
     )
-    return _finish(graph)
+    return model_bytes(graph)
 
 
 def random_batch(
