@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["assert_close", "default_tolerance", "rel_error"]
+__all__ = ["assert_close", "default_tolerance", "gelu_float64", "rel_error"]
 
 _TOL = {
     torch.float64: 1e-12,
@@ -17,6 +19,13 @@ _TOL = {
 def default_tolerance(dtype: torch.dtype) -> float:
     """Relative error budget of `dtype` arithmetic against a float64 reference."""
     return _TOL[dtype]
+
+
+def gelu_float64(s: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU of s in float64, as s * erfc(-s / sqrt 2) / 2: no 1 + erf cancellation in the negative
+    tail, so it stays a relative reference there (-inf gives nan, as the erf form does)."""
+    s = s.double()
+    return 0.5 * s * torch.special.erfc(-s / math.sqrt(2.0))
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 
 from raggedvit.kernels._linear_launch import _launch_bias_gelu
+from raggedvit.kernels.ragged_linear import _DTYPES, _check_like
 
 __all__ = ["bias_gelu", "bias_gelu_reference"]
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _check(x: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -23,11 +22,7 @@ def _check(x: torch.Tensor, bias: torch.Tensor | None) -> None:
         raise ValueError(f"x must have at least 1 dimension [..., N], got shape {tuple(x.shape)}")
     if x.dtype not in _DTYPES:
         raise ValueError(f"x dtype must be float16, bfloat16 or float32, got {x.dtype}")
-    if bias is not None and (tuple(bias.shape) != (x.shape[-1],) or bias.dtype != x.dtype or bias.device != x.device):
-        raise ValueError(
-            f"bias must be [{x.shape[-1]}] {x.dtype} on {x.device} (x shape {tuple(x.shape)}), "
-            f"got {tuple(bias.shape)} {bias.dtype} on {bias.device}"
-        )
+    _check_like("bias", bias, (x.shape[-1],), x, f"x shape {tuple(x.shape)}")
 
 
 def bias_gelu_reference(

@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import torch
 
+from raggedvit.testing import gelu_float64
+
 # (name, dtype, shape, bias, config (block_m, block_n, num_warps) or None = gelu_config)
 CASES = [
     ("fp32_bias", torch.float32, (37, 50), True, None),
@@ -24,12 +26,6 @@ CASES = [
 
 # half the spacing of the dtype's subnormals: the absolute rounding error of tiny outputs (the negative tail)
 _SUBNORMAL_HALF_ULP = {dt: 0.5 * torch.finfo(dt).tiny * torch.finfo(dt).eps for dt in (torch.float16, torch.float32)}
-
-
-def exact_gelu(s: torch.Tensor) -> torch.Tensor:
-    """float64 x * Phi(x) through erfc (no cancellation in the negative tail)."""
-    s = s.double()
-    return 0.5 * s * torch.special.erfc(-s / math.sqrt(2.0))
 
 
 def _run() -> dict:
@@ -45,7 +41,7 @@ def _run() -> dict:
         poison = torch.full(shape, float("nan"), dtype=dtype)
         y = _launch_bias_gelu(x, b, kernels=_linear_kernel, config=None if cfg is None else GeluConfig(*cfg),
                               out=poison)  # fmt: skip
-        ref = exact_gelu(x.double() + (0.0 if b is None else b.double()))
+        ref = gelu_float64(x.double() + (0.0 if b is None else b.double()))
         eps = torch.finfo(dtype).eps
         # allowed: half an ulp of rounding plus the fp32 math's 1e-5 relative (_linear_kernel.gelu_erf), tiny slack
         bound = (0.5 * eps + 1e-5) * ref.abs() + _SUBNORMAL_HALF_ULP[dtype]
@@ -55,7 +51,7 @@ def _run() -> dict:
     x = bits.view(torch.float16)
     x = x[torch.isfinite(x)].reshape(-1, 16)
     y = _launch_bias_gelu(x, None, kernels=_linear_kernel)
-    ref = exact_gelu(x).to(torch.float16)
+    ref = gelu_float64(x).to(torch.float16)
     ulps = (y.view(torch.int16).int() - ref.view(torch.int16).int()).abs()
     mismatch = ulps > 0
     out["fp16_all_inputs"] = {

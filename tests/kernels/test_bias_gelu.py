@@ -4,20 +4,14 @@ GPU, through the JIT (both launch configs, fp16 / bf16 / fp32)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from _gelu_cases import CASES, exact_gelu
+from _gelu_cases import CASES
+from _interpreted import run_cases_interpreted
 
 from raggedvit.kernels._linear_config import GELU_LARGE_M, aot_gelu_configs, gelu_config
 from raggedvit.kernels.bias_gelu import bias_gelu, bias_gelu_reference
-
-_ROOT = Path(__file__).resolve().parents[2]
+from raggedvit.testing import gelu_float64
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
@@ -27,7 +21,7 @@ def test_cpu_path_matches_float64(gen, dtype, bias):
     b = torch.randn(24, generator=gen).to(dtype) if bias else None
     y = bias_gelu(x, b)
     assert y.shape == x.shape and y.dtype == dtype
-    ref = exact_gelu(x.double() + (0.0 if b is None else b.double()))
+    ref = gelu_float64(x.double() + (0.0 if b is None else b.double()))
     # torch's erf form (the reference) loses relative accuracy in the negative tail: ~1e-6 absolute slack
     bound = torch.finfo(dtype).eps * ref.abs() + 2e-6
     assert bool(((y.double() - ref).abs() <= bound).all())
@@ -54,30 +48,22 @@ def test_config_rule():
 
 
 @pytest.fixture(scope="module")
-def interpreted() -> dict:
-    """_gelu_cases.py in a process started with TRITON_INTERPRET=1 (the kernel needs it set before triton's import)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("_gelu_cases.py"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+def interpreted_gelu() -> dict:
+    """_gelu_cases.py under TRITON_INTERPRET=1."""
+    return run_cases_interpreted("_gelu_cases.py")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_triton_kernel_in_interpreter(interpreted, case):
-    assert interpreted[case[0]] <= 1.0, f"{case[0]}: error {interpreted[case[0]]} x the rounding bound"
+def test_triton_kernel_in_interpreter(interpreted_gelu, case):
+    err = interpreted_gelu[case[0]]
+    assert err <= 1.0, f"{case[0]}: error {err} x the rounding bound"
 
 
-def test_every_float16_input_in_interpreter(interpreted):
+def test_every_float16_input_in_interpreter(interpreted_gelu):
     """Over all 63,488 finite float16 inputs the kernel's output is the exactly rounded GELU but for a handful of
     1-ulp misses, fewer than the fp32 erf form (torch's F.gelu) makes; inf -> inf, -inf and nan -> nan (as the erf
     form gives: -inf * 0)."""
-    r = interpreted["fp16_all_inputs"]
+    r = interpreted_gelu["fp16_all_inputs"]
     assert r["inputs"] == 63488
     assert r["max_ulps"] <= 1 and r["mismatches"] <= 16, r
     assert r["mismatches"] < r["torch_fp32_mismatches"], r
@@ -95,7 +81,7 @@ def test_triton_jit_matches_float64(gen, dtype, shape, bias):
     b = torch.randn(shape[-1], generator=gen).to(dtype).cuda() if bias else None
     y = bias_gelu(x, b)
     torch.cuda.synchronize()
-    ref = exact_gelu(x.double() + (0.0 if b is None else b.double()))
+    ref = gelu_float64(x.double() + (0.0 if b is None else b.double()))
     # relative 2e-6 + s^2 2^-22: the exp's argument -z^2 and the GPU's approximate exp2 grow with s^2 (H200: 2.1e-5
     # at s = -11.4, where |GELU| ~ 1e-29); + float32's smallest normal: the GPU flushes float32 subnormals to zero
     fi = torch.finfo(dtype)

@@ -4,14 +4,9 @@ the interpreter (CPU) and, with a GPU, through the JIT (every launch config)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from _interpreted import run_cases_interpreted
 from _linear_cases import INTERPRETED, make
 
 from raggedvit.kernels import ragged_linear, ragged_linear_reference
@@ -19,7 +14,6 @@ from raggedvit.kernels._linear_config import LARGE_T, NARROW_N, linear_config
 from raggedvit.testing import assert_close, default_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ref(x, w, b, r, cu, act):
@@ -97,16 +91,7 @@ def test_input_checks(kwargs, message):
 def interpreted_errors() -> dict[str, list[float]]:
     """_linear_cases.py in a process started with TRITON_INTERPRET=1 (the kernel needs it set before triton's
     import): {case: [relative error vs float64, max |dead row|]}."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("_linear_cases.py"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return run_cases_interpreted("_linear_cases.py")
 
 
 @pytest.mark.parametrize("case", INTERPRETED, ids=lambda c: c[0])

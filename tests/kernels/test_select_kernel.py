@@ -3,29 +3,18 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from _interpreted import run_cases_interpreted
 
 from raggedvit.pruning._select_cases import SELECT_CASES, make_select_inputs
 from raggedvit.pruning.select import SelectedRows, select_rows_reference
-
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict[str, dict[str, bool]]]:
     """_select_cases.py in a process started with TRITON_INTERPRET=1 (set before triton's import)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(_ROOT)}
-    script = str(Path(__file__).with_name("_select_cases.py"))
-    proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return run_cases_interpreted("_select_cases.py")
 
 
 @pytest.mark.parametrize("path", ["sorted", "pairwise"])
