@@ -78,9 +78,11 @@ def _config_module() -> Any:
 
 
 def linear_rule() -> dict[str, int]:
-    """The selection thresholds of `linear_config` (LARGE_T, NARROW_N), for the C++ launcher's copy of the rule."""
+    """The selection thresholds of `linear_config` (LARGE_T, NARROW_N, CAPACITY_NARROW_N), for the C++ launcher's
+    copy of the rule."""
     module = _config_module()
-    return {"large_t": int(module.LARGE_T), "narrow_n": int(module.NARROW_N)}
+    return {"large_t": int(module.LARGE_T), "narrow_n": int(module.NARROW_N),
+            "capacity_narrow_n": int(module.CAPACITY_NARROW_N)}  # fmt: skip
 
 
 def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:

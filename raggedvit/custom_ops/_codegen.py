@@ -211,6 +211,7 @@ def write_cubin_source(
     rule = _aot_linear.linear_rule()
     out.append(f"const int64_t kLinearLargeT = {rule['large_t']};")
     out.append(f"const int64_t kLinearNarrowN = {rule['narrow_n']};")
+    out.append(f"const int64_t kLinearCapacityNarrowN = {rule['capacity_narrow_n']};")
     out.append(f"const char* const kBuildInfoJson = {_cpp_string(json.dumps(info, sort_keys=True))};")
     out.append("\n}  // namespace raggedvit::cuda\n")
     path.write_text("\n".join(out))

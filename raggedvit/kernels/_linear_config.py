@@ -7,6 +7,14 @@ thousands of rows 128 x 256 x 64 tiles on 8 warps with 4 stages are the best or 
 shape (3-17% faster than 128 x 128 x 64 with 3 stages: 9-17% at 25,216 rows), but they need ~192 KiB of shared
 memory: sm_90 only. Other archs keep 128 x 128 x 64
 ("large"; the AOT build skips "xlarge" there and the C++ launcher falls back to the next smaller config).
+
+A capacity layout (a device-side live count, has_live) is different: after a cls-mass stage only ~14-46% of its
+rows are live, and large tiles leave too few live programs to fill the GPU (`benchmarks/results/
+linear_small_2026-12-01_NVIDIA-H200*.json`, B = 32 and 128 at the sample photos' live fractions). There, outputs
+up to CAPACITY_NARROW_N columns take the 64 x 64 tiles at every T: deit_base's proj + fc2 over B=32's 6,304 rows
+fall from 190 to 130 us per stage (the 128 x 256 tiles at 883 live rows leave 21 programs for fc2's K = 3072),
+deit_small's four GEMMs from 226 to 148 us; wider outputs (deit_base's qkv, fc1) keep the large tiles, within
+5-12% of the best there.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "GELU_LARGE_M",
+    "CAPACITY_NARROW_N",
     "LARGE_T",
     "XLARGE_MIN_ARCH",
     "GeluConfig",
@@ -27,6 +36,7 @@ __all__ = [
 
 LARGE_T = 1024  # rows (the capacity, T) from which the large-tile config is used
 NARROW_N = 1024  # output width up to which small-T launches use 32-column tiles
+CAPACITY_NARROW_N = 1536  # output width up to which capacity launches (has_live) from LARGE_T rows use 64 x 64
 GROUP_M = 8
 XLARGE_MIN_ARCH = 90  # the "xlarge" tiles need Hopper's shared memory (227 KiB per block)
 
@@ -47,9 +57,12 @@ _LARGE = LinearConfig(128, 128, 64, 8, 3)
 _XLARGE = LinearConfig(128, 256, 64, 8, 4)
 
 
-def linear_config(T: int, N: int, arch: int | None = None) -> LinearConfig:
+def linear_config(T: int, N: int, arch: int | None = None, has_live: bool = False) -> LinearConfig:
     """The config for a launch over T rows (the capacity) and N output columns (fp16 / bf16 / fp32 alike) on an
-    sm_`arch` GPU (None: an arch not known, e.g. the interpreter: the configs every arch can run)."""
+    sm_`arch` GPU (None: an arch not known, e.g. the interpreter: the configs every arch can run); has_live: the
+    launch reads a device-side live count (CuSeqlens), so its dead rows are skipped."""
+    if T >= LARGE_T and has_live and N <= CAPACITY_NARROW_N:
+        return _SMALL_WIDE
     if T >= LARGE_T:
         return _XLARGE if arch is not None and arch >= XLARGE_MIN_ARCH else _LARGE
     return _SMALL_NARROW if N <= NARROW_N else _SMALL_WIDE
@@ -57,7 +70,7 @@ def linear_config(T: int, N: int, arch: int | None = None) -> LinearConfig:
 
 def aot_linear_configs() -> list[tuple[str, LinearConfig]]:
     """(name, config) of every config `linear_config` can return; the AOT build compiles each, and the C++
-    launcher applies the same rule (LARGE_T, NARROW_N) to pick one."""
+    launcher applies the same rule (LARGE_T, NARROW_N, CAPACITY_NARROW_N) to pick one."""
     return [("small_narrow", _SMALL_NARROW), ("small_wide", _SMALL_WIDE), ("large", _LARGE), ("xlarge", _XLARGE)]
 
 

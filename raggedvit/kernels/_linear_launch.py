@@ -38,8 +38,8 @@ def _launch_linear(
     """x [T, K], weight [N, K], bias [N] or None, residual [T, N] or None (all contiguous, one dtype),
     cu_seqlens [B+1] int32/int64 or None -> y [T, N] in x's dtype (rows past clamp(cu[B], 0, T) are zero).
 
-    CUDA tensors must be on the current device. `config` defaults to `linear_config(T, N, arch of x's device)`;
-    `out` [T, N] may be preallocated (tests poison it)."""
+    CUDA tensors must be on the current device. `config` defaults to `linear_config(T, N, arch of x's device,
+    has_live)`; `out` [T, N] may be preallocated (tests poison it)."""
     T, K = x.shape
     N = weight.shape[0]
     if out is None:
@@ -55,7 +55,7 @@ def _launch_linear(
         if x.is_cuda:
             major, minor = torch.cuda.get_device_capability(x.device)
             arch = 10 * major + minor
-        config = linear_config(T, N, arch)
+        config = linear_config(T, N, arch, has_live)
     cfg = config
     grid = (-(-T // cfg.block_m) * -(-N // cfg.block_n),)
     k = _default_kernels() if kernels is None else kernels

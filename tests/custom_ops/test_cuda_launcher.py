@@ -239,17 +239,22 @@ def test_linear_launch_parameters(harness, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("arch", "T", "N", "image", "grid"),
+    ("arch", "T", "N", "cu", "image", "grid"),
     [
-        (90, 100, 1024, "sm90/kSmallNarrow", "64,1,1"),
-        (90, 100, 1040, "sm90/kSmallWide", "34,1,1"),
-        (90, 1024, 768, "sm90/kLarge", "48,1,1"),
-        (80, 1024, 768, "sm80/kSmallWide", "192,1,1"),  # kLarge skipped for sm_80: the next smaller config
-        (89, 2000, 64, "sm80/kSmallWide", "32,1,1"),
+        (90, 100, 1024, 1, "sm90/kSmallNarrow", "64,1,1"),
+        (90, 100, 1040, 1, "sm90/kSmallWide", "34,1,1"),
+        (90, 1024, 768, 0, "sm90/kLarge", "48,1,1"),  # kXLarge not in the table: the next smaller config
+        (80, 1024, 768, 0, "sm80/kSmallWide", "192,1,1"),  # kLarge skipped for sm_80: the next smaller config
+        (89, 2000, 64, 0, "sm80/kSmallWide", "32,1,1"),
+        # a live count (capacity layout) from LARGE_T rows: 64 x 64 tiles up to CAPACITY_NARROW_N columns
+        (90, 1024, 768, 1, "sm90/kSmallWide", "192,1,1"),
+        (90, 1024, 1536, 1, "sm90/kSmallWide", "384,1,1"),
+        (90, 1024, 1552, 1, "sm90/kLarge", "104,1,1"),
+        (90, 1023, 768, 1, "sm90/kSmallNarrow", "384,1,1"),
     ],
 )
-def test_linear_config_rule_and_fallback(harness, tmp_path, arch, T, N, image, grid):
-    res, log = run(harness, tmp_path, [linear(T=T, N=N)], FAKE_CUDA_ARCH=str(arch))
+def test_linear_config_rule_and_fallback(harness, tmp_path, arch, T, N, cu, image, grid):
+    res, log = run(harness, tmp_path, [linear(T=T, N=N, cu=cu)], FAKE_CUDA_ARCH=str(arch))
     assert res == ["OK"]
     (launch,) = launches(log)
     assert launch["image"] == f"linear/kFloat16/kInt32/{image}" and launch["grid"] == grid

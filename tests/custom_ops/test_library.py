@@ -87,7 +87,7 @@ def test_library_info_linear(ort_library):
     assert linear["num_cubins"] + len(linear["skipped"]) == 2 * 2 * (3 * 4 + 1)
     assert {k.split("/")[1] for k in linear["shared_bytes"] if k.startswith("xlarge/")} <= {"sm_90"}
     assert len(linear["shared_bytes"]) == linear["num_cubins"] and linear["cubin_bytes"] > 0
-    assert linear["rule"] == {"large_t": 1024, "narrow_n": 1024}
+    assert linear["rule"] == {"large_t": 1024, "narrow_n": 1024, "capacity_narrow_n": 1536}
 
 
 def test_library_info_select(ort_library):

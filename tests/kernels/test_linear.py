@@ -10,7 +10,7 @@ from _interpreted import run_cases_interpreted
 from _linear_cases import INTERPRETED, make
 
 from raggedvit.kernels import ragged_linear, ragged_linear_reference
-from raggedvit.kernels._linear_config import LARGE_T, NARROW_N, linear_config
+from raggedvit.kernels._linear_config import CAPACITY_NARROW_N, LARGE_T, NARROW_N, aot_linear_configs, linear_config
 from raggedvit.testing import assert_close, default_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -102,8 +102,20 @@ def test_triton_kernel_in_interpreter(interpreted_errors, case):
     assert dead == 0.0, f"{name}: dead rows not zero (max {dead})"
 
 
+def test_config_rule():
+    c = dict(aot_linear_configs())
+    assert linear_config(LARGE_T - 1, NARROW_N) == linear_config(LARGE_T - 1, NARROW_N, 90, True) == c["small_narrow"]
+    assert linear_config(LARGE_T - 1, NARROW_N + 16, 90, True) == c["small_wide"]
+    assert linear_config(LARGE_T, 768) == c["large"] and linear_config(LARGE_T, 768, 90) == c["xlarge"]
+    # a live count (capacity layout): 64 x 64 tiles up to CAPACITY_NARROW_N columns from LARGE_T rows
+    assert linear_config(LARGE_T, CAPACITY_NARROW_N, 90, True) == c["small_wide"]
+    assert linear_config(LARGE_T, CAPACITY_NARROW_N + 16, 90, True) == c["xlarge"]
+    assert linear_config(LARGE_T, CAPACITY_NARROW_N + 16, 80, True) == c["large"]
+
+
 # ---- GPU: the JIT kernel, every launch config (T below / above LARGE_T, N below / above NARROW_N) -------------
-GPU_SHAPES = [(300, 192, NARROW_N), (300, 192, NARROW_N + 64), (LARGE_T + 50, 256, 384)]
+# (with a live count, as these launches have: above LARGE_T rows N must pass CAPACITY_NARROW_N for the large tiles)
+GPU_SHAPES = [(300, 192, NARROW_N), (300, 192, NARROW_N + 64), (LARGE_T + 50, 256, CAPACITY_NARROW_N + 64)]
 
 
 @pytest.mark.gpu
@@ -112,7 +124,7 @@ GPU_SHAPES = [(300, 192, NARROW_N), (300, 192, NARROW_N + 64), (LARGE_T + 50, 25
 @pytest.mark.parametrize(("T", "K", "N"), GPU_SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("act", [0, 1])
 def test_triton_jit_matches_reference(gen, dtype, T, K, N, act):
-    configs = {linear_config(t, n) for t, _, n in GPU_SHAPES}
+    configs = {linear_config(t, n, None, True) for t, _, n in GPU_SHAPES}
     assert len(configs) == 3, "the GPU shapes must reach every launch config"
     live = T - 70
     x, w, b, r, cu = make(dtype, T, K, N, live, True, True, gen, cu_dtype=torch.int32, device="cuda")

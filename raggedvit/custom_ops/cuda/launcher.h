@@ -57,11 +57,13 @@ struct LinearImage {
 
 extern const LinearImage kLinearImages[];
 extern const size_t kNumLinearImages;
-// linear_config(T, N, arch) of _linear_config.py (generated from LARGE_T, NARROW_N): kXLarge for T >= kLinearLargeT
-// (built for sm_90 only: other archs fall back to kLarge), else kSmallNarrow for N <= kLinearNarrowN, else
-// kSmallWide.
+// linear_config(T, N, arch, has_live) of _linear_config.py (generated from LARGE_T, NARROW_N, CAPACITY_NARROW_N):
+// for T >= kLinearLargeT, kSmallWide when the launch has a live count (CuSeqlens) and N <= kLinearCapacityNarrowN,
+// else kXLarge (built for sm_90 only: other archs fall back to kLarge); below it kSmallNarrow for
+// N <= kLinearNarrowN, else kSmallWide.
 extern const int64_t kLinearLargeT;
 extern const int64_t kLinearNarrowN;
+extern const int64_t kLinearCapacityNarrowN;
 
 struct LinearLaunch {
   DType dtype = DType::kFloat16;  // fp16 or bf16 (the AOT build ships no fp32 linear kernel)
@@ -170,8 +172,8 @@ std::string CheckSupported(const AttentionLaunch& a);
 // Returns "" on success, else the error text (CUDA errors carry the CUresult name).
 std::string LaunchRaggedAttention(const AttentionLaunch& a);
 
-// The config linear_config(T, N) asks for (before any per-arch fallback).
-LinearConfig PreferredLinearConfig(int64_t T, int64_t N);
+// The config linear_config(T, N, has_live) asks for (before any per-arch fallback).
+LinearConfig PreferredLinearConfig(int64_t T, int64_t N, bool has_live);
 
 // Checks what the AOT linear kernel supports (K % 16, N % 16, int32 sizes, 16-byte alignment); "" when supported.
 std::string CheckLinearSupported(const LinearLaunch& l);

@@ -1,5 +1,5 @@
 // Launcher of the AOT-compiled ragged linear kernel (raggedvit/kernels/_linear_kernel.py:_ragged_linear): the
-// config of linear_config(T, N), falling back per arch to the next smaller config the build kept, then the
+// config of linear_config(T, N, has_live), falling back per arch to the next smaller config the build kept, then the
 // context / module cache / cuLaunchKernel path shared with the attention launcher (launch_context.h).
 #include <cstdint>
 #include <string>
@@ -53,7 +53,8 @@ std::string Sizes(const LinearLaunch& l) {
 
 }  // namespace
 
-LinearConfig PreferredLinearConfig(int64_t T, int64_t N) {
+LinearConfig PreferredLinearConfig(int64_t T, int64_t N, bool has_live) {
+  if (T >= kLinearLargeT && has_live && N <= kLinearCapacityNarrowN) return LinearConfig::kSmallWide;
   if (T >= kLinearLargeT) return LinearConfig::kXLarge;  // sm_90; the image pick falls back to kLarge elsewhere
   return N <= kLinearNarrowN ? LinearConfig::kSmallNarrow : LinearConfig::kSmallWide;
 }
@@ -87,7 +88,7 @@ std::string LaunchRaggedLinear(const LinearLaunch& l) {
   if (l.T == 0 || l.N == 0) return "";  // empty Y: nothing to launch
   err = DriverError();
   if (!err.empty()) return err;
-  const LinearConfig want = PreferredLinearConfig(l.T, l.N);
+  const LinearConfig want = PreferredLinearConfig(l.T, l.N, l.cu != nullptr);
   CUfunction fn = nullptr;
   long index = -1;
   LaunchScope scope;

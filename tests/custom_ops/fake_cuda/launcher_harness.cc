@@ -61,6 +61,7 @@ const LinearImage kLinearImages[] = {
 const size_t kNumLinearImages = sizeof(kLinearImages) / sizeof(kLinearImages[0]);
 const int64_t kLinearLargeT = 1024;
 const int64_t kLinearNarrowN = 1024;
+const int64_t kLinearCapacityNarrowN = 1536;
 
 namespace {
 #define SEL(kernel, arch, wp, name, shared, warps, np)                                                           \
