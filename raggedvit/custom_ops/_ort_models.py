@@ -11,12 +11,14 @@ from onnx import TensorProto, helper
 __all__ = [
     "DTYPES",
     "LINEAR_INPUTS",
+    "NORM_INPUTS",
     "SELECT_OUTPUTS",
     "attention_model",
     "chained_model",
     "gelu_model",
     "linear_model",
     "model_bytes",
+    "norm_model",
     "random_batch",
     "select_model",
     "to_numpy",
@@ -144,6 +146,33 @@ def gelu_model(elem: int, *, bias: bool = True, bias_elem: int | None = None, ra
         inputs.append(helper.make_tensor_value_info("Bias", bias_elem or elem, None if rank is None else ["N"]))
     y = helper.make_tensor_value_info("Y", elem, dims)
     return model_bytes(helper.make_graph([node], "bias_gelu", inputs, [y]))
+
+
+NORM_INPUTS = ("X", "Index", "Gamma", "Beta", "Skip", "Bias")  # GatherLayerNorm's input order
+
+
+def norm_model(
+    elem: int,
+    *,
+    skip: bool = True,
+    bias: bool = True,
+    epsilon: float | None = None,
+    elems: dict[str, int] | None = None,
+    shaped: bool = True,
+) -> bytes:
+    """One com.raggedvit::GatherLayerNorm node: X [T, D], Index [R] int64, Gamma, Beta [D] (, Skip [T, D], Bias [D])
+    -> Normed, Sum [R, D], element type `elem` (elems overrides an input's, to test the op's checks); shaped False
+    declares the inputs without a shape (bad ranks reach the op)."""
+    names = [n for n in NORM_INPUTS if (n != "Skip" or skip) and (n != "Bias" or bias)]
+    if bias and not skip:
+        names.insert(4, "")  # Bias is input 5: an empty name stands for the absent Skip
+    attrs = {} if epsilon is None else {"epsilon": epsilon}
+    node = helper.make_node("GatherLayerNorm", names, ["Normed", "Sum"], domain="com.raggedvit", **attrs)
+    types = {n: elem for n in NORM_INPUTS} | {"Index": TensorProto.INT64} | (elems or {})
+    dims = {"X": ["T", "D"], "Skip": ["T", "D"], "Index": ["R"], "Gamma": ["D"], "Beta": ["D"], "Bias": ["D"]}
+    inputs = [helper.make_tensor_value_info(n, types[n], dims[n] if shaped else None) for n in names if n]
+    outputs = [helper.make_tensor_value_info(n, elem, ["R", "D"] if shaped else None) for n in ("Normed", "Sum")]
+    return model_bytes(helper.make_graph([node], "gather_layer_norm", inputs, outputs))
 
 
 SELECT_OUTPUTS = ("src", "cu_new", "seq_id", "pos", "k")  # RaggedSelect's output order

@@ -28,14 +28,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raggedvit.custom_ops import _aot, _aot_linear, _aot_select, _codegen, _ort_headers  # noqa: E402
+from raggedvit.custom_ops import _aot, _aot_linear, _aot_norm, _aot_select, _codegen, _ort_headers  # noqa: E402
 
 SOURCES = (
     "ragged_attention.cc",
     "ragged_linear.cc",
     "ragged_select.cc",
     "bias_gelu.cc",
+    "gather_layer_norm.cc",
     "cpu/ragged_attention_cpu.cc",
+    "cpu/gather_layer_norm_cpu.cc",
     "cpu/bias_gelu_cpu.cc",
     "cpu/ragged_linear_cpu.cc",
     "cpu/ragged_select_cpu.cc",
@@ -47,6 +49,8 @@ SOURCES = (
     "cuda/select_launcher.cc",
     "cuda/bias_gelu_cuda.cc",
     "cuda/gelu_launcher.cc",
+    "cuda/gather_layer_norm_cuda.cc",
+    "cuda/norm_launcher.cc",
     "registration.cc",
 )
 CXXFLAGS = [
@@ -89,21 +93,22 @@ def compile_cubins(
     archs: tuple[int, ...], jobs: int, cache_dir: Path
 ) -> tuple[
     list[tuple[_aot.AotResult, int]], list[_aot.AotResult], list[_aot.AotResult], list[_aot.AotResult],
-    list[_aot.AotResult],
+    list[_aot.AotResult], list[_aot.AotResult],
 ]:  # fmt: skip
     """Compiles (or loads from the cache) every kernel; returns the attention table rows (result, min_tokens), the
     linear cubins that fit their arch's shared memory, the linear cubins skipped for exceeding it, the
-    selection cubins and the bias + GELU cubins."""
+    selection cubins, the bias + GELU cubins and the gather + LayerNorm cubins."""
     work, rows = _aot.make_plan(archs)
     linear_work = _aot_linear.make_linear_plan(archs)
     select_work = _aot_select.make_select_plan(archs)
     gelu_work = _aot_linear.make_gelu_plan(archs)
+    norm_work = _aot_norm.make_norm_plan(archs)
     if not work and not linear_work:
-        return [], [], [], [], []
+        return [], [], [], [], [], []
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     # most expensive first (forward kernels, wide heads, large linear tiles), so two workers finish together
     order = sorted(work, key=lambda j: (j.kernel != "fwd", -j.block_d, j.dtype != "fp32"))
-    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + select_work + gelu_work
+    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + select_work + gelu_work + norm_work
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
         futures = {job: pool.submit(_compile_one, job, cache_dir) for job in order}
         done = {job: f.result() for job, f in futures.items()}
@@ -113,13 +118,14 @@ def compile_cubins(
     print(
         f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, {len(linear)} linear "
         f"kernel rows ({len(skipped)} skipped: shared memory above the arch limit), {len(select_work)} select rows, "
-        f"{len(gelu_work)} bias-GELU rows, "
+        f"{len(gelu_work)} bias-GELU rows, {len(norm_work)} gather-LayerNorm rows, "
         f"for sm_{', sm_'.join(map(str, archs))}",
         flush=True,
     )
     select = [done[job][0] for job in select_work]
     gelu = [done[job][0] for job in gelu_work]
-    return [(done[job][0], min_tokens) for job, min_tokens in rows], linear, skipped, select, gelu
+    norm = [done[job][0] for job in norm_work]
+    return [(done[job][0], min_tokens) for job, min_tokens in rows], linear, skipped, select, gelu, norm
 
 
 def _compile_object(src: Path, obj_dir: Path, flags: list[str]) -> tuple[Path, subprocess.Popen | None]:
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build: {exc}", file=sys.stderr)
         return 2
     print(f"build: ORT headers {ort_include} (API {_ort_headers.header_api_version(ort_include)})", flush=True)
-    rows, linear, skipped, select, gelu = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
+    rows, linear, skipped, select, gelu, norm = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
     t1 = time.perf_counter()
 
     import triton
@@ -179,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir = build_dir / "ort-gen" / hashlib.sha256(str(archs).encode()).hexdigest()[:8]
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
-    info = _codegen.build_info(rows, _version(), triton.__version__, linear, skipped, select, gelu)
+    info = _codegen.build_info(rows, _version(), triton.__version__, linear, skipped, select, gelu, norm)
     new_text = gen_dir / f"cubins.cc.new{os.getpid()}"
-    _codegen.write_cubin_source(new_text, rows, info, linear, select, gelu)
+    _codegen.write_cubin_source(new_text, rows, info, linear, select, gelu, norm)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()
     else:

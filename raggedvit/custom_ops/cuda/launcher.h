@@ -144,6 +144,40 @@ struct GeluLaunch {
   int device_ordinal = 0;
 };
 
+// One AOT-compiled gather + LayerNorm kernel (_norm_kernel._gather_layer_norm; the fifth generated table): the
+// launcher takes the image of the smallest block_d >= D (norm_config(D)).
+struct NormImage {
+  DType dtype;
+  int arch;
+  int block_r;
+  int block_d;
+  const char* function_name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  int shared_bytes;
+  int num_warps;
+  int num_params;  // kernel params including Triton's trailing scratch pointers
+};
+
+extern const NormImage kNormImages[];
+extern const size_t kNumNormImages;
+
+struct NormLaunch {
+  DType dtype = DType::kFloat16;  // fp16 or bf16 (no fp32 cubins)
+  const void* x = nullptr;        // [T, D] device
+  const void* skip = nullptr;     // [T, D] device or nullptr
+  const void* bias = nullptr;     // [D] device or nullptr
+  const void* index = nullptr;    // [R] int64 device
+  const void* gamma = nullptr;    // [D] device
+  const void* beta = nullptr;     // [D] device
+  void* normed = nullptr;         // [R, D] device
+  void* sum = nullptr;            // [R, D] device
+  int64_t T = 0, R = 0, D = 0;
+  float epsilon = 1e-5f;
+  void* stream = nullptr;         // CUstream; nullptr = legacy default stream of device_ordinal
+  int device_ordinal = 0;
+};
+
 struct AttentionLaunch {
   DType dtype = DType::kFloat16;
   IndexType index_type = IndexType::kInt32;
@@ -197,6 +231,13 @@ std::string CheckGeluSupported(const GeluLaunch& g);
 
 // Enqueues _bias_gelu on g.stream (never synchronises, never reads device data); "" on success.
 std::string LaunchBiasGelu(const GeluLaunch& g);
+
+// Checks what the AOT gather + LayerNorm kernel supports (dtype, D % 16, D <= the widest BLOCK_D, int32 sizes,
+// 16-byte alignment); "" when supported.
+std::string CheckNormSupported(const NormLaunch& n);
+
+// Enqueues _gather_layer_norm on n.stream (never synchronises, never reads device data); "" on success.
+std::string LaunchGatherLayerNorm(const NormLaunch& n);
 
 // Smallest BLOCK_D in the table >= D, or 0 when D is unsupported.
 int BlockDFor(int64_t D);
