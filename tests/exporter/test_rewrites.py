@@ -133,3 +133,66 @@ def test_gelu_rules_pick_the_op(dtype, n, with_bias, domain, inputs):
     model = fuse_for_ort(_gelu_model(dtype, n, with_bias))
     (node,) = list(model.graph)
     assert (node.domain, node.op_type, len(node.inputs)) == (domain, "BiasGelu", inputs)
+
+
+def _gather_norm_model(dtype: ir.DataType, D: int, *, skip: bool, bias: bool, add_used: bool = False) -> ir.Model:
+    """LayerNormalization(Gather(S, i)) with S = x, Add(x, y) or Add(x, Add(y, b)) (x, y [6, D] inputs, i [4]
+    int64); the gathered rows are a graph output too (the next block's residual), and so is S when add_used."""
+    T = 6
+    x = ir.Value(name="x", shape=ir.Shape([T, D]), type=ir.TensorType(dtype))
+    y = ir.Value(name="y", shape=ir.Shape([T, D]), type=ir.TensorType(dtype))
+    i = ir.Value(name="i", shape=ir.Shape([4]), type=ir.TensorType(ir.DataType.INT64))
+    npt = dtype.numpy()
+    gamma, beta = (
+        _const("gamma", np.linspace(0.5, 1.5, D).astype(npt)),
+        _const("beta", np.linspace(-1, 1, D).astype(npt)),
+    )
+    nodes, inits, total = [], [gamma, beta], x
+    branch = y
+    if bias:
+        b = _const("b", np.linspace(-0.3, 0.3, D).astype(npt))
+        add_b = ir.node("Add", [y, b])
+        add_b.outputs[0].shape, add_b.outputs[0].type = x.shape, x.type
+        nodes, inits, branch = [add_b], [*inits, b], add_b.outputs[0]
+    if skip:
+        add = ir.node("Add", [x, branch])
+        add.outputs[0].name, add.outputs[0].shape, add.outputs[0].type = "s", x.shape, x.type
+        nodes, total = [*nodes, add], add.outputs[0]
+    gather = ir.node("Gather", [total, i], {"axis": 0})
+    gather.outputs[0].name, gather.outputs[0].shape, gather.outputs[0].type = "g", ir.Shape([4, D]), x.type
+    ln = ir.node("LayerNormalization", [gather.outputs[0], gamma, beta], {"axis": -1, "epsilon": 1e-6})
+    ln.outputs[0].name, ln.outputs[0].shape, ln.outputs[0].type = "n", ir.Shape([4, D]), x.type
+    outputs = [ln.outputs[0], gather.outputs[0]] + ([total] if add_used and skip else [])
+    inputs = [x, i] + ([y] if skip or bias else [])
+    graph = ir.Graph(inputs, outputs, nodes=[*nodes, gather, ln], initializers=inits, opset_imports={"": 20})
+    return ir.Model(graph, ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "D", "skip", "bias", "add_used", "ops", "norm_inputs"),
+    [
+        (ir.DataType.FLOAT16, 48, True, True, False, ["GatherLayerNorm"], 6),
+        (ir.DataType.FLOAT16, 48, True, False, False, ["GatherLayerNorm"], 5),
+        (ir.DataType.FLOAT16, 48, False, False, False, ["GatherLayerNorm"], 4),
+        (ir.DataType.FLOAT16, 48, True, False, True, ["Add", "GatherLayerNorm"], 4),  # the sum is needed elsewhere
+        (ir.DataType.FLOAT16, 40, True, False, False, ["Add", "Gather", "LayerNormalization"], 0),  # D % 16 != 0
+        (ir.DataType.FLOAT, 48, True, False, False, ["Add", "Gather", "LayerNormalization"], 0),  # float32 rows
+    ],
+)
+def test_gather_layer_norm_rules(ort_session, dtype, D, skip, bias, add_used, ops, norm_inputs):
+    before = _gather_norm_model(dtype, D, skip=skip, bias=bias, add_used=add_used)
+    gen = np.random.default_rng(2)
+    npt = dtype.numpy()
+    feeds = {"x": gen.standard_normal((6, D)).astype(npt), "i": np.array([5, 0, -1, 2], dtype=np.int64)}
+    if skip or bias:
+        feeds["y"] = gen.standard_normal((6, D)).astype(npt)
+    want = ort_session(before).run(None, feeds)
+    model = fuse_for_ort(_gather_norm_model(dtype, D, skip=skip, bias=bias, add_used=add_used))
+    assert [n.op_type for n in model.graph] == ops
+    if norm_inputs:
+        node = next(n for n in model.graph if n.op_type == "GatherLayerNorm")
+        assert node.domain == "com.raggedvit" and len(node.inputs) == norm_inputs
+        assert node.attributes["epsilon"].as_float() == pytest.approx(1e-6)
+    got = ort_session(model).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-3, atol=2e-3)
