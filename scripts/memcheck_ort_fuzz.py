@@ -1,8 +1,8 @@
-"""Torch-free fuzz of the RaggedAttention, RaggedLinear, RaggedSelect and BiasGelu CUDA-EP kernels, run under
-compute-sanitizer.
+"""Torch-free fuzz of the RaggedAttention, RaggedLinear, RaggedSelect, BiasGelu and GatherLayerNorm CUDA-EP
+kernels, run under compute-sanitizer.
 
     compute-sanitizer --tool memcheck --kernel-name kns=_ragged --kernel-name kns=_select_ \
-        --kernel-name kns=_bias_gelu python3 scripts/memcheck_ort_fuzz.py --calls 1000
+        --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm python3 scripts/memcheck_ort_fuzz.py
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
@@ -21,6 +21,10 @@ the wrong width, which must come back as errors, never faults.
 Then --gelu-calls BiasGelu calls (fp16 / bf16, with and without Bias, M from 0 to past the large-config threshold,
 N multiples of 16): valid calls must match a numpy GELU to the dtype's rounding; N not a multiple of 16 or a Bias
 of the wrong length must come back as errors, never faults.
+Then --norm-calls GatherLayerNorm calls (fp16 / bf16, with and without Skip and Bias, T and R from 0, D multiples
+of 16 up to 4096: every BLOCK_D variant), indices anywhere (negative, past T, the int64 extremes: rows outside
+[-T, T) must come back zero, never fault): valid calls must match a numpy oracle to the dtype's rounding; D not a
+multiple of 16, D above 4096 or a Gamma of the wrong length must come back as errors, never faults.
 Every fifth call of the --calls ones is a RaggedSelect call (raggedvit/custom_ops/_memcheck_select.py): random B,
 rows per image, dead rows, a few attribute sets (width, bound <= width, num_prefix, both policies); its outputs must
 equal a numpy oracle of the op (cu clamped as the kernels clamp it), on the CUDA EP and on the CPU EP for the cu
@@ -30,8 +34,8 @@ Progress is printed every 100 calls; exit 1 on any unexpected error.
 
 compute-sanitizer's --kernel-name kns=SUBSTRING instruments only kernels whose name contains SUBSTRING, and each
 further --kernel-name adds a filter (a kernel matching any is checked): scripts/gpu_session.sh passes kns=_ragged
-(_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear), kns=_select_ (_select_count, _select_scatter) and
-kns=_bias_gelu.
+(_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear), kns=_select_ (_select_count, _select_scatter),
+kns=_bias_gelu and kns=_gather_layer_norm.
 """
 
 from __future__ import annotations
@@ -250,6 +254,88 @@ def gelu_calls(rng: np.random.Generator, calls: int, max_m: int) -> tuple[dict[s
     return counts, errors
 
 
+NORM_BAD = ("d_not_16", "d_too_wide", "gamma_shape")
+
+
+def norm_model(elem: int, *, skip: bool, bias: bool) -> bytes:
+    """com.raggedvit::GatherLayerNorm(X, Index, Gamma, Beta[, Skip[, Bias]]) -> Normed, Sum (epsilon 1e-5)."""
+    names = ["X", "Index", "Gamma", "Beta"] + (["Skip"] if skip else [""] if bias else []) + (["Bias"] if bias else [])
+    node = helper.make_node("GatherLayerNorm", names, ["Normed", "Sum"], domain="com.raggedvit", epsilon=1e-5)
+    dims = {"X": ["T", "D"], "Index": ["R"], "Gamma": ["DG"], "Beta": ["D"], "Skip": ["T", "D"], "Bias": ["D"]}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "Index" else elem, dims[n]) for n in names
+              if n]  # fmt: skip
+    outs = [helper.make_tensor_value_info(n, elem, ["R", "D"]) for n in ("Normed", "Sum")]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    m = helper.make_model(helper.make_graph([node], "norm", inputs, outs), opset_imports=opsets)
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def norm_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[str, int], int]:
+    """GatherLayerNorm calls on the CUDA EP (module docstring). (counts by kind, unexpected errors)."""
+    sessions = [(create_session(norm_model(e, skip=sk, bias=b), "cuda", disable_cpu_fallback=True), e, sk, b)
+                for e in (TensorProto.FLOAT16, TensorProto.BFLOAT16) for sk in (True, False)
+                for b in (True, False)]  # fmt: skip
+    counts: dict[str, int] = {}
+    errors = 0
+    for call in range(calls):
+        sess, elem, has_skip, has_bias = sessions[call % len(sessions)]
+        T, R = int(rng.integers(0, max_t + 1)), int(rng.integers(0, max_t + 1))
+        D = 16 * int(rng.integers(1, 257)) if rng.random() < 0.3 else int(rng.choice([384, 768, 1024, 1280, 16]))
+        kind = "valid" if rng.random() < 0.85 else str(rng.choice(NORM_BAD))
+        dg = D
+        if kind == "d_not_16":
+            D = dg = D + int(rng.integers(1, 16))
+        elif kind == "d_too_wide":
+            D = dg = 4096 + 16 * int(rng.integers(1, 8))
+        elif kind == "gamma_shape":
+            dg = D + 16
+        index = rng.integers(-T - 5, T + 5, R) if R else np.zeros(0, np.int64)
+        if R and rng.random() < 0.2:
+            index[int(rng.integers(0, R))] = np.iinfo(np.int64).min if rng.random() < 0.5 else np.iinfo(np.int64).max
+        x = (2 * rng.standard_normal((T, D)) + 0.5).astype(np.float32)
+        values = {"X": ort_value(x, elem), "Index": ort_value(index.astype(np.int64), TensorProto.INT64),
+                  "Gamma": ort_value((rng.random(dg) + 0.5).astype(np.float32), elem),
+                  "Beta": ort_value(rng.standard_normal(D).astype(np.float32), elem)}  # fmt: skip
+        if has_skip:
+            values["Skip"] = ort_value(rng.standard_normal((T, D)).astype(np.float32), elem)
+        if has_bias:
+            values["Bias"] = ort_value(rng.standard_normal(D).astype(np.float32), elem)
+        try:
+            normed, total = sess.run_with_ort_values(["Normed", "Sum"], values)
+            n_out, s_out = host_float32(normed, elem), host_float32(total, elem)
+            if kind != "valid":
+                print(f"norm call {call}: {kind} accepted (T={T}, R={R}, D={D}, Gamma {dg})", flush=True)
+                errors += 1
+                continue
+            host = {k: host_float32(v, elem).astype(np.float64) for k, v in values.items() if k != "Index"}
+            i = np.where(index < 0, index + T, index)
+            valid = (i >= 0) & (i < T)
+            src = np.where(valid, i, 0)
+            s = host["X"][src] if T else np.zeros((R, D))
+            if has_skip and T:
+                s = s + host["Skip"][src]
+            if has_bias:
+                s = s + host["Bias"]
+            mean = s.mean(axis=1, keepdims=True) if D else s
+            var = ((s - mean) ** 2).mean(axis=1, keepdims=True) if D else s
+            ref_n = (s - mean) / np.sqrt(var + 1e-5) * host["Gamma"] + host["Beta"]
+            ref_n, ref_s = np.where(valid[:, None], ref_n, 0.0), np.where(valid[:, None], s, 0.0)
+            tol = 2.0**-7 if elem == TensorProto.BFLOAT16 else 2.0**-10
+            bad = n_out.shape != (R, D) or not (np.isfinite(n_out).all() and np.isfinite(s_out).all())
+            bad = bad or (np.abs(n_out - ref_n) > tol * (np.abs(ref_n) + 1)).any()
+            bad = bad or (np.abs(s_out - ref_s) > tol * (np.abs(ref_s) + 1e-2)).any()
+            if bad:
+                print(f"norm call {call}: bad output (T={T}, R={R}, D={D})", flush=True)
+                errors += 1
+        except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
+            if kind == "valid":
+                print(f"norm call {call}: unexpected error on valid input: {str(e).splitlines()[0]}", flush=True)
+                errors += 1
+        counts[f"norm_{kind}"] = counts.get(f"norm_{kind}", 0) + 1
+    return counts, errors
+
+
 def crafted_sessions() -> tuple[int, int]:
     """(attempts, crashes-or-accepted): each crafted num_heads must be refused when the session is created or run."""
     bad = 0
@@ -288,6 +374,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--linear-calls", type=int, default=300, help="RaggedLinear calls after the attention ones")
     ap.add_argument("--gelu-calls", type=int, default=1000, help="BiasGelu calls after the RaggedLinear ones")
+    ap.add_argument("--norm-calls", type=int, default=1000, help="GatherLayerNorm calls after the BiasGelu ones")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     cuda = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -331,6 +418,9 @@ def main() -> int:
         gelu_counts, gelu_errors = gelu_calls(rng, args.gelu_calls, 2 * args.max_t)
         counts.update(gelu_counts)
         errors += gelu_errors
+        norm_counts, norm_errors = norm_calls(rng, args.norm_calls, args.max_t)
+        counts.update(norm_counts)
+        errors += norm_errors
     total = sum(counts.values())
     where = "CUDA-EP" if cuda else "CPU-EP"
     print(f"memcheck fuzz: {total} {where} calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")

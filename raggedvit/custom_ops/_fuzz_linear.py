@@ -1,7 +1,8 @@
 """Fuzz cases of com.raggedvit::RaggedLinear on the CPU EP, and the dispatch over the ops of the CPU fuzz.
 
 Every FIFTH call of a fuzz run (index % 5 == 4) is a RaggedLinear case (`draw_any`), index % 10 == 2 a RaggedSelect
-case (`_fuzz_select`), index % 10 == 7 a BiasGelu case (`_fuzz_gelu`), the others RaggedAttention cases of
+case (`_fuzz_select`), index % 10 == 7 a BiasGelu case (`_fuzz_gelu`), index % 10 == 5 a GatherLayerNorm case
+(`_fuzz_norm`), the others RaggedAttention cases of
 `_fuzz_cases`. A linear case is a pure function of (seed, index) too: random T (0 included), N, K, dead
 rows through CuSeqlens values of any kind (above T, negative, the dtype's extremes, B = 0: all valid, the op clamps
 cu[B]), optional Bias / Residual / CuSeqlens, activation 0 / 1; and broken ones (ranks, K mismatch, Bias and
@@ -22,6 +23,7 @@ from onnx import TensorProto, helper
 from raggedvit.custom_ops import _fuzz_cases
 from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, Case, cpu_session, quiet_run_options, refusal
 from raggedvit.custom_ops._fuzz_gelu import GELU_AT, GeluCase, draw_gelu_case, gelu_expected_error, run_gelu_case
+from raggedvit.custom_ops._fuzz_norm import NORM_AT, NormCase, draw_norm_case, norm_expected_error, run_norm_case
 from raggedvit.custom_ops._fuzz_select import (
     SELECT_AT,
     SelectFuzzCase,
@@ -218,29 +220,36 @@ def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
     return "checked", None
 
 
-def draw_any(seed: int, index: int) -> Case | LinearCase | SelectFuzzCase | GeluCase:
+def draw_any(seed: int, index: int) -> Case | LinearCase | SelectFuzzCase | GeluCase | NormCase:
     """Call `index` of fuzz run `seed`: a RaggedLinear case every LINEAR_EVERY calls, a RaggedSelect case when
-    index % 10 == SELECT_AT, a BiasGelu case when index % 10 == GELU_AT, else a RaggedAttention one."""
+    index % 10 == SELECT_AT, a BiasGelu case when index % 10 == GELU_AT, a GatherLayerNorm case when index % 10 ==
+    NORM_AT, else a RaggedAttention one."""
     if index % LINEAR_EVERY == LINEAR_EVERY - 1:
         return draw_linear_case(seed, index)
     if index % 10 == SELECT_AT:
         return draw_select_case(seed, index)
     if index % 10 == GELU_AT:
         return draw_gelu_case(seed, index)
+    if index % 10 == NORM_AT:
+        return draw_norm_case(seed, index)
     return _fuzz_cases.draw_case(seed, index)
 
 
-def expected_any(c: Case | LinearCase | SelectFuzzCase | GeluCase) -> str | None:
+def expected_any(c: Case | LinearCase | SelectFuzzCase | GeluCase | NormCase) -> str | None:
     if isinstance(c, SelectFuzzCase):
         return select_expected_error(c)
     if isinstance(c, GeluCase):
         return gelu_expected_error(c)
+    if isinstance(c, NormCase):
+        return norm_expected_error(c)
     return linear_expected_error(c) if isinstance(c, LinearCase) else _fuzz_cases.expected_error(c)
 
 
-def run_any(c: Case | LinearCase | SelectFuzzCase | GeluCase, sessions: dict) -> tuple[str, str | None]:
+def run_any(c: Case | LinearCase | SelectFuzzCase | GeluCase | NormCase, sessions: dict) -> tuple[str, str | None]:
     if isinstance(c, SelectFuzzCase):
         return run_select_case(c, sessions)
     if isinstance(c, GeluCase):
         return run_gelu_case(c, sessions)
+    if isinstance(c, NormCase):
+        return run_norm_case(c, sessions)
     return run_linear_case(c, sessions) if isinstance(c, LinearCase) else _fuzz_cases.run_case(c, sessions)

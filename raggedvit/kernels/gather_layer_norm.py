@@ -53,9 +53,10 @@ def gather_layer_norm_reference(
     i = torch.where(index < 0, index + T, index)
     valid = (i >= 0) & (i < T)
     src = torch.where(valid, i, torch.zeros_like(i))
-    s = x.to(compute_dtype)[src]
+    pad = torch.zeros((1, D), dtype=compute_dtype, device=x.device)  # row 0 of an empty X: every index is invalid
+    s = (x.to(compute_dtype) if T else pad)[src]
     if skip is not None:
-        s = s + skip.to(compute_dtype)[src]
+        s = s + (skip.to(compute_dtype) if T else pad)[src]
     if bias is not None:
         s = s + bias.to(compute_dtype)
     n = torch.nn.functional.layer_norm(s, (D,), gamma.to(compute_dtype), beta.to(compute_dtype), eps)

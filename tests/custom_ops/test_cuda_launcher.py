@@ -47,6 +47,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(HERE / "fake_cuda" / "launcher_harness.cc"),
             str(CUDA_SRC / "launcher.cc"),
             str(CUDA_SRC / "linear_launcher.cc"),
+            str(CUDA_SRC / "norm_launcher.cc"),
             str(CUDA_SRC / "select_launcher.cc"),
             str(CUDA_SRC / "gelu_launcher.cc"),
             "-ldl",
@@ -435,3 +436,62 @@ def test_select_wrong_parameter_count_of_the_second_kernel(harness, tmp_path):
     res, log = run(harness, tmp_path, [select()], FAKE_CUDA_ARCH="100")
     assert res == ["ERR _select_scatter: cubin expects 13 parameters, launcher passes 14"]
     assert launches(log) == []
+
+
+def norm(*, dtype=1, T=300, R=200, D=768, skip=1, bias=1, misalign=0) -> str:
+    return f"N {dtype} {T} {R} {D} {skip} {bias} {misalign}"
+
+
+def test_norm_launch_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [norm(), norm(skip=0, bias=0)])
+    assert res == ["OK", "OK"]
+    full, bare = launches(log)
+    assert full["name"] == "_gather_layer_norm" and full["image"] == "norm/kFloat16/sm90/d1024"
+    assert full["grid"] == "100,1,1" and full["block"] == "128,1,1"  # cdiv(200, BLOCK_R 2), 4 warps
+    eps = struct.unpack("<i", struct.pack("<f", 1e-6))[0]
+    # X, Skip, Bias, Index, Gamma, Beta, Normed, Sum, T, R, D, eps bits, has_skip, has_bias, global/profile scratch
+    assert full["args"] == f"a00000,a80000,b00000,b40000,b80000,bc0000,c00000,c80000,300,200,768,{eps},1,1,0,0"
+    # absent Skip / Bias: X's pointer stands in, never read
+    assert bare["args"] == f"a00000,a00000,a00000,b40000,b80000,bc0000,c00000,c80000,300,200,768,{eps},0,0,0,0"
+
+
+@pytest.mark.parametrize(
+    ("arch", "D", "image", "grid"),
+    [
+        (90, 16, "sm90/d256", "25,1,1"),  # cdiv(200, 8)
+        (90, 256, "sm90/d256", "25,1,1"),
+        (90, 272, "sm90/d512", "50,1,1"),
+        (90, 1024, "sm90/d1024", "100,1,1"),
+        (89, 256, "sm80/d256", "25,1,1"),  # the same major's highest minor <= the device's
+    ],
+)
+def test_norm_picks_the_smallest_block_d(harness, tmp_path, arch, D, image, grid):
+    res, log = run(harness, tmp_path, [norm(D=D)], FAKE_CUDA_ARCH=str(arch))
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == f"norm/kFloat16/{image}" and launch["grid"] == grid
+
+
+@pytest.mark.parametrize(
+    ("kw", "env", "message"),
+    [
+        ({"D": 200}, {}, "D = 200 must be a multiple of 16"),
+        ({"D": 1040}, {}, "D = 1040 exceeds the widest compiled row of this library (1024 columns)"),
+        ({"D": 512}, {"FAKE_CUDA_ARCH": "80"}, "no GatherLayerNorm cubin for sm_80 fp16 and D = 512"),
+        ({"misalign": 4}, {}, "device buffer 'Index' is not 16-byte aligned"),
+        ({"misalign": 8}, {}, "device buffer 'Sum' is not 16-byte aligned"),
+        ({"dtype": 0}, {}, "element type fp32 has no CUDA kernel"),
+        ({"dtype": 2, "D": 256}, {}, "_gather_layer_norm: cubin expects 15 parameters, launcher passes 16"),
+        ({"T": 2**31}, {}, "exceed the int32 sizes of the kernel"),
+        ({"R": -1}, {}, "sizes must be >= 0"),
+    ],
+)
+def test_norm_errors(harness, tmp_path, kw, env, message):
+    res, log = run(harness, tmp_path, [norm(**kw)], **env)
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log)
+
+
+def test_norm_empty_launches_nothing(harness, tmp_path):
+    res, log = run(harness, tmp_path, [norm(R=0), norm(T=0, R=0)])
+    assert res == ["OK", "OK"] and not launches(log)

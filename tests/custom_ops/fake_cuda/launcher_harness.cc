@@ -4,6 +4,8 @@
 //        pos_table 0xf00000 and token_pos 0xf80000)
 //        or a RaggedLinear launch: L dtype index T N K B bias residual cu activation misalign
 //        or a BiasGelu launch: G dtype M N bias misalign
+//        or a GatherLayerNorm launch: N dtype T R D skip bias misalign   (misalign i > 0: the i-th buffer of X,
+//        Skip, Bias, Index, Gamma, Beta, Normed, Sum 8 bytes off)
 //        or a RaggedSelect launch: S T B width bound num_prefix policy keep mass misalign   (misalign i > 0: the
 //        i-th buffer of scores, cu, k, src, cu_new, seq_id, pos 8 bytes off)
 // stdout: "OK" or "ERR <message>" per line.
@@ -105,6 +107,23 @@ const GeluImage kGeluImages[] = {
 };
 const size_t kNumGeluImages = sizeof(kGeluImages) / sizeof(kGeluImages[0]);
 const int64_t kGeluLargeM = 1024;
+
+namespace {
+#define NORM(dt, arch, br, bd, warps, np)                                                                         \
+  {DType::dt, arch, br, bd, "_gather_layer_norm",                                                               \
+   reinterpret_cast<const unsigned char*>("norm/" #dt "/sm" #arch "/d" #bd), 8, 0, warps, np}
+}  // namespace
+
+// sm_90: BLOCK_D 1024 listed before 256 and 512 (the launch must take the smallest >= D), sm_80 only 256 (wider
+// rows find no sm_80 image), bf16 on sm_90 with a wrong parameter count
+const NormImage kNormImages[] = {
+    NORM(kFloat16, 90, 2, 1024, 4, 16),
+    NORM(kFloat16, 90, 8, 256, 4, 16),
+    NORM(kFloat16, 90, 4, 512, 4, 16),
+    NORM(kFloat16, 80, 8, 256, 4, 16),
+    NORM(kBFloat16, 90, 8, 256, 4, 15),
+};
+const size_t kNumNormImages = sizeof(kNormImages) / sizeof(kNormImages[0]);
 const char* const kBuildInfoJson = "{}";
 }  // namespace raggedvit::cuda
 
@@ -143,6 +162,28 @@ int main() {
       g.y = reinterpret_cast<void*>(uintptr_t{0xc00000});
       g.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
       std::string err = LaunchBiasGelu(g);
+      std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
+      continue;
+    }
+    if (line[0] == 'N') {
+      std::string tag;
+      int dtype, skip, bias, misalign;
+      NormLaunch n;
+      in >> tag >> dtype >> n.T >> n.R >> n.D >> skip >> bias >> misalign;
+      n.dtype = static_cast<DType>(dtype);
+      uintptr_t addr[8] = {0xa00000, 0xa80000, 0xb00000, 0xb40000, 0xb80000, 0xbc0000, 0xc00000, 0xc80000};
+      if (misalign > 0 && misalign <= 8) addr[misalign - 1] += 8;
+      n.x = reinterpret_cast<const void*>(addr[0]);
+      if (skip) n.skip = reinterpret_cast<const void*>(addr[1]);
+      if (bias) n.bias = reinterpret_cast<const void*>(addr[2]);
+      n.index = reinterpret_cast<const void*>(addr[3]);
+      n.gamma = reinterpret_cast<const void*>(addr[4]);
+      n.beta = reinterpret_cast<const void*>(addr[5]);
+      n.normed = reinterpret_cast<void*>(addr[6]);
+      n.sum = reinterpret_cast<void*>(addr[7]);
+      n.epsilon = 1e-6f;
+      n.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
+      std::string err = LaunchGatherLayerNorm(n);
       std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
       continue;
     }
