@@ -31,10 +31,10 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    i, gamma, beta) (outputs: normalised, the gathered rows, the next residual), for float16 rows whose static width
    is a multiple of 16 up to 4096 (its CUDA kernel): one pass over the kept rows in place of the Gather and ONNX
    Runtime's LayerNormalization kernel (87 against SkipLayerNorm's 38 us over [25216, 768] fp16 on the H200).
-   The block's residual Add before the Gather stays (ONNX Runtime fuses it into the GEMM): absorbing it into the
-   op (its Skip input, the sum in float32 from the GEMM's rounded output) moved a same-count token swap of the
-   astronaut photo within fp16 precision in `validate --device cuda` (deit_base cls-mass capacity, max |dlogit|
-   0.149; benchmarks/results/gpu_checks_2026-12-02_NVIDIA-H200_norm/).
+   The block's residual Add before the Gather stays (ONNX Runtime fuses it into the GEMM, after copying the
+   residual into the output); absorbing it through the op's Skip input (measured at fcb25ef, serving run11) is
+   not done here: run12 measured this rule alone. Validation is the same either way and without the op
+   (benchmarks/results/gpu_checks_2026-12-02_NVIDIA-H200_norm/).
    (MatMul + Add left over before the head is fused by ONNX Runtime itself into a Gemm.)
 5. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
    Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).

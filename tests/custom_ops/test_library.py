@@ -74,7 +74,7 @@ def test_library_info(ort_library):
     assert build["num_cubins"] <= build["num_kernel_images"]
     assert {"fwd", "cls", "fwd+pos", "cls+pos"} <= set(build["configs"]["fp16/d64/T>=0"])
     assert build["relative_position_bias"] is True
-    assert info["ops"] == ["RaggedAttention", "RaggedLinear", "RaggedSelect", "BiasGelu"]
+    assert info["ops"] == ["RaggedAttention", "RaggedLinear", "RaggedSelect", "BiasGelu", "GatherLayerNorm"]
 
 
 def test_library_info_linear(ort_library):
@@ -112,6 +112,18 @@ def test_library_info_gelu(ort_library):
     assert gelu["configs"] == {
         name: {"block_m": c.block_m, "block_n": c.block_n, "num_warps": c.num_warps} for name, c in aot_gelu_configs()
     }
+
+
+def test_library_info_norm(ort_library):
+    """GatherLayerNorm cubins: fp16/bf16 x every BLOCK_D x 4 archs, with norm_config's configs."""
+    from raggedvit.kernels._norm_kernel import NORM_BLOCK_DS, aot_norm_configs
+
+    norm = library_info()["build"]["norm"]
+    assert norm["archs"] == [80, 86, 89, 90] and norm["dtypes"] == ["bf16", "fp16"]
+    assert norm["num_cubins"] == 2 * len(NORM_BLOCK_DS) * 4 and norm["cubin_bytes"] > 0
+    assert norm["rule"] == {"block_ds": list(NORM_BLOCK_DS)}
+    assert norm["configs"] == {str(c.block_d): {"block_r": c.block_r, "num_warps": c.num_warps}
+                               for c in aot_norm_configs()}  # fmt: skip
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):
