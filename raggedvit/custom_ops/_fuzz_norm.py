@@ -95,7 +95,7 @@ def _tensors(c: NormCase) -> dict[str, torch.Tensor]:
     feeds = {"X": x.to(TORCH[c.x_elem])}
     T = c.x_shape[0] if c.x_shape else 0
     n = int(np.prod(c.index_shape)) if c.index_shape else 1
-    idx = torch.randint(-T - 3, T + 3, (n,), generator=gen) if T or n else torch.zeros(n, dtype=torch.int64)
+    idx = torch.randint(-T - 3, T + 3, (n,), generator=gen)
     if n and torch.rand(1, generator=gen).item() < 0.2:
         idx[torch.randint(0, n, (1,), generator=gen)] = _I64[int(torch.randint(0, 2, (1,), generator=gen))]
     feeds["Index"] = idx.reshape(c.index_shape).to(torch.int64 if c.index_elem == "int64" else torch.int32)

@@ -20,7 +20,14 @@ from raggedvit.kernels.ragged_linear import _DTYPES, _check_like
 __all__ = ["gather_layer_norm", "gather_layer_norm_reference"]
 
 
-def _check(x: torch.Tensor, index: torch.Tensor, gamma, beta, skip, bias) -> None:  # noqa: ANN001
+def _check(
+    x: torch.Tensor,
+    index: torch.Tensor,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    skip: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> None:
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [T, D], got shape {tuple(x.shape)}")
     if x.dtype not in _DTYPES:
