@@ -49,8 +49,9 @@ class GemmCase:
     want: torch.Tensor
 
     @classmethod
-    def make(cls, name: str, T: int, live: int) -> GemmCase:
-        K, N, act, has_res = BLOCK_GEMMS[name]
+    def make(cls, name: str, T: int, live: int, shape: tuple[int, int, int, bool] | None = None) -> GemmCase:
+        """BLOCK_GEMMS[name], or `shape` = (K, N, activation, residual added) under that name."""
+        K, N, act, has_res = BLOCK_GEMMS[name] if shape is None else shape
         dev = torch.device("cuda")
         w = (torch.randn(N, K, device=dev) / math.sqrt(K)).half()
         b = (torch.randn(N, device=dev) * 0.1).half()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
 import torch
@@ -32,11 +31,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from benchmarks._gemm_case import GemmCase
 from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
 from raggedvit.kernels._linear_config import linear_config
 from raggedvit.kernels._linear_kernel import _ragged_linear
-from raggedvit.kernels.reference import ragged_linear_reference
 
 # name -> (K, N, activation, residual) for deit_base (D = 768) and deit_small (D = 384)
 SHAPES = {
@@ -135,15 +134,9 @@ def _time(fn: Any, y: torch.Tensor, want: torch.Tensor | None) -> dict[str, Any]
 
 
 def _case(shape: str, T: int, live: int, quick: bool) -> list[dict[str, Any]]:
-    K, N, act, has_res = SHAPES[shape]
-    dev = torch.device("cuda")
-    w = (torch.randn(N, K, device=dev) / math.sqrt(K)).half()
-    b = (torch.randn(N, device=dev) * 0.1).half()
-    x = torch.randn(T, K, device=dev).half()
-    res = torch.randn(T, N, device=dev).half()
-    cu = torch.tensor([0, live], device=dev, dtype=torch.int32)
-    want = ragged_linear_reference(x, w, b, res if has_res else None, cu, act).float()
-    y = torch.empty(T, N, device=dev, dtype=torch.float16)
+    c = GemmCase.make(shape, T, live, SHAPES[shape])
+    x, w, b, res, cu, want, y = c.x, c.w, c.b, c.res, c.cu, c.want, c.y
+    K, N, act, has_res, dev = c.K, c.N, c.act, c.has_res, c.x.device
     xl = x[:live].contiguous()
     base = {"shape": shape, "T": T, "live": live, "K": K, "N": N}
     recs = []

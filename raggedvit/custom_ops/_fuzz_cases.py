@@ -34,6 +34,7 @@ __all__ = [
     "expected_error",
     "quiet_run_options",
     "refusal",
+    "run_bound",
     "run_case",
 ]
 
@@ -406,6 +407,20 @@ def quiet_run_options() -> Any:
     run_options = ort.RunOptions()
     run_options.log_severity_level = 4
     return run_options
+
+
+def run_bound(sess: Any, feeds: dict[str, torch.Tensor], outputs: tuple[str, ...]) -> list[np.ndarray]:
+    """Runs `sess` on `feeds` bound by io binding (bind_tensor), the named outputs bound to the CPU, under
+    quiet_run_options; returns the outputs as numpy arrays (ORT's exceptions propagate, for `refusal`)."""
+    from raggedvit.runtime import bind_tensor
+
+    binding = sess.io_binding()
+    for name, value in feeds.items():
+        bind_tensor(binding, name, value)
+    for name in outputs:
+        binding.bind_output(name, "cpu")
+    sess.run_with_iobinding(binding, quiet_run_options())
+    return binding.copy_outputs_to_cpu()
 
 
 def refusal(e: Exception, expected: str | None, stage: str) -> tuple[str, str | None]:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, quiet_run_options, refusal
+from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, refusal, run_bound
 from raggedvit.testing import gelu_float64
 
 __all__ = ["GELU_AT", "GeluCase", "draw_gelu_case", "gelu_expected_error", "run_gelu_case"]
@@ -99,7 +99,6 @@ def _check(y: torch.Tensor, feeds: dict[str, torch.Tensor]) -> str | None:
 def run_gelu_case(c: GeluCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
     from raggedvit.custom_ops._ort_models import gelu_model
-    from raggedvit.runtime import bind_tensor
 
     expected = gelu_expected_error(c)
     key = repr(("gelu", c.x_elem, c.bias and c.bias[0]))
@@ -110,13 +109,8 @@ def run_gelu_case(c: GeluCase, sessions: dict) -> tuple[str, str | None]:
     except Exception as e:  # noqa: BLE001 - classified by refusal
         return refusal(e, expected, "session")
     feeds = _tensors(c)
-    binding = sess.io_binding()
     try:
-        for name, value in feeds.items():
-            bind_tensor(binding, name, value)
-        binding.bind_output("Y", "cpu")
-        sess.run_with_iobinding(binding, quiet_run_options())
-        y = binding.copy_outputs_to_cpu()[0]
+        (y,) = run_bound(sess, feeds, ("Y",))
     except Exception as e:  # noqa: BLE001 - classified by refusal
         return refusal(e, expected, "run")
     if expected is not None:

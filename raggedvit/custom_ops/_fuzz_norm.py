@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, quiet_run_options, refusal
+from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, refusal, run_bound
 
 __all__ = ["NORM_AT", "NormCase", "draw_norm_case", "norm_expected_error", "run_norm_case"]
 
@@ -142,7 +142,6 @@ def _check(n: torch.Tensor, s: torch.Tensor, feeds: dict[str, torch.Tensor], eps
 def run_norm_case(c: NormCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
     from raggedvit.custom_ops._ort_models import norm_model
-    from raggedvit.runtime import bind_tensor
 
     expected = norm_expected_error(c)
     present = {name for name, _, _ in c.params}
@@ -155,14 +154,8 @@ def run_norm_case(c: NormCase, sessions: dict) -> tuple[str, str | None]:
     except Exception as e:  # noqa: BLE001 - classified by refusal
         return refusal(e, expected, "session")
     feeds = _tensors(c)
-    binding = sess.io_binding()
     try:
-        for name, value in feeds.items():
-            bind_tensor(binding, name, value)
-        binding.bind_output("Normed", "cpu")
-        binding.bind_output("Sum", "cpu")
-        sess.run_with_iobinding(binding, quiet_run_options())
-        n, s = binding.copy_outputs_to_cpu()
+        n, s = run_bound(sess, feeds, ("Normed", "Sum"))
     except Exception as e:  # noqa: BLE001 - classified by refusal
         return refusal(e, expected, "run")
     if expected is not None:

@@ -241,9 +241,6 @@ def _rank(value: ir.Value) -> int | None:
     return value.shape.rank() if value.shape is not None else None
 
 
-_NORM_MAX_D = 4096  # the widest row com.raggedvit::GatherLayerNorm's CUDA kernel takes (_norm_kernel.NORM_BLOCK_DS)
-
-
 class GatherLayerNorm(pattern.RewriteRuleClassBase):
     """LayerNormalization(Gather(x, i)) -> com.raggedvit::GatherLayerNorm(x, i, gamma, beta) (outputs: normalised,
     the gathered rows)."""
@@ -262,9 +259,11 @@ class GatherLayerNorm(pattern.RewriteRuleClassBase):
             return ok.fail("not a row gather by a 1-D int64 index")
         if _rank(x) != 2 or x.dtype != ir.DataType.FLOAT16 or x.const_value is not None:
             return ok.fail("not float16 [T, D] rows")
+        from raggedvit.kernels._norm_kernel import NORM_BLOCK_DS  # the CUDA kernel's widest row: its cubins' last
+
         D = x.shape[1]
-        if not isinstance(D, int) or D % 16 != 0 or D > _NORM_MAX_D:
-            return ok.fail("D not static, not a multiple of 16 or above 4096")
+        if not isinstance(D, int) or D % 16 != 0 or D > max(NORM_BLOCK_DS):
+            return ok.fail(f"D not static, not a multiple of 16 or above {max(NORM_BLOCK_DS)}")
         if not (_rank1_const(gamma) and _rank1_const(beta) and gamma.dtype == beta.dtype == x.dtype):
             return ok.fail("gamma / beta are not constant 1-D tensors of x's dtype")
         return ok
