@@ -98,8 +98,9 @@ def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
     ]
 
 
-def fits_arch(job: LinearJob, shared_bytes: int) -> bool:
-    """Whether a cubin of `job` needing shared_bytes can run on its arch (unknown archs: the sm_80 limit)."""
+def fits_arch(job: Any, shared_bytes: int) -> bool:
+    """Whether a cubin of `job` (any job with an arch) needing shared_bytes can run on its arch (unknown archs: the
+    sm_80 limit)."""
     return shared_bytes <= SHARED_OPTIN_BYTES.get(job.arch, SHARED_OPTIN_BYTES[80])
 
 

@@ -175,6 +175,29 @@ def norm_model(
     return model_bytes(helper.make_graph([node], "gather_layer_norm", inputs, outputs))
 
 
+EMBED_INPUTS = ("Images", "Weight", "Prefix", "Pos")  # PatchEmbed's input order
+
+
+def embed_model(
+    image_elem: int = TensorProto.FLOAT,
+    *,
+    patch: int | None = 16,
+    elems: dict[str, int] | None = None,
+    shaped: bool = True,
+) -> bytes:
+    """One com.raggedvit::PatchEmbed node: Images [B, C, H, W] (`image_elem`), Weight [K, N] float16, Prefix [P, N],
+    Pos [S, N] float -> Out [B, S, N] float16 (elems overrides an input's type, patch None leaves the attribute out:
+    to test the op's checks); shaped False declares the inputs without a shape (bad ranks reach the op)."""
+    attrs = {} if patch is None else {"patch": patch}
+    node = helper.make_node("PatchEmbed", list(EMBED_INPUTS), ["Out"], domain="com.raggedvit", **attrs)
+    types = {"Images": image_elem, "Weight": TensorProto.FLOAT16, "Prefix": TensorProto.FLOAT,
+             "Pos": TensorProto.FLOAT} | (elems or {})  # fmt: skip
+    dims = {"Images": ["B", "C", "H", "W"], "Weight": ["K", "N"], "Prefix": ["P", "N"], "Pos": ["S", "N"]}
+    inputs = [helper.make_tensor_value_info(n, types[n], dims[n] if shaped else None) for n in EMBED_INPUTS]
+    outputs = [helper.make_tensor_value_info("Out", TensorProto.FLOAT16, ["B", "S", "N"] if shaped else None)]
+    return model_bytes(helper.make_graph([node], "patch_embed", inputs, outputs))
+
+
 SELECT_OUTPUTS = ("src", "cu_new", "seq_id", "pos", "k")  # RaggedSelect's output order
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # the AOT build compiles real kernels, whatever the caller's setting
@@ -28,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raggedvit.custom_ops import _aot, _aot_linear, _aot_norm, _aot_select, _codegen, _ort_headers  # noqa: E402
+from raggedvit.custom_ops import _aot, _aot_embed, _aot_linear, _aot_norm, _aot_select, _codegen, _ort_headers  # noqa: E402
 
 SOURCES = (
     "ragged_attention.cc",
@@ -36,7 +37,9 @@ SOURCES = (
     "ragged_select.cc",
     "bias_gelu.cc",
     "gather_layer_norm.cc",
+    "patch_embed.cc",
     "cpu/ragged_attention_cpu.cc",
+    "cpu/patch_embed_cpu.cc",
     "cpu/gather_layer_norm_cpu.cc",
     "cpu/bias_gelu_cpu.cc",
     "cpu/ragged_linear_cpu.cc",
@@ -51,6 +54,8 @@ SOURCES = (
     "cuda/gelu_launcher.cc",
     "cuda/gather_layer_norm_cuda.cc",
     "cuda/norm_launcher.cc",
+    "cuda/patch_embed_cuda.cc",
+    "cuda/embed_launcher.cc",
     "registration.cc",
 )
 CXXFLAGS = [
@@ -89,43 +94,58 @@ def _compile_one(job: _aot.AotJob, cache_dir: Path) -> tuple[_aot.AotResult, boo
     return _aot.compile_job(job, cache_dir)
 
 
-def compile_cubins(
-    archs: tuple[int, ...], jobs: int, cache_dir: Path
-) -> tuple[
-    list[tuple[_aot.AotResult, int]], list[_aot.AotResult], list[_aot.AotResult], list[_aot.AotResult],
-    list[_aot.AotResult], list[_aot.AotResult],
-]:  # fmt: skip
-    """Compiles (or loads from the cache) every kernel; returns the attention table rows (result, min_tokens), the
-    linear cubins that fit their arch's shared memory, the linear cubins skipped for exceeding it, the
-    selection cubins, the bias + GELU cubins and the gather + LayerNorm cubins."""
+@dataclass
+class Cubins:
+    """Every compiled kernel of a build: the attention table rows (result, min_tokens), the linear cubins that fit
+    their arch's shared memory and those skipped for exceeding it, the selection, bias + GELU, gather + LayerNorm
+    and patch embedding cubins."""
+
+    rows: list[tuple[_aot.AotResult, int]] = field(default_factory=list)
+    linear: list[_aot.AotResult] = field(default_factory=list)
+    skipped: list[_aot.AotResult] = field(default_factory=list)
+    select: list[_aot.AotResult] = field(default_factory=list)
+    gelu: list[_aot.AotResult] = field(default_factory=list)
+    norm: list[_aot.AotResult] = field(default_factory=list)
+    embed: list[_aot.AotResult] = field(default_factory=list)
+
+
+def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> Cubins:
+    """Compiles (or loads from the cache) every kernel of `archs`."""
     work, rows = _aot.make_plan(archs)
     linear_work = _aot_linear.make_linear_plan(archs)
     select_work = _aot_select.make_select_plan(archs)
     gelu_work = _aot_linear.make_gelu_plan(archs)
     norm_work = _aot_norm.make_norm_plan(archs)
+    embed_work = _aot_embed.make_embed_plan(archs)
     if not work and not linear_work:
-        return [], [], [], [], [], []
+        return Cubins()
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     # most expensive first (forward kernels, wide heads, large linear tiles), so two workers finish together
     order = sorted(work, key=lambda j: (j.kernel != "fwd", -j.block_d, j.dtype != "fp32"))
-    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + select_work + gelu_work + norm_work
+    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + embed_work + select_work
+    order += gelu_work + norm_work
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
         futures = {job: pool.submit(_compile_one, job, cache_dir) for job in order}
         done = {job: f.result() for job, f in futures.items()}
     hits = sum(1 for _, cached in done.values() if cached)
-    linear = [done[job][0] for job in linear_work if _aot_linear.fits_arch(job, done[job][0].shared_bytes)]
-    skipped = [done[job][0] for job in linear_work if not _aot_linear.fits_arch(job, done[job][0].shared_bytes)]
+    fits = {job: _aot_linear.fits_arch(job, done[job][0].shared_bytes) for job in linear_work + embed_work}
+    out = Cubins(
+        rows=[(done[job][0], min_tokens) for job, min_tokens in rows],
+        linear=[done[job][0] for job in linear_work if fits[job]],
+        skipped=[done[job][0] for job in linear_work if not fits[job]],
+        select=[done[job][0] for job in select_work],
+        gelu=[done[job][0] for job in gelu_work],
+        norm=[done[job][0] for job in norm_work],
+        embed=[done[job][0] for job in embed_work if fits[job]],
+    )
     print(
-        f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, {len(linear)} linear "
-        f"kernel rows ({len(skipped)} skipped: shared memory above the arch limit), {len(select_work)} select rows, "
-        f"{len(gelu_work)} bias-GELU rows, {len(norm_work)} gather-LayerNorm rows, "
-        f"for sm_{', sm_'.join(map(str, archs))}",
+        f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, {len(out.linear)} linear "
+        f"kernel rows ({len(out.skipped)} skipped: shared memory above the arch limit), {len(select_work)} select "
+        f"rows, {len(gelu_work)} bias-GELU rows, {len(norm_work)} gather-LayerNorm rows, {len(out.embed)} "
+        f"patch-embedding rows, for sm_{', sm_'.join(map(str, archs))}",
         flush=True,
     )
-    select = [done[job][0] for job in select_work]
-    gelu = [done[job][0] for job in gelu_work]
-    norm = [done[job][0] for job in norm_work]
-    return [(done[job][0], min_tokens) for job, min_tokens in rows], linear, skipped, select, gelu, norm
+    return out
 
 
 def _compile_object(src: Path, obj_dir: Path, flags: list[str]) -> tuple[Path, subprocess.Popen | None]:
@@ -177,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build: {exc}", file=sys.stderr)
         return 2
     print(f"build: ORT headers {ort_include} (API {_ort_headers.header_api_version(ort_include)})", flush=True)
-    rows, linear, skipped, select, gelu, norm = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
+    c = compile_cubins(archs, max(1, args.jobs), build_dir / "aot-cache")
     t1 = time.perf_counter()
 
     import triton
@@ -185,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir = build_dir / "ort-gen" / hashlib.sha256(str(archs).encode()).hexdigest()[:8]
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
-    info = _codegen.build_info(rows, _version(), triton.__version__, linear, skipped, select, gelu, norm)
+    info = _codegen.build_info(c.rows, _version(), triton.__version__, c.linear, c.skipped, c.select, c.gelu, c.norm,
+                               c.embed)  # fmt: skip
     new_text = gen_dir / f"cubins.cc.new{os.getpid()}"
-    _codegen.write_cubin_source(new_text, rows, info, linear, select, gelu, norm)
+    _codegen.write_cubin_source(new_text, c.rows, info, c.linear, c.select, c.gelu, c.norm, c.embed)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()
     else:

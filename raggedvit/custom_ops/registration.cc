@@ -8,12 +8,14 @@
 
 #include "cpu/bias_gelu_cpu.h"
 #include "cpu/gather_layer_norm_cpu.h"
+#include "cpu/patch_embed_cpu.h"
 #include "cpu/ragged_attention_cpu.h"
 #include "cpu/ragged_linear_cpu.h"
 #include "cpu/ragged_select_cpu.h"
 #include "cuda/bias_gelu_cuda.h"
 #include "cuda/gather_layer_norm_cuda.h"
 #include "cuda/launcher.h"
+#include "cuda/patch_embed_cuda.h"
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
 #include "cuda/ragged_select_cuda.h"
@@ -40,8 +42,12 @@ const OpSet& Ops() {
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
     set.ops.push_back(std::make_unique<BiasGeluCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
+    set.ops.push_back(std::make_unique<PatchEmbedCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     if (cuda::DriverAvailable()) {
       set.ops.push_back(std::make_unique<RaggedSelectCudaOp>(kCudaExecutionProvider));
+      for (auto images : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}) {
+        set.ops.push_back(std::make_unique<PatchEmbedCudaOp>(kCudaExecutionProvider, images));
+      }
       // typed like RaggedLinear: float BiasGelu nodes run on the CPU EP (the exporter emits float16 / bfloat16 only)
       for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
         set.ops.push_back(std::make_unique<BiasGeluCudaOp>(kCudaExecutionProvider, dtype));
@@ -88,7 +94,7 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
            raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
-           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

@@ -178,6 +178,40 @@ struct NormLaunch {
   int device_ordinal = 0;
 };
 
+// One AOT-compiled patch embedding kernel (_embed_kernel._patch_embed; the sixth generated table): the launcher
+// takes the image of embed_config(B * L) (kEmbedMidM, kEmbedLargeM), or the next smaller config its arch has.
+enum class EmbedConfig : int { kSmall = 0, kMid = 1, kLarge = 2 };
+
+struct EmbedImage {
+  DType dtype;  // the image dtype (Weight / Out float16, Prefix / Pos float32)
+  int arch;
+  EmbedConfig config;
+  const char* function_name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  int shared_bytes;
+  int num_warps;
+  int block_m;
+  int block_n;
+  int num_params;  // kernel params including Triton's trailing scratch pointers
+};
+
+extern const EmbedImage kEmbedImages[];
+extern const size_t kNumEmbedImages;
+extern const int64_t kEmbedMidM, kEmbedLargeM;
+
+struct EmbedLaunch {
+  DType dtype = DType::kFloat32;  // of images: fp32 or fp16
+  const void* images = nullptr;   // [B, C, H, W] device
+  const void* weight = nullptr;   // [K, N] float16 device, K = C * patch * patch
+  const void* prefix = nullptr;   // [P, N] float32 device
+  const void* pos = nullptr;      // [P + L, N] float32 device
+  void* out = nullptr;            // [B, P + L, N] float16 device
+  int64_t B = 0, C = 0, H = 0, W = 0, patch = 1, P = 0, N = 0;
+  void* stream = nullptr;         // CUstream; nullptr = legacy default stream of device_ordinal
+  int device_ordinal = 0;
+};
+
 struct AttentionLaunch {
   DType dtype = DType::kFloat16;
   IndexType index_type = IndexType::kInt32;
@@ -238,6 +272,16 @@ std::string CheckNormSupported(const NormLaunch& n);
 
 // Enqueues _gather_layer_norm on n.stream (never synchronises, never reads device data); "" on success.
 std::string LaunchGatherLayerNorm(const NormLaunch& n);
+
+// The config embed_config(M) asks for, M = B * L patch rows (before any per-arch fallback).
+EmbedConfig PreferredEmbedConfig(int64_t M);
+
+// Checks what the AOT patch embedding kernel supports (image dtype, N % 16, int32 sizes, 16-byte alignment); ""
+// when supported.
+std::string CheckEmbedSupported(const EmbedLaunch& e);
+
+// Enqueues _patch_embed on e.stream (never synchronises, never reads device data); "" on success.
+std::string LaunchPatchEmbed(const EmbedLaunch& e);
 
 // Smallest BLOCK_D in the table >= D, or 0 when D is unsupported.
 int BlockDFor(int64_t D);
