@@ -12,6 +12,12 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    patch rows): the patch embedding's bias rides in the position table (ViT's embedding; ONNX Runtime otherwise
    runs the patch GEMM as a Gemm whose bias is first broadcast into the whole output, 72 us of deit_base's
    topk-l2 B=128 forward on the H200, benchmarks/results/serving_*_run7.json).
+   `patch_embed` (next): Cast(Add(Concat(Expand(prefix)..., MatMul(im2col(images), W)), pos), float16) ->
+   com.raggedvit::PatchEmbed(images, W in float16, prefix rows, pos, patch) when N is a multiple of 16: the fp16-all
+   embedding as one kernel that reads the image once (ONNX Runtime's float32 chain: Transpose / TF32 MatMul /
+   Concat / Add / Cast, ~300 us of deit_base's B=128 forward against ~140 for the op on the H200,
+   benchmarks/results/patch_embed_2026-12-02_*.json); the pixels and W are rounded to float16 (the TF32 GEMM it
+   replaces kept 10 bits of their mantissas too). The fp16 recipe (float32 stream) keeps the float32 chain.
    `bias_gelu`: Gelu(Add(y, b)) -> BiasGelu(y, b) (exact GELU); `zero_bias_gelu`: the other exact Gelus ->
    BiasGelu(x) without a bias. float16 rows whose static width is a multiple of 16 get com.raggedvit::BiasGelu
    (raggedvit's kernel: ~765 against ~600 G elements/s for ONNX Runtime's on the H200, benchmarks/results/
@@ -274,6 +280,88 @@ class GatherLayerNorm(pattern.RewriteRuleClassBase):
         return normed, gathered
 
 
+_PATCH_PERM = (0, 2, 4, 1, 3, 5)  # [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: torch's im2col of a stride-p conv
+
+
+def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    node = value.producer() if value is not None else None
+    return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+
+
+def _embed_parts(cat: ir.Value) -> tuple[ir.Value, ir.Value, list[ir.Value], int] | str:
+    """(images, weight [K, N], prefix constants [1, n, N], patch) of Concat(Expand(prefix)..., MatMul(Reshape(
+    Transpose(Reshape(images)))), axis=1): a ViT's patch embedding as torch.onnx writes it; else why not."""
+    concat = _producer(cat, "Concat")
+    if concat is None or concat.attributes.get_int("axis", 0) not in (1, -2):
+        return "not a concat of rows"
+    *parts, y = concat.inputs
+    mm = _producer(y, "MatMul")
+    if mm is None or mm.inputs[1].const_value is None or len(mm.inputs[1].const_value.shape) != 2:
+        return "the patch rows are not a MatMul by a constant [K, N]"
+    flat = _producer(mm.inputs[0], "Reshape")
+    tr = _producer(flat.inputs[0], "Transpose") if flat is not None else None
+    grid = _producer(tr.inputs[0], "Reshape") if tr is not None else None
+    if grid is None or tuple(tr.attributes.get_ints("perm", ())) != _PATCH_PERM:
+        return "not Reshape / Transpose (0, 2, 4, 1, 3, 5) / Reshape of the image"
+    images, view = grid.inputs[0], grid.outputs[0]
+    if _rank(images) != 4 or images.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16) or _rank(view) != 6:
+        return "the image is not float [B, C, H, W] cut into [B, C, gh, p, gw, p]"
+    B, C, H, W = images.shape
+    _, c, gh, p, gw, p2 = view.shape
+    K, N = mm.inputs[1].const_value.shape
+    static = all(isinstance(d, int) for d in (C, H, W, c, gh, p, gw, p2))
+    if not static or (c, p2, H, W, K) != (C, p, gh * p, gw * p, C * p * p):
+        return "the image, patch grid and weight do not line up"
+    if _rank(flat.outputs[0]) != 3 or tuple(flat.outputs[0].shape)[1:] != (gh * gw, K) or N % 16 != 0:
+        return "the patch rows are not [B, gh * gw, K], or N is not a multiple of 16"
+    prefix = []
+    for part in parts:
+        ex = _producer(part, "Expand")
+        const = ex.inputs[0].const_value if ex is not None else None
+        if const is None or len(const.shape) != 3 or const.shape[0] != 1 or const.shape[2] != N:
+            return "a prefix part is not Expand of a constant [1, n, N]"
+        prefix.append(ex.inputs[0])
+    return images, mm.inputs[1], prefix, p
+
+
+class PatchEmbed(pattern.RewriteRuleClassBase):
+    """Cast(Add(Concat(Expand(prefix)..., MatMul(im2col(images), W), axis=1), pos), to=float16) ->
+    com.raggedvit::PatchEmbed(images, W in float16, prefix, pos, patch) (the fp16-all recipe's embedding: the
+    image, the GEMM and the position table in float32, then cast into the float16 stream)."""
+
+    def pattern(self, op, cat, pos):
+        return op.Cast(op.Add(cat, pos), _allow_other_attributes=True, _outputs=["out"])
+
+    def check(self, context, cat, pos, out, **_):
+        ok = pattern.MatchResult()
+        if out.producer().attributes.get_int("to", 0) != ir.DataType.FLOAT16:
+            return ok.fail("not a cast to float16")
+        parts = _embed_parts(cat)
+        if isinstance(parts, str):
+            return ok.fail(parts)
+        images, w, prefix, p = parts
+        N = w.const_value.shape[1]
+        rows = sum(c.const_value.shape[1] for c in prefix) + (images.shape[2] // p) * (images.shape[3] // p)
+        table = pos.const_value
+        if table is None or table.dtype != ir.DataType.FLOAT or tuple(table.shape) not in ((1, rows, N), (rows, N)):
+            return ok.fail("the position table is not a float32 constant [1, P + L, N]")
+        if w.dtype != ir.DataType.FLOAT or any(c.dtype != ir.DataType.FLOAT for c in prefix):
+            return ok.fail("weight or prefix not float32")
+        return ok
+
+    def rewrite(self, op, cat, pos, out, **_):
+        images, w, prefix, p = _embed_parts(cat)  # type: ignore[misc]
+        N = w.const_value.shape[1]
+        w16 = op.initializer(ir.tensor(w.const_value.numpy().astype(np.float16)), name=f"{w.name}_fp16")
+        rows = [c.const_value.numpy().reshape(-1, N) for c in prefix]
+        head = np.concatenate(rows, axis=0) if rows else np.zeros((0, N), np.float32)
+        pre = op.initializer(ir.tensor(np.ascontiguousarray(head, dtype=np.float32)), name=f"{pos.name}_prefix")
+        table = op.initializer(ir.tensor(pos.const_value.numpy().reshape(-1, N)), name=f"{pos.name}_rows")
+        embedded = op.PatchEmbed(images, w16, pre, table, patch=p, _domain=_RAGGED)
+        embedded.shape, embedded.type = out.shape, out.type
+        return embedded
+
+
 def _const_ints(value: ir.Value) -> list[int] | None:
     if value.const_value is None:
         return None
@@ -312,6 +400,7 @@ class Gather1d(pattern.RewriteRuleClassBase):
 
 RULES: tuple[pattern.RewriteRuleSet, ...] = (
     pattern.RewriteRuleSet([PatchBiasIntoPosition.rule("patch_bias_into_position")]),
+    pattern.RewriteRuleSet([PatchEmbed.rule("patch_embed")]),
     pattern.RewriteRuleSet([*BiasGelu.rule("bias_gelu").commute()]),
     pattern.RewriteRuleSet([ZeroBiasGelu.rule("zero_bias_gelu")]),
     pattern.RewriteRuleSet(

@@ -74,7 +74,14 @@ def test_library_info(ort_library):
     assert build["num_cubins"] <= build["num_kernel_images"]
     assert {"fwd", "cls", "fwd+pos", "cls+pos"} <= set(build["configs"]["fp16/d64/T>=0"])
     assert build["relative_position_bias"] is True
-    assert info["ops"] == ["RaggedAttention", "RaggedLinear", "RaggedSelect", "BiasGelu", "GatherLayerNorm"]
+    assert info["ops"] == [
+        "RaggedAttention",
+        "RaggedLinear",
+        "RaggedSelect",
+        "BiasGelu",
+        "GatherLayerNorm",
+        "PatchEmbed",
+    ]
 
 
 def test_library_info_linear(ort_library):
@@ -124,6 +131,18 @@ def test_library_info_norm(ort_library):
     assert norm["rule"] == {"block_ds": list(NORM_BLOCK_DS)}
     assert norm["configs"] == {str(c.block_d): {"block_r": c.block_r, "num_warps": c.num_warps}
                                for c in aot_norm_configs()}  # fmt: skip
+
+
+def test_library_info_embed(ort_library):
+    """PatchEmbed cubins: fp32/fp16 images x every config x 4 archs, with embed_config's configs and rule."""
+    from raggedvit.kernels._embed_kernel import EMBED_LARGE_M, EMBED_MID_M, aot_embed_configs
+
+    embed = library_info()["build"]["embed"]
+    assert embed["archs"] == [80, 86, 89, 90] and embed["dtypes"] == ["fp16", "fp32"]
+    assert embed["num_cubins"] == 2 * len(aot_embed_configs()) * 4 and embed["cubin_bytes"] > 0
+    assert embed["rule"] == {"mid_m": EMBED_MID_M, "large_m": EMBED_LARGE_M}
+    keys = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+    assert embed["configs"] == {name: {k: getattr(c, k) for k in keys} for name, c in aot_embed_configs()}
 
 
 def test_cpu_op_runs_with_cuda_hidden(ort_library):

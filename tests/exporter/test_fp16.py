@@ -79,12 +79,13 @@ def test_fp16_all_recipe_on_ort_cpu(ort_session, images, spec):
     f16 = onnx.TensorProto.FLOAT16
     casts = [n for n in model.graph.node if n.op_type == "Cast"]
     to_f16 = [n for n in casts if next(a.i for a in n.attribute if a.name == "to") == f16]
-    assert len(to_f16) == 1 + spec.fuse * len(spec.prune_at)  # the embedding into the stream (+ fused tokens)
+    assert len(to_f16) == spec.fuse * len(spec.prune_at)  # the fused tokens: the embedding is PatchEmbed's
+    (embed,) = [n for n in model.graph.node if n.op_type == "PatchEmbed"]  # float32 image -> float16 stream
     types = _initializer_types(model)
     norms = [n for n in model.graph.node if n.op_type in ("LayerNormalization", "SkipLayerNormalization")]
     assert sum(types.get(n.input[1]) == f16 or types.get(n.input[2]) == f16 for n in norms) >= 4
     gemms = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in types]
-    assert types[gemms[0].input[1]] == onnx.TensorProto.FLOAT  # the patch embedding
+    assert types[embed.input[1]] == f16 and types[embed.input[3]] == onnx.TensorProto.FLOAT  # weight, positions
     assert types[gemms[-1].input[1]] == onnx.TensorProto.FLOAT  # the head
     x = images[:3]
     logits, counts = ort_session(model).run(None, {"images": x.numpy()})

@@ -43,7 +43,8 @@ def test_block_gemms_are_ragged_linear(ragged_export):
     nodes = [n for n in model.graph.node if n.op_type == "RaggedLinear"]
     assert len(nodes) == 4 * DEPTH and all(n.domain == "com.raggedvit" for n in nodes)
     ops = Counter(n.op_type for n in model.graph.node)
-    assert ops["MatMul"] + ops["Gemm"] == 2  # the patch embedding and the head only
+    embed = int(dtype == "fp16-all")  # fp16-all: the patch embedding is com.raggedvit::PatchEmbed
+    assert (ops["PatchEmbed"], ops["MatMul"] + ops["Gemm"]) == (embed, 2 - embed)  # + the head
     for i in range(DEPTH):
         qkv, proj, fc1, fc2 = nodes[4 * i : 4 * i + 4]
         assert [n.input[1].split(".")[-2] for n in (qkv, proj, fc1, fc2)] == ["qkv", "proj", "fc1", "fc2"]
@@ -70,7 +71,8 @@ def test_dead_rows_export(deit_tiny_d2, spec, nodes):
     assert check_graph(model) == []
     ops = Counter(n.op_type for n in model.graph.node)
     assert ops["RaggedLinear"] == nodes
-    assert ops["MatMul"] + ops["Gemm"] == 2 + 4 * DEPTH - nodes  # patch embedding, head, the other block GEMMs
+    assert ops["PatchEmbed"] == 1  # the patch embedding (fp16-all)
+    assert ops["MatMul"] + ops["Gemm"] == 1 + 4 * DEPTH - nodes  # the head, the other block GEMMs
     assert read_recipe(model)["ragged_linear"] == "dead-rows"
 
 

@@ -197,3 +197,72 @@ def test_gather_layer_norm_rules(ort_session, dtype, D, skip, bias, add_used, op
     got = ort_session(model).run(None, feeds)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def _patch_embed_model(
+    N: int = 32, prefix: int = 1, *, cast: bool = True, perm: tuple[int, ...] = (0, 2, 4, 1, 3, 5)
+) -> ir.Model:
+    """timm ViT's embedding as torch.onnx writes it for fp16-all: Cast(Add(Concat(Expand(cls)..., MatMul(Reshape(
+    Transpose(Reshape(images [2, 3, 16, 24]))), W [48, N])), pos [1, P + 6, N]), float16); patch 4."""
+    gen = np.random.default_rng(4)
+    B, C, H, W, p = 2, 3, 16, 24, 4
+    gh, gw, K = H // p, W // p, C * p * p
+    f32 = ir.TensorType(ir.DataType.FLOAT)
+    images = ir.Value(name="images", shape=ir.Shape([B, C, H, W]), type=f32)
+    grid = ir.node("Reshape", [images, _const("grid", np.array([-1, C, gh, p, gw, p], np.int64))], {"allowzero": 1})
+    grid.outputs[0].shape, grid.outputs[0].type = ir.Shape([B, C, gh, p, gw, p]), f32
+    tr = ir.node("Transpose", [grid.outputs[0]], {"perm": list(perm)})
+    tr.outputs[0].shape, tr.outputs[0].type = ir.Shape([B, gh, gw, C, p, p]), f32
+    flat = ir.node("Reshape", [tr.outputs[0], _const("flat", np.array([-1, gh * gw, K], np.int64))], {"allowzero": 1})
+    flat.outputs[0].shape, flat.outputs[0].type = ir.Shape([B, gh * gw, K]), f32
+    mm = ir.node("MatMul", [flat.outputs[0], _const("w", (gen.standard_normal((K, N)) / 7).astype(np.float32))])
+    mm.outputs[0].shape, mm.outputs[0].type = ir.Shape([B, gh * gw, N]), f32
+    nodes = [grid, tr, flat, mm]
+    parts = []
+    for j in range(prefix):
+        ex = ir.node("Expand", [_const(f"tok{j}", gen.standard_normal((1, 1, N)).astype(np.float32)),
+                                _const(f"shape{j}", np.array([B, 1, 1], np.int64))])  # fmt: skip
+        ex.outputs[0].shape, ex.outputs[0].type = ir.Shape([B, 1, N]), f32
+        nodes.append(ex)
+        parts.append(ex.outputs[0])
+    cat = ir.node("Concat", [*parts, mm.outputs[0]], {"axis": 1})
+    pos = _const("pos", gen.standard_normal((1, prefix + gh * gw, N)).astype(np.float32))
+    add = ir.node("Add", [cat.outputs[0], pos])
+    add.outputs[0].shape, add.outputs[0].type = ir.Shape([B, prefix + gh * gw, N]), f32
+    nodes += [cat, add]
+    out = add
+    if cast:
+        out = ir.node("Cast", [add.outputs[0]], {"to": ir.DataType.FLOAT16})
+        out.outputs[0].shape, out.outputs[0].type = add.outputs[0].shape, ir.TensorType(ir.DataType.FLOAT16)
+        nodes.append(out)
+    out.outputs[0].name = "tokens"
+    inits = [v for n in nodes for v in n.inputs if v is not None and v.const_value is not None]
+    graph = ir.Graph([images], [out.outputs[0]], nodes=nodes, initializers=inits, opset_imports={"": 20})
+    return ir.Model(graph, ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fused"),
+    [
+        ({}, True),
+        ({"prefix": 2}, True),  # class + distillation tokens
+        ({"prefix": 0}, True),  # no prefix rows (Concat of the patch rows alone)
+        ({"cast": False}, False),  # float32 stream (the fp16 recipe): the embedding stays float32
+        ({"N": 40}, False),  # width not a multiple of 16: no CUDA kernel of ours
+        ({"perm": (0, 2, 4, 1, 5, 3)}, False),  # not the im2col of a conv
+    ],
+    ids=["cls", "cls_dist", "no_prefix", "float32_stream", "n40", "other_perm"],
+)
+def test_patch_embed_rule(ort_session, kwargs, fused):
+    feeds = {"images": np.random.default_rng(5).standard_normal((2, 3, 16, 24)).astype(np.float32)}
+    (want,) = ort_session(_patch_embed_model(**kwargs)).run(None, feeds)
+    model = fuse_for_ort(_patch_embed_model(**kwargs))
+    ops = [n.op_type for n in model.graph]
+    assert (ops == ["PatchEmbed"]) == fused, ops
+    if fused:
+        node = model.graph.node(0)
+        assert node.domain == "com.raggedvit" and node.attributes["patch"].as_int() == 4
+        assert node.inputs[1].const_value.dtype == ir.DataType.FLOAT16
+    (got,) = ort_session(model).run(None, feeds)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=4e-3, atol=4e-3)
