@@ -1,6 +1,13 @@
 """AOT jobs of the patch embedding kernel (`raggedvit/kernels/_embed_kernel.py:_patch_embed`): one job per image
-dtype x config x arch, compiled by `_aot.compile_job` like the other kernels. A cubin whose shared memory exceeds
-its arch's opt-in limit is not emitted (`_aot_linear.fits_arch`); the launcher then takes the next smaller config.
+dtype x config x alignment x arch, compiled by `_aot.compile_job` like the other kernels. A cubin whose shared
+memory exceeds its arch's opt-in limit is not emitted (`_aot_linear.fits_arch`); the launcher then takes the next
+smaller config.
+
+Alignment: the "aligned" cubins are compiled with Wd, patch and K known to be multiples of 16 (the launcher takes
+them when patch % 16 == 0 and W % 16 == 0: ViT-B/16 at 224), so a patch row's pixels load as 16-byte vectors; the
+others assume nothing (patch 14, odd widths). Without the hints the H200 ran deit_base's B=128 embedding in 234 us
+against 143 us for the JIT kernel, which Triton specialises on those divisibilities by itself (serving profile at
+04c13a5 against benchmarks/results/patch_embed_2026-12-02_NVIDIA-H200.json).
 
 This module must not import torch or raggedvit: it runs inside the package build.
 """
@@ -30,6 +37,7 @@ class EmbedJob:
     block_k: int
     num_warps: int
     num_stages: int
+    aligned: bool = False  # Wd, patch, K multiples of 16 (hinted)
     kernel: str = "patch_embed"
 
     @property
@@ -42,7 +50,8 @@ class EmbedJob:
 
     @property
     def hinted_ints(self) -> tuple[str, ...]:
-        return ("N",)  # 16-divisible rows: vector loads and stores (the launcher checks N % 16 == 0)
+        # 16-divisible rows: vector loads and stores (the launcher checks N % 16 == 0, and the alignment's rule)
+        return ("N", "Wd", "patch", "K") if self.aligned else ("N",)
 
     def signature(self) -> tuple[dict[str, str], dict[str, int]]:
         """Triton signature (arg -> type) and constexprs: Img of dtype, W / Out fp16, Prefix / Pos fp32, ints i32."""
@@ -64,10 +73,11 @@ def embed_rule() -> dict[str, int]:
 
 
 def make_embed_plan(archs: tuple[int, ...] = ARCHS) -> list[EmbedJob]:
-    """Every image dtype x config x arch of the patch embedding kernel."""
+    """Every image dtype x config x alignment x arch of the patch embedding kernel."""
     return [
-        EmbedJob(dt, arch, name, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)
+        EmbedJob(dt, arch, name, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, aligned)
         for arch in archs
         for dt in EMBED_IMAGE_DTYPES
         for name, c in _module().aot_embed_configs()
+        for aligned in (False, True)
     ]

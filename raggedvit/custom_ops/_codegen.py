@@ -97,7 +97,11 @@ def embed_info(embed: Sequence[AotResult]) -> dict:
             r.job.config: {k: getattr(r.job, k) for k in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
             for r in embed
         },  # fmt: skip
-        "shared_bytes": {f"{r.job.config}/sm_{r.job.arch}/{r.job.dtype}": r.shared_bytes for r in embed},
+        "aligned": sorted({r.job.aligned for r in embed}),
+        "shared_bytes": {
+            f"{r.job.config}/sm_{r.job.arch}/{r.job.dtype}{'/aligned' if r.job.aligned else ''}": r.shared_bytes
+            for r in embed
+        },
     }
 
 
@@ -258,12 +262,13 @@ def write_cubin_source(
     for r in embed:
         j = r.job
         out.append(
-            f'    {{{_DTYPE[j.dtype]}, {j.arch}, {_EMBED_CONFIG[j.config]}, "{r.function_name}", '
+            f"    {{{_DTYPE[j.dtype]}, {j.arch}, {_EMBED_CONFIG[j.config]}, {'true' if j.aligned else 'false'}, "
+            f'"{r.function_name}", '
             f"kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {j.block_m}, {j.block_n}, "
             f"{r.num_params}}},"
         )
     if not embed:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append('    {DType::kFloat32, 0, EmbedConfig::kSmall, "", nullptr, 0, 0, 0, 0, 0, 0},')
+        out.append('    {DType::kFloat32, 0, EmbedConfig::kSmall, false, "", nullptr, 0, 0, 0, 0, 0, 0},')
     out.append("};")
     out.append(f"const size_t kNumEmbedImages = {len(embed)};")
     embed_rule = _aot_embed.embed_rule()

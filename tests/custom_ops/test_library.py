@@ -134,12 +134,14 @@ def test_library_info_norm(ort_library):
 
 
 def test_library_info_embed(ort_library):
-    """PatchEmbed cubins: fp32/fp16 images x every config x 4 archs, with embed_config's configs and rule."""
+    """PatchEmbed cubins: fp32/fp16 images x every config x aligned or not x 4 archs, with embed_config's configs
+    and rule."""
     from raggedvit.kernels._embed_kernel import EMBED_LARGE_M, EMBED_MID_M, aot_embed_configs
 
     embed = library_info()["build"]["embed"]
     assert embed["archs"] == [80, 86, 89, 90] and embed["dtypes"] == ["fp16", "fp32"]
-    assert embed["num_cubins"] == 2 * len(aot_embed_configs()) * 4 and embed["cubin_bytes"] > 0
+    assert embed["num_cubins"] == 2 * len(aot_embed_configs()) * 2 * 4 and embed["cubin_bytes"] > 0
+    assert embed["aligned"] == [False, True]
     assert embed["rule"] == {"mid_m": EMBED_MID_M, "large_m": EMBED_LARGE_M}
     keys = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
     assert embed["configs"] == {name: {k: getattr(c, k) for k in keys} for name, c in aot_embed_configs()}

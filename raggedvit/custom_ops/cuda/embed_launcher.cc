@@ -1,7 +1,7 @@
 // Launcher of the AOT-compiled patch embedding kernel (raggedvit/kernels/_embed_kernel.py:_patch_embed): the image
 // of the device's arch (same major, highest minor <= the device's) for embed_config(B * L), else the next smaller
-// config of that arch, then the context / module cache / cuLaunchKernel path shared with the other launchers
-// (launch_context.h). One launch.
+// config of that arch, aligned or not as the sizes allow (Aligned), then the context / module cache /
+// cuLaunchKernel path shared with the other launchers (launch_context.h). One launch.
 #include <cstdint>
 #include <string>
 
@@ -20,12 +20,17 @@ const char* ConfigName(EmbedConfig c) {
   return c == EmbedConfig::kLarge ? "large" : c == EmbedConfig::kMid ? "mid" : "small";
 }
 
+// The aligned cubins assume W, patch and K = C * patch^2 are multiples of 16 (their compile-time hints).
+bool Aligned(const EmbedLaunch& e) { return e.patch % 16 == 0 && e.W % 16 == 0; }
+
 long PickEmbedImage(const EmbedLaunch& e, EmbedConfig want, int arch) {
+  const bool aligned = Aligned(e);
   for (int c = static_cast<int>(want); c >= 0; --c) {  // the wanted config, else the next smaller one
     long best = -1;
     for (size_t i = 0; i < kNumEmbedImages; ++i) {
       const EmbedImage& im = kEmbedImages[i];
-      if (im.dtype != e.dtype || static_cast<int>(im.config) != c || im.arch / 10 != arch / 10 || im.arch > arch) {
+      if (im.dtype != e.dtype || static_cast<int>(im.config) != c || im.aligned != aligned ||
+          im.arch / 10 != arch / 10 || im.arch > arch) {
         continue;
       }
       if (best < 0 || im.arch > kEmbedImages[best].arch) best = static_cast<long>(i);
@@ -95,7 +100,8 @@ std::string LaunchPatchEmbed(const EmbedLaunch& e) {
     index = PickEmbedImage(e, want, arch);
     if (index < 0) {
       return std::string("no PatchEmbed cubin for sm_") + std::to_string(arch) + " " + DTypeName(e.dtype) +
-             " images, config " + ConfigName(want) + " or smaller, in this library (rebuild with build.py --archs)";
+             " images, config " + ConfigName(want) + " or smaller" + (Aligned(e) ? " (aligned)" : "") +
+             ", in this library (rebuild with build.py --archs)";
     }
     const EmbedImage& im = kEmbedImages[index];
     return load(CubinRef{im.cubin, im.function_name, im.shared_bytes}, &fn);

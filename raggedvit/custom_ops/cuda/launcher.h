@@ -179,13 +179,15 @@ struct NormLaunch {
 };
 
 // One AOT-compiled patch embedding kernel (_embed_kernel._patch_embed; the sixth generated table): the launcher
-// takes the image of embed_config(B * L) (kEmbedMidM, kEmbedLargeM), or the next smaller config its arch has.
+// takes the image of embed_config(B * L) (kEmbedMidM, kEmbedLargeM), or the next smaller config its arch has; an
+// aligned image (compiled for W, patch and K multiples of 16) when patch % 16 == 0 and W % 16 == 0, else not.
 enum class EmbedConfig : int { kSmall = 0, kMid = 1, kLarge = 2 };
 
 struct EmbedImage {
   DType dtype;  // the image dtype (Weight / Out float16, Prefix / Pos float32)
   int arch;
   EmbedConfig config;
+  bool aligned;  // compiled with Wd, patch and K hinted as multiples of 16
   const char* function_name;
   const unsigned char* cubin;
   size_t cubin_size;
