@@ -95,6 +95,7 @@ for stage in "$@"; do
     memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
       timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
         --kernel-name kns=_ragged --kernel-name kns=_select_ --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm \
+        --kernel-name kns=_patch_embed \
         --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \
         > "$RES/memcheck_fuzz.log" 2>&1; rc=$?
       grep -v "No registered" "$RES/memcheck_fuzz.log" | tail -4; grep -h "ERROR SUMMARY" "$RES/memcheck.log" | tail -1;;

@@ -1,8 +1,9 @@
-"""Torch-free fuzz of the RaggedAttention, RaggedLinear, RaggedSelect, BiasGelu and GatherLayerNorm CUDA-EP
-kernels, run under compute-sanitizer.
+"""Torch-free fuzz of the RaggedAttention, RaggedLinear, RaggedSelect, BiasGelu, GatherLayerNorm and PatchEmbed
+CUDA-EP kernels, run under compute-sanitizer.
 
     compute-sanitizer --tool memcheck --kernel-name kns=_ragged --kernel-name kns=_select_ \
-        --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm python3 scripts/memcheck_ort_fuzz.py
+        --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm --kernel-name kns=_patch_embed \
+        python3 scripts/memcheck_ort_fuzz.py
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
@@ -25,6 +26,13 @@ Then --norm-calls GatherLayerNorm calls (fp16 / bf16, with and without Skip and 
 of 16 up to 4096: every BLOCK_D variant), indices anywhere (negative, past T, the int64 extremes: rows outside
 [-T, T) must come back zero, never fault): valid calls must match a numpy oracle to the dtype's rounding; D not a
 multiple of 16, D above 4096 or a Gamma of the wrong length must come back as errors, never faults.
+Then --embed-calls PatchEmbed calls (float / float16 images, one session per image type and patch in 4, 8, 14, 16):
+random B (0 included, up to 40: every row-tile config), C 1..4, H and W 16..240 (multiples of 16: the aligned cubins
+at patch 16; crops that are not multiples of patch; a few below patch: prefix rows only), P 0..2, N multiples of 16
+up to 1024; valid calls must be finite and match a numpy oracle to float16's rounding on sampled rows (prefix rows,
+the first and last patch rows, random ones); N not a multiple of 16, a Weight of the wrong K, a Prefix of the wrong
+width, a Pos of the wrong row count or 3-D Images must come back as errors, never faults. Before them, sessions with
+a bad patch attribute (absent, 0, -1, 32769) or double images must be refused; they count as calls.
 Every fifth call of the --calls ones is a RaggedSelect call (raggedvit/custom_ops/_memcheck_select.py): random B,
 rows per image, dead rows, a few attribute sets (width, bound <= width, num_prefix, both policies); its outputs must
 equal a numpy oracle of the op (cu clamped as the kernels clamp it), on the CUDA EP and on the CPU EP for the cu
@@ -35,7 +43,7 @@ Progress is printed every 100 calls; exit 1 on any unexpected error.
 compute-sanitizer's --kernel-name kns=SUBSTRING instruments only kernels whose name contains SUBSTRING, and each
 further --kernel-name adds a filter (a kernel matching any is checked): scripts/gpu_session.sh passes kns=_ragged
 (_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear), kns=_select_ (_select_count, _select_scatter),
-kns=_bias_gelu and kns=_gather_layer_norm.
+kns=_bias_gelu, kns=_gather_layer_norm and kns=_patch_embed.
 """
 
 from __future__ import annotations
@@ -336,6 +344,147 @@ def norm_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[s
     return counts, errors
 
 
+EMBED_PATCHES = (4, 8, 14, 16)
+EMBED_BAD = ("n_not_16", "weight_rows", "prefix_width", "pos_rows", "images_rank")
+# (image type, patch attribute) of sessions that must be refused: no patch, out of [1, 32768], double images
+EMBED_CRAFTED = ((TensorProto.FLOAT, None), (TensorProto.FLOAT, 0), (TensorProto.FLOAT16, -1),
+                 (TensorProto.FLOAT, 2**15 + 1), (TensorProto.DOUBLE, 16))  # fmt: skip
+EMBED_NUMPY = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64}
+
+
+def embed_model(elem: int, patch: int | None) -> bytes:
+    """com.raggedvit::PatchEmbed(Images, Weight float16, Prefix float, Pos float) -> Out float16, inputs declared
+    without shapes (bad shapes reach the kernel); patch None leaves the attribute out."""
+    names = ("Images", "Weight", "Prefix", "Pos")
+    attrs = {} if patch is None else {"patch": patch}
+    node = helper.make_node("PatchEmbed", list(names), ["Out"], domain="com.raggedvit", **attrs)
+    types = {"Images": elem, "Weight": TensorProto.FLOAT16, "Prefix": TensorProto.FLOAT, "Pos": TensorProto.FLOAT}
+    inputs = [helper.make_tensor_value_info(n, types[n], None) for n in names]
+    out = helper.make_tensor_value_info("Out", TensorProto.FLOAT16, None)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    m = helper.make_model(helper.make_graph([node], "patch_embed", inputs, [out]), opset_imports=opsets)
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def embed_reference(feeds: dict[str, np.ndarray], patch: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 rows `rows` (flat indices over [B * (P + L)]) of Out, and of the sums of absolute terms (the scale of
+    float32 rounding): prefix rows Prefix[j] + Pos[j]; patch row l of image b: its pixels rounded to float16
+    (k = (c * patch + ky) * patch + kx) @ Weight + Pos[P + l]."""
+    images, weight = feeds["Images"], feeds["Weight"].astype(np.float64)
+    prefix, pos = feeds["Prefix"].astype(np.float64), feeds["Pos"].astype(np.float64)
+    C, W = images.shape[1], images.shape[3]
+    P, N = prefix.shape
+    S, gw = pos.shape[0], max(W // patch, 1)  # (gw = 0: no patch rows to split)
+    b, j = np.divmod(rows, S)
+    head = j < P
+    ref, mag = np.empty((len(rows), N)), np.empty((len(rows), N))
+    ref[head] = prefix[j[head]] + pos[j[head]]
+    mag[head] = np.abs(prefix[j[head]]) + np.abs(pos[j[head]])
+    body = ~head
+    py, px = np.divmod(j[body] - P, gw)
+    ky, kx = np.divmod(np.arange(patch * patch), patch)
+    a = images[b[body][:, None, None], np.arange(C)[None, :, None], (py * patch)[:, None, None] + ky,
+               (px * patch)[:, None, None] + kx]  # fmt: skip
+    a = a.astype(np.float16).astype(np.float64).reshape(int(body.sum()), C * patch * patch)
+    ref[body] = a @ weight + pos[j[body]]
+    mag[body] = np.abs(a) @ np.abs(weight) + np.abs(pos[j[body]])
+    return ref, mag
+
+
+def embed_feeds(
+    rng: np.random.Generator, elem: int, shape: tuple[int, int, int, int], patch: int, P: int, N: int, kind: str
+) -> dict[str, np.ndarray]:
+    """Inputs of one call: Images [B, C, H, W] of `elem`, Weight [K, N], Prefix [P, N], Pos [P + L, N], one of them
+    broken as `kind` says (n_not_16: N itself is the caller's)."""
+    B, C, H, W = shape
+    K, L = C * patch * patch, (H // patch) * (W // patch)
+    images = (2 * rng.standard_normal(shape, dtype=np.float32)).astype(EMBED_NUMPY[elem])
+    k = K + (16 if kind == "weight_rows" else 0)
+    rows = P + L + (int(rng.choice([-1, 1])) if P + L and kind == "pos_rows" else 1 if kind == "pos_rows" else 0)
+    return {
+        "Images": images.reshape(B * C, H, W) if kind == "images_rank" else images,
+        "Weight": (rng.standard_normal((k, N), dtype=np.float32) / np.sqrt(max(K, 1))).astype(np.float16),
+        "Prefix": rng.standard_normal((P, N + (16 if kind == "prefix_width" else 0)), dtype=np.float32),
+        "Pos": rng.standard_normal((rows, N), dtype=np.float32),
+    }
+
+
+def embed_side(rng: np.random.Generator, patch: int) -> int:
+    """H or W of a call: 16..240, multiples of 16 (the aligned cubins at patch 16) or crops, a few below patch."""
+    r = rng.random()
+    if r < 0.05:
+        return int(rng.integers(1, patch))  # no patch row / column: prefix rows only
+    if r < 0.45:
+        return 16 * int(rng.integers(1, 16))
+    return int(rng.integers(16, 241))  # mostly not a multiple of patch
+
+
+def embed_calls(rng: np.random.Generator, calls: int, ep: str = "cuda") -> tuple[dict[str, int], int]:
+    """PatchEmbed calls on the CUDA EP (module docstring); ep "cpu" runs them on the CPU EP, whose kernel takes any
+    N (n_not_16 calls are valid there). (counts by kind, unexpected errors)."""
+
+    def session(elem: int, patch: int | None):  # refusals are counted here, not logged by ORT
+        so = session_options(disable_cpu_fallback=ep == "cuda", log_severity=4)
+        return create_session(embed_model(elem, patch), ep, options=so)
+
+    counts: dict[str, int] = {}
+    errors = 0
+    for elem, patch in EMBED_CRAFTED:
+        try:
+            sess = session(elem, patch)
+            sess.run(["Out"], embed_feeds(rng, elem, (2, 3, 32, 32), 16, 1, 64, "valid"))
+            print(f"embed: image type {elem}, patch {patch!r}: accepted", flush=True)
+            errors += 1
+        except Exception:  # noqa: BLE001 - an error status is the expected outcome
+            pass
+        counts["embed_crafted"] = counts.get("embed_crafted", 0) + 1
+    sessions = [(session(e, p), e, p) for e in (TensorProto.FLOAT, TensorProto.FLOAT16) for p in EMBED_PATCHES]
+    for call in range(calls):
+        sess, elem, patch = sessions[call % len(sessions)]
+        r = rng.random()
+        B = 0 if r < 0.05 else int(rng.integers(1, 9)) if r < 0.8 else int(rng.integers(9, 41))
+        C, H, W, P = int(rng.integers(1, 5)), embed_side(rng, patch), embed_side(rng, patch), int(rng.integers(0, 3))
+        N = 16 * int(rng.integers(1, 65)) if rng.random() < 0.7 else int(rng.choice([192, 384, 768, 1024]))
+        S = P + (H // patch) * (W // patch)
+        B = min(B, max(1, 2**24 // max(S * N, 1)), max(1, 2**23 // (C * H * W)))  # host memory of Out and Images
+        kind = "valid" if rng.random() < 0.85 else str(rng.choice(EMBED_BAD))
+        n = N + int(rng.integers(1, 16)) if kind == "n_not_16" else N
+        valid = kind == "valid" or (kind == "n_not_16" and ep != "cuda")
+        feeds = embed_feeds(rng, elem, (B, C, H, W), patch, P, n, kind)
+        counts[f"embed_{kind}"] = counts.get(f"embed_{kind}", 0) + 1
+        sizes = f"B={B}, C={C}, H={H}, W={W}, patch={patch}, P={P}, N={n}, image type {elem}"
+        try:
+            (out,) = sess.run(["Out"], feeds)
+        except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
+            if valid:
+                print(f"embed call {call}: unexpected error on valid input ({sizes}): {str(e).splitlines()[0]}",
+                      flush=True)  # fmt: skip
+                errors += 1
+            continue
+        if not valid:
+            print(f"embed call {call}: {kind} accepted ({sizes})", flush=True)
+            errors += 1
+            continue
+        if out.shape != (B, S, n) or out.dtype != np.float16 or not np.isfinite(out).all():
+            print(f"embed call {call}: bad output {out.dtype} {out.shape} ({sizes})", flush=True)
+            errors += 1
+            continue
+        if not out.size:
+            continue
+        # every row of small outputs; else the first and last rows of the first and last images, and random ones
+        edges = np.minimum([0, P, S - 1, B * S - S, B * S - S + P, B * S - 1], B * S - 1)
+        rows = np.arange(B * S) if B * S <= 64 else np.unique(np.concatenate([edges, rng.integers(0, B * S, 96)]))
+        ref, mag = embed_reference(feeds, patch, rows)
+        got = out.reshape(B * S, n)[rows].astype(np.float64)
+        tol = 2.0**-11 * np.abs(ref) + 2 * (C * patch * patch + 4) * 2.0**-24 * (mag + 1) + 2.0**-24
+        if (np.abs(got - ref) > tol).any():
+            worst = float((np.abs(got - ref) / tol).max())
+            print(f"embed call {call}: differs from the oracle ({sizes}): up to {worst:.2f}x the bound", flush=True)
+            errors += 1
+    return counts, errors
+
+
 def crafted_sessions() -> tuple[int, int]:
     """(attempts, crashes-or-accepted): each crafted num_heads must be refused when the session is created or run."""
     bad = 0
@@ -375,6 +524,7 @@ def main() -> int:
     ap.add_argument("--linear-calls", type=int, default=300, help="RaggedLinear calls after the attention ones")
     ap.add_argument("--gelu-calls", type=int, default=1000, help="BiasGelu calls after the RaggedLinear ones")
     ap.add_argument("--norm-calls", type=int, default=1000, help="GatherLayerNorm calls after the BiasGelu ones")
+    ap.add_argument("--embed-calls", type=int, default=1000, help="PatchEmbed calls after the GatherLayerNorm ones")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     cuda = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -421,6 +571,9 @@ def main() -> int:
         norm_counts, norm_errors = norm_calls(rng, args.norm_calls, args.max_t)
         counts.update(norm_counts)
         errors += norm_errors
+        embed_counts, embed_errors = embed_calls(rng, args.embed_calls)
+        counts.update(embed_counts)
+        errors += embed_errors
     total = sum(counts.values())
     where = "CUDA-EP" if cuda else "CPU-EP"
     print(f"memcheck fuzz: {total} {where} calls {counts}, {errors} unexpected errors, {time.time() - t0:.1f} s")

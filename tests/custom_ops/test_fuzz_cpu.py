@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import numpy as np
 import pytest
+import torch
 
 from raggedvit.custom_ops._fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
-from raggedvit.custom_ops._fuzz_driver import run_fuzz
+from raggedvit.custom_ops._fuzz_driver import draw_call, expected_call, run_fuzz
+from raggedvit.custom_ops._fuzz_embed import EMBED_AT, EmbedCase, check_embed_output, draw_embed_case, embed_feeds
 from raggedvit.custom_ops._fuzz_linear import LinearCase, draw_any, draw_linear_case, expected_any
 from raggedvit.custom_ops._fuzz_select import SelectFuzzCase, draw_select_case
 
@@ -87,3 +90,56 @@ def test_select_cases_cover_valid_and_refused_inputs():
     reasons = Counter(expected_any(c) or "valid" for c in select)
     assert reasons["valid"] > 300 and reasons["select attributes"] > 50 and reasons["select cu"] > 50, reasons
     assert draw_select_case(SEED, 12) == draw_any(SEED, 12)  # a reported call replays alone
+
+
+def test_embed_cases_cover_valid_and_refused_inputs():
+    """Every tenth call (index % 10 == EMBED_AT) is a PatchEmbed case: valid ones of every patch size 1..16, both
+    image types, crops (H, W not multiples of patch), P = 0, B = 0, no patch rows (L = 0), and each refusal; the
+    other calls are draw_any's (the other ops keep their indices)."""
+    cases = [draw_call(SEED, i) for i in range(CALLS)]
+    embed = [c for c in cases if isinstance(c, EmbedCase)]
+    assert len(embed) == CALLS // 10 and all(c.index % 10 == EMBED_AT for c in embed)
+    reasons = Counter((expected_call(c) or "valid").split(":")[0] for c in embed)
+    kinds = ("patch", "Images rank", "Images type", "Weight", "Prefix", "Pos")
+    assert reasons["valid"] > 500 and all(reasons[f"embed {k}"] >= 15 for k in kinds), reasons
+    valid = [c for c in embed if expected_call(c) is None]
+    assert set(range(1, 17)) <= {c.patch for c in valid} and {c.image_elem for c in valid} == {"float", "float16"}
+    dims = [(*c.image_shape, c.patch, c.inputs[1][2][0]) for c in valid]  # B, C, H, W, patch, P
+    assert sum(H % p > 0 or W % p > 0 for _, _, H, W, p, _ in dims) > 300
+    assert sum(P == 0 for *_, P in dims) > 100 and sum(B == 0 for B, *_ in dims) > 10
+    assert sum((H // p) * (W // p) == 0 for _, _, H, W, p, _ in dims) > 30 and sum(C == 0 for _, C, *_ in dims) > 5
+    assert draw_embed_case(SEED, 13) == draw_call(SEED, 13)  # a reported call replays alone
+    assert all(draw_call(SEED, i) == draw_any(SEED, i) for i in range(100) if i % 10 != EMBED_AT)
+
+
+def test_embed_check_catches_a_wrong_output():
+    """check_embed_output (no op run) accepts the reference itself and refuses patch rows shifted by one, an element
+    1% off, and a nan."""
+    from raggedvit.kernels.patch_embed import patch_embed_reference
+
+    def plain(c: EmbedCase) -> bool:  # valid, no specials, two images of >= 4 patches, N >= 8
+        B, _, H, W = c.image_shape
+        return (
+            not c.specials
+            and B >= 2
+            and c.patch >= 4
+            and (H // c.patch) * (W // c.patch) >= 4
+            and c.inputs[0][2][1] >= 8
+        )
+
+    drawn = (draw_embed_case(SEED, i) for i in range(EMBED_AT, 10**5, 10))
+    c = next(c for c in drawn if expected_call(c) is None and plain(c))
+    feeds = embed_feeds(c)
+    args = [feeds[n] for n in ("Images", "Weight", "Prefix", "Pos")]
+    out = patch_embed_reference(*args, c.patch, compute_dtype=torch.float64).to(torch.float16).numpy()
+    assert check_embed_output(out, feeds, c.patch) is None, c.describe()
+    P = c.inputs[1][2][0]
+    shifted = out.copy()
+    shifted[1, P:] = np.roll(out[1, P:], 1, axis=0)
+    off = out.copy()
+    j = int(np.argmax(np.abs(out[0, P:, 0]))) + P
+    off[0, j, 0] = out[0, j, 0] * np.float16(1.01)
+    nan = out.copy()
+    nan[-1, -1, -1] = np.nan
+    for bad in (shifted, off, nan):
+        assert check_embed_output(bad, feeds, c.patch) is not None
