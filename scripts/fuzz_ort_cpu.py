@@ -1,4 +1,5 @@
-"""Seeded fuzz of com.raggedvit::RaggedAttention and RaggedLinear on the CPU EP (CI: 10,000 calls, test_fuzz_cpu.py).
+"""Seeded fuzz of the com.raggedvit ops on the CPU EP (CI: 10,000 calls, test_fuzz_cpu.py): RaggedAttention,
+RaggedLinear, RaggedSelect, BiasGelu, GatherLayerNorm and PatchEmbed (their cases: raggedvit/custom_ops/_fuzz_*.py).
 
     python3 scripts/fuzz_ort_cpu.py --calls 100000 --seed 14
     python3 scripts/fuzz_ort_cpu.py --seed 14 --first 5123 --calls 1      # replay one reported call
