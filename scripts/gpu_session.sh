@@ -93,7 +93,7 @@ for stage in "$@"; do
       timeout ${MUT:-500} python3 -m pytest -q -m gpu -p no:cacheprovider -rxX tests/validators/test_mutations.py \
         > "$RES/mutants_gpu.log" 2>&1; rc=$?; tail -12 "$RES/mutants_gpu.log";;
     memcheck)  # issue 3: compute-sanitizer memcheck over >= 1000 fuzzed CUDA-EP calls (torch-free harness)
-      timeout ${MT:-150} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
+      timeout ${MT:-330} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
         --kernel-name kns=_ragged --kernel-name kns=_select_ --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm \
         --kernel-name kns=_patch_embed \
         --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \

@@ -50,6 +50,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(CUDA_SRC / "norm_launcher.cc"),
             str(CUDA_SRC / "select_launcher.cc"),
             str(CUDA_SRC / "gelu_launcher.cc"),
+            str(CUDA_SRC / "embed_launcher.cc"),
             "-ldl",
             "-o",
             str(d / "harness"),
@@ -495,3 +496,133 @@ def test_norm_errors(harness, tmp_path, kw, env, message):
 def test_norm_empty_launches_nothing(harness, tmp_path):
     res, log = run(harness, tmp_path, [norm(R=0), norm(T=0, R=0)])
     assert res == ["OK", "OK"] and not launches(log)
+
+
+def embed(*, dtype=0, B=1, C=3, H=224, W=224, patch=16, P=1, N=768, misalign=0) -> str:
+    """misalign i > 0: the i-th buffer of Images, Weight, Prefix, Pos, Out is 8 bytes off."""
+    return f"E {dtype} {B} {C} {H} {W} {patch} {P} {N} {misalign}"
+
+
+def test_embed_launch_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [embed(), embed(B=2, C=1, H=230, W=200, patch=14, P=0, N=64)])
+    assert res == ["OK", "OK"]
+    deit, crop = launches(log)
+    assert deit["name"] == "_patch_embed" and deit["image"] == "embed/kFloat32/sm90/kSmall/alignedtrue"
+    # (cdiv(B * L, BLOCK_M 32) + cdiv(B * P, 32)) * cdiv(N, BLOCK_N 64) = (7 + 1) * 12, the table's 4 warps
+    assert deit["grid"] == "96,1,1" and deit["block"] == "128,1,1" and deit["smem"] == "20480"
+    assert deit["stream"] == "5000" and deit["ctx"] == "0"
+    # Img, W, Prefix, Pos, Out, B, C, H, Wd, gw, L, P, N, K = C * patch^2, patch, global/profile scratch
+    assert deit["args"] == "a00000,a80000,b00000,b80000,c00000,1,3,224,224,14,196,1,768,768,16,0,0"
+    # a crop (230 // 14 = 16 patch rows, 200 // 14 = 14 columns), patch 14: the unaligned image; no prefix tiles
+    assert crop["image"] == "embed/kFloat32/sm90/kSmall/alignedfalse" and crop["grid"] == "14,1,1"  # cdiv(448, 32)
+    assert crop["args"] == "a00000,a80000,b00000,b80000,c00000,2,1,230,200,14,224,0,64,196,14,0,0"
+    assert len([x for x in log if x.startswith("load")]) == 2  # one module per image and context
+
+
+@pytest.mark.parametrize(
+    ("kw", "image", "grid", "block"),
+    [
+        ({"B": 1}, "kSmall/alignedtrue", "96,1,1", "128,1,1"),  # deit at B = 1: 196 rows
+        ({"B": 4}, "kMid/alignedtrue", "84,1,1", "128,1,1"),  # 784 rows: (cdiv(784, 64) + 1) * cdiv(768, 128)
+        ({"B": 128}, "kLarge/alignedtrue", "1182,1,1", "256,1,1"),  # 25088 rows: (196 + 1) * 6, 8 warps
+        # EMBED_MID_M = 512 and EMBED_LARGE_M = 16384 rows of B * L (L = 2: a 16 x 32 image, patch 16)
+        ({"B": 255, "C": 1, "H": 16, "W": 32, "P": 0, "N": 64}, "kSmall/alignedtrue", "16,1,1", "128,1,1"),
+        ({"B": 256, "C": 1, "H": 16, "W": 32, "P": 0, "N": 64}, "kMid/alignedtrue", "8,1,1", "128,1,1"),
+        ({"B": 8191, "C": 1, "H": 16, "W": 32, "P": 0, "N": 64}, "kMid/alignedtrue", "256,1,1", "128,1,1"),
+        ({"B": 8192, "C": 1, "H": 16, "W": 32, "P": 0, "N": 64}, "kLarge/alignedtrue", "128,1,1", "256,1,1"),
+        # prefix rows count towards the grid (their own tiles), not towards the config
+        ({"B": 255, "C": 1, "H": 16, "W": 32, "P": 2, "N": 64}, "kSmall/alignedtrue", "32,1,1", "128,1,1"),
+        # unaligned (patch 14: 16 x 16 patches): sm_90 has no unaligned kLarge, so the next smaller config
+        ({"B": 1, "patch": 14}, "kSmall/alignedfalse", "108,1,1", "128,1,1"),  # (cdiv(256, 32) + 1) * 12
+        ({"B": 128, "patch": 14}, "kMid/alignedfalse", "3084,1,1", "128,1,1"),  # (512 + 2) * 6
+        ({"B": 128, "W": 232}, "kMid/alignedfalse", "2364,1,1", "128,1,1"),  # W % 16 != 0: (392 + 2) * 6
+    ],
+)
+def test_embed_config_rule_by_rows(harness, tmp_path, kw, image, grid, block):
+    res, log = run(harness, tmp_path, [embed(**kw)])
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == f"embed/kFloat32/sm90/{image}" and launch["grid"] == grid and launch["block"] == block
+
+
+@pytest.mark.parametrize(
+    ("arch", "kw", "image"),
+    [
+        (80, {"B": 128}, "kFloat32/sm80/kLarge/alignedtrue"),
+        (86, {"B": 1}, "kFloat32/sm86/kSmall/alignedtrue"),
+        (87, {"B": 4}, "kFloat32/sm86/kMid/alignedtrue"),
+        (89, {"B": 1}, "kFloat32/sm86/kSmall/alignedtrue"),  # no sm_89 image: the highest minor of the same major
+        (89, {"B": 4}, "kFloat32/sm86/kMid/alignedtrue"),
+        (90, {"dtype": 1, "B": 128}, "kFloat16/sm90/kLarge/alignedtrue"),
+        (80, {"dtype": 1, "B": 128}, "kFloat16/sm80/kMid/alignedtrue"),  # no fp16 kLarge for sm_8x: kMid
+        (89, {"dtype": 1, "B": 128}, "kFloat16/sm80/kMid/alignedtrue"),
+        (89, {"dtype": 1, "B": 1}, "kFloat16/sm80/kSmall/alignedtrue"),
+    ],
+)
+def test_embed_cubin_choice_by_compute_capability(harness, tmp_path, arch, kw, image):
+    res, log = run(harness, tmp_path, [embed(**kw)], FAKE_CUDA_ARCH=str(arch))
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == f"embed/{image}"
+
+
+def test_embed_falls_back_to_the_next_smaller_config_of_the_picked_arch(harness, tmp_path):
+    # sm_86 has no fp32 kLarge (as when the build skips it for shared memory) but sm_80 has one
+    res, log = run(harness, tmp_path, [embed(B=128)], FAKE_CUDA_ARCH="89")
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == "embed/kFloat32/sm86/kMid/alignedtrue"
+
+
+@pytest.mark.parametrize(
+    ("kw", "env", "message"),
+    [
+        ({"N": 40}, {}, "N = 40 must be a multiple of 16 on the CUDA EP"),
+        ({"misalign": 1}, {}, "device buffer 'Images' is not 16-byte aligned"),
+        ({"misalign": 2}, {}, "device buffer 'Weight' is not 16-byte aligned"),
+        ({"misalign": 3}, {}, "device buffer 'Prefix' is not 16-byte aligned"),
+        ({"misalign": 4}, {}, "device buffer 'Pos' is not 16-byte aligned"),
+        ({"misalign": 5}, {}, "device buffer 'Out' is not 16-byte aligned"),
+        ({"dtype": 2}, {}, "image element type bf16 has no CUDA kernel (float and float16 do)"),
+        ({"B": 2**31}, {}, "B = 2147483648, C = 3, H = 224, W = 224, patch = 16, P = 1, N = 768 exceed the int32"),
+        ({"C": 2**20, "H": 64, "W": 64}, {}, "exceed the int32 sizes of the kernel (pixels per image, K, rows)"),
+        ({"N": 2**31}, {}, "exceed the int32 sizes of the kernel"),
+        ({"P": 2**31}, {}, "exceed the int32 sizes of the kernel"),
+        ({"C": 1, "H": 16, "W": 2**26, "N": 2**20}, {}, "the tiles exceed the int32 grid of the kernel"),
+        ({"patch": 0}, {}, "sizes must be >= 0 and patch >= 1, got B = 1, C = 3, H = 224, W = 224, patch = 0"),
+        ({"B": -1}, {}, "sizes must be >= 0"),
+        ({"dtype": 1, "patch": 14}, {}, "_patch_embed: cubin expects 16 parameters, launcher passes 17"),
+        (
+            {},
+            {"FAKE_CUDA_ARCH": "75"},
+            "no PatchEmbed cubin for sm_75 fp32 images, config small or smaller (aligned), in this library (rebuild",
+        ),
+        ({"B": 128}, {"FAKE_CUDA_ARCH": "100"}, "no PatchEmbed cubin for sm_100 fp32 images, config large or smaller"),
+        ({"dtype": 1, "patch": 14}, {"FAKE_CUDA_ARCH": "80"}, "no PatchEmbed cubin for sm_80 fp16 images, config"),
+        ({"patch": 14}, {"FAKE_CUDA_ARCH": "86"}, "config small or smaller, in this library"),  # no "(aligned)"
+        ({"B": 128}, {"FAKE_CUDA_SMEM_OPTIN": "65536"}, "_patch_embed needs 114688 bytes of shared memory; the"),
+        ({}, {"FAKE_CUDA_LAUNCH_ERR": "700"}, "cuLaunchKernel(_patch_embed) failed: CUDA_ERROR_ILLEGAL_ADDRESS"),
+        ({}, {"FAKE_CUDA_LOAD_ERR": "209"}, "cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU (209)"),
+    ],
+)
+def test_embed_errors(harness, tmp_path, kw, env, message):
+    res, log = run(harness, tmp_path, [embed(**kw)], **env)
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log)
+
+
+def test_embed_largest_int32_sizes_are_passed_through(harness, tmp_path):
+    # rows B * L up to 2^31 - 256 (the last tile's row indices stay int32): 2^23 - 1 images of 256 patches
+    B = 2**23 - 1
+    res, log = run(harness, tmp_path, [embed(B=B, C=1, H=256, W=256, P=0, N=16)])
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == "embed/kFloat32/sm90/kLarge/alignedtrue"
+    assert launch["grid"] == f"{(B * 256 + 127) // 128},1,1"
+    assert launch["args"].endswith(f",{B},1,256,256,16,256,0,16,256,16,0,0")
+
+
+def test_embed_empty_launches_nothing(harness, tmp_path):
+    # B = 0, N = 0, and no rows at all (P = 0 and an image smaller than one patch)
+    res, log = run(harness, tmp_path, [embed(B=0), embed(N=0), embed(H=15, P=0), embed(B=0, C=0, H=0, W=0, P=0)])
+    assert res == ["OK"] * 4 and not launches(log)

@@ -23,19 +23,22 @@ const char* ConfigName(EmbedConfig c) {
 // The aligned cubins assume W, patch and K = C * patch^2 are multiples of 16 (their compile-time hints).
 bool Aligned(const EmbedLaunch& e) { return e.patch % 16 == 0 && e.W % 16 == 0; }
 
+// The arch first (same major, the highest minor <= the device's with an image of this dtype and alignment), then
+// the wanted config of that arch, else its next smaller one (as PickLinearImage).
 long PickEmbedImage(const EmbedLaunch& e, EmbedConfig want, int arch) {
   const bool aligned = Aligned(e);
-  for (int c = static_cast<int>(want); c >= 0; --c) {  // the wanted config, else the next smaller one
-    long best = -1;
+  auto usable = [&](const EmbedImage& im) {
+    return im.dtype == e.dtype && im.aligned == aligned && im.arch / 10 == arch / 10 && im.arch <= arch;
+  };
+  int best_arch = -1;
+  for (size_t i = 0; i < kNumEmbedImages; ++i) {
+    if (usable(kEmbedImages[i]) && kEmbedImages[i].arch > best_arch) best_arch = kEmbedImages[i].arch;
+  }
+  for (int c = static_cast<int>(want); c >= 0 && best_arch >= 0; --c) {
     for (size_t i = 0; i < kNumEmbedImages; ++i) {
       const EmbedImage& im = kEmbedImages[i];
-      if (im.dtype != e.dtype || static_cast<int>(im.config) != c || im.aligned != aligned ||
-          im.arch / 10 != arch / 10 || im.arch > arch) {
-        continue;
-      }
-      if (best < 0 || im.arch > kEmbedImages[best].arch) best = static_cast<long>(i);
+      if (usable(im) && im.arch == best_arch && static_cast<int>(im.config) == c) return static_cast<long>(i);
     }
-    if (best >= 0) return best;
   }
   return -1;
 }

@@ -1,4 +1,4 @@
-// Drives cuda/launcher.cc (and the linear and select launchers) against fake_libcuda.c with a small hand-written kernel table.
+// Drives cuda/launcher.cc (and the other launchers) against fake_libcuda.c with a small hand-written kernel table.
 // stdin: one scenario per line: dtype(0 fp32,1 fp16,2 bf16) index(0 i32,1 i64) T B H D cls stream_dev
 //        device_ordinal misalign scale [pos grid_h grid_w num_prefix]   (stream_dev -1 = null stream; pos 1:
 //        pos_table 0xf00000 and token_pos 0xf80000)
@@ -8,6 +8,8 @@
 //        Skip, Bias, Index, Gamma, Beta, Normed, Sum 8 bytes off)
 //        or a RaggedSelect launch: S T B width bound num_prefix policy keep mass misalign   (misalign i > 0: the
 //        i-th buffer of scores, cu, k, src, cu_new, seq_id, pos 8 bytes off)
+//        or a PatchEmbed launch: E dtype B C H W patch P N misalign   (misalign i > 0: the i-th buffer of Images,
+//        Weight, Prefix, Pos, Out 8 bytes off)
 // stdout: "OK" or "ERR <message>" per line.
 #include <cstdint>
 #include <iostream>
@@ -124,6 +126,39 @@ const NormImage kNormImages[] = {
     NORM(kBFloat16, 90, 8, 256, 4, 15),
 };
 const size_t kNumNormImages = sizeof(kNormImages) / sizeof(kNormImages[0]);
+
+namespace {
+#define EMB(dt, arch, config, al, shared, bm, bn, warps, np)                                                      \
+  {DType::dt, arch, EmbedConfig::config, al, "_patch_embed",                                                      \
+   reinterpret_cast<const unsigned char*>("embed/" #dt "/sm" #arch "/" #config "/aligned" #al), 8, shared, warps, \
+   bm, bn, np}
+}  // namespace
+
+// fp32 aligned: sm_80 listed first (the launch must take the device's arch), sm_86 without kLarge (skipped by the
+// build: shared memory), sm_90 every config; fp32 unaligned on sm_90 without kLarge; fp16 aligned: sm_90 every
+// config, sm_80 without kLarge (no fp16 image of a higher minor has it either); fp16 unaligned: sm_90 kSmall only,
+// with a wrong parameter count
+const EmbedImage kEmbedImages[] = {
+    EMB(kFloat32, 80, kSmall, true, 20480, 32, 64, 4, 17),
+    EMB(kFloat32, 80, kMid, true, 49152, 64, 128, 4, 17),
+    EMB(kFloat32, 80, kLarge, true, 98304, 128, 128, 8, 17),
+    EMB(kFloat32, 86, kSmall, true, 20480, 32, 64, 4, 17),
+    EMB(kFloat32, 86, kMid, true, 49152, 64, 128, 4, 17),
+    EMB(kFloat32, 90, kSmall, true, 20480, 32, 64, 4, 17),
+    EMB(kFloat32, 90, kMid, true, 65536, 64, 128, 4, 17),
+    EMB(kFloat32, 90, kLarge, true, 114688, 128, 128, 8, 17),
+    EMB(kFloat32, 90, kSmall, false, 24576, 32, 64, 4, 17),
+    EMB(kFloat32, 90, kMid, false, 65536, 64, 128, 4, 17),
+    EMB(kFloat16, 90, kSmall, true, 20480, 32, 64, 4, 17),
+    EMB(kFloat16, 90, kMid, true, 40960, 64, 128, 4, 17),
+    EMB(kFloat16, 90, kLarge, true, 98304, 128, 128, 8, 17),
+    EMB(kFloat16, 80, kSmall, true, 20480, 32, 64, 4, 17),
+    EMB(kFloat16, 80, kMid, true, 40960, 64, 128, 4, 17),
+    EMB(kFloat16, 90, kSmall, false, 20480, 32, 64, 4, 16),  // wrong param count
+};
+const size_t kNumEmbedImages = sizeof(kEmbedImages) / sizeof(kEmbedImages[0]);
+const int64_t kEmbedMidM = 512;
+const int64_t kEmbedLargeM = 16384;
 const char* const kBuildInfoJson = "{}";
 }  // namespace raggedvit::cuda
 
@@ -184,6 +219,24 @@ int main() {
       n.epsilon = 1e-6f;
       n.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
       std::string err = LaunchGatherLayerNorm(n);
+      std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
+      continue;
+    }
+    if (line[0] == 'E') {
+      std::string tag;
+      int dtype, misalign;
+      EmbedLaunch e;
+      in >> tag >> dtype >> e.B >> e.C >> e.H >> e.W >> e.patch >> e.P >> e.N >> misalign;
+      e.dtype = static_cast<DType>(dtype);
+      uintptr_t addr[5] = {0xa00000, 0xa80000, 0xb00000, 0xb80000, 0xc00000};
+      if (misalign > 0 && misalign <= 5) addr[misalign - 1] += 8;
+      e.images = reinterpret_cast<const void*>(addr[0]);
+      e.weight = reinterpret_cast<const void*>(addr[1]);
+      e.prefix = reinterpret_cast<const void*>(addr[2]);
+      e.pos = reinterpret_cast<const void*>(addr[3]);
+      e.out = reinterpret_cast<void*>(addr[4]);
+      e.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
+      std::string err = LaunchPatchEmbed(e);
       std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
       continue;
     }
