@@ -3,11 +3,11 @@
     summary = run_fuzz(seed=14, calls=10_000)      # or: python3 scripts/fuzz_ort_cpu.py --seed 14
 
 A child (`python3 -m raggedvit.custom_ops._fuzz_driver --worker ...`) runs the cases [first, first + count) of
-`draw_call(seed, i)` (a PatchEmbed case of `_fuzz_embed` when i % 10 == EMBED_AT = 3, else the case of
-`_fuzz_linear.draw_any`: every fifth call a RaggedLinear case, then RaggedSelect, BiasGelu, GatherLayerNorm and
-RaggedAttention ones by i % 10) and announces each call on stdout before making it, so a crash (a signal, an abort)
-or a hang is pinned to one call: it is reported with the seed, the call index, the case and a replay command, and
-the batch resumes after that call in a fresh child. pytest never runs the op in its own process.
+`_fuzz_linear.draw_any(seed, i)` (every fifth call a RaggedLinear case, then RaggedSelect, BiasGelu,
+GatherLayerNorm, PatchEmbed and RaggedAttention ones by i % 10) and announces each call on stdout before making it,
+so a crash (a signal, an abort) or a hang is pinned to one call: it is reported with the seed, the call index, the
+case and a replay command, and the batch resumes after that call in a fresh child. pytest never runs the op in its
+own process.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-__all__ = ["FuzzSummary", "draw_call", "expected_call", "run_call", "run_fuzz"]
+__all__ = ["FuzzSummary", "run_fuzz"]
 
 _MODULE = "raggedvit.custom_ops._fuzz_driver"  # what a child runs: python3 -m _MODULE --worker SEED FIRST COUNT
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder holding this raggedvit: the children import it
@@ -69,38 +68,15 @@ class FuzzSummary:
         return "\n".join(lines)
 
 
-def draw_call(seed: int, index: int) -> Any:
-    """Call `index` of fuzz run `seed`: a PatchEmbed case when index % 10 == EMBED_AT, else `draw_any`'s case
-    (RaggedLinear, RaggedSelect, BiasGelu, GatherLayerNorm or RaggedAttention; see `_fuzz_linear`)."""
-    from raggedvit.custom_ops._fuzz_embed import EMBED_AT, draw_embed_case
-    from raggedvit.custom_ops._fuzz_linear import draw_any
-
-    return draw_embed_case(seed, index) if index % 10 == EMBED_AT else draw_any(seed, index)
-
-
-def expected_call(case: Any) -> str | None:
-    """Why the op must refuse the case of `draw_call` ("<category>: <detail>"), None if it must run."""
-    from raggedvit.custom_ops._fuzz_embed import EmbedCase, embed_expected_error
-    from raggedvit.custom_ops._fuzz_linear import expected_any
-
-    return embed_expected_error(case) if isinstance(case, EmbedCase) else expected_any(case)
-
-
-def run_call(case: Any, sessions: dict) -> tuple[str, str | None]:
-    """Runs the case of `draw_call`: (outcome, failure text or None), the outcomes of `_fuzz_cases.run_case`."""
-    from raggedvit.custom_ops._fuzz_embed import EmbedCase, run_embed_case
-    from raggedvit.custom_ops._fuzz_linear import run_any
-
-    return run_embed_case(case, sessions) if isinstance(case, EmbedCase) else run_any(case, sessions)
-
-
 def _replay(seed: int, index: int) -> str:
     return f"python3 scripts/fuzz_ort_cpu.py --seed {seed} --first {index} --calls 1"
 
 
 def _describe(seed: int, index: int) -> str:
-    case = draw_call(seed, index)
-    return f"{case.describe()}; expected: {expected_call(case) or 'valid'}"
+    from raggedvit.custom_ops._fuzz_linear import draw_any, expected_any
+
+    case = draw_any(seed, index)
+    return f"{case.describe()}; expected: {expected_any(case) or 'valid'}"
 
 
 def _run_batch(
@@ -204,6 +180,8 @@ def _worker(seed: int, first: int, count: int) -> None:
     """Child: runs the cases; prints "S i" before call i, "F <report>" if it failed, "R i <outcome> <category>"."""
     import torch
 
+    from raggedvit.custom_ops._fuzz_linear import draw_any, expected_any, run_any
+
     torch.set_num_threads(1)
     sessions: dict = {}
     kill_at = int(os.environ.get("RAGGEDVIT_FUZZ_KILL_AT", -1))  # tests of the crash reporting
@@ -211,9 +189,9 @@ def _worker(seed: int, first: int, count: int) -> None:
         print(f"S {i}", flush=True)
         if i == kill_at:
             os.kill(os.getpid(), signal.SIGSEGV)
-        case = draw_call(seed, i)
-        outcome, error = run_call(case, sessions)
-        expected = expected_call(case)
+        case = draw_any(seed, i)
+        outcome, error = run_any(case, sessions)
+        expected = expected_any(case)
         if error is not None:
             msg = " ".join(error.split())[:600]
             print(f"F call {i} (seed {seed}): {msg}; case: {case.describe()}; replay: {_replay(seed, i)}")

@@ -1,5 +1,5 @@
 """Fuzz cases of com.raggedvit::PatchEmbed on the CPU EP (calls with index % 10 == EMBED_AT of
-`_fuzz_driver.draw_call`).
+`_fuzz_linear.draw_any`).
 
 A case is a pure function of (seed, index): random B (0 included), C (0 included), patch 1..16 (a few larger valid
 ones: 17..40, and 32768 with C = 0), grids gh x gw from 0 (no patch rows) with H, W crops that are not multiples of

@@ -22,6 +22,7 @@ from onnx import TensorProto, helper
 
 from raggedvit.custom_ops import _fuzz_cases
 from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, Case, cpu_session, quiet_run_options, refusal
+from raggedvit.custom_ops._fuzz_embed import EMBED_AT, EmbedCase, draw_embed_case, embed_expected_error, run_embed_case
 from raggedvit.custom_ops._fuzz_gelu import GELU_AT, GeluCase, draw_gelu_case, gelu_expected_error, run_gelu_case
 from raggedvit.custom_ops._fuzz_norm import NORM_AT, NormCase, draw_norm_case, norm_expected_error, run_norm_case
 from raggedvit.custom_ops._fuzz_select import (
@@ -220,10 +221,13 @@ def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
     return "checked", None
 
 
-def draw_any(seed: int, index: int) -> Case | LinearCase | SelectFuzzCase | GeluCase | NormCase:
+AnyCase = Case | LinearCase | SelectFuzzCase | GeluCase | NormCase | EmbedCase
+
+
+def draw_any(seed: int, index: int) -> AnyCase:
     """Call `index` of fuzz run `seed`: a RaggedLinear case every LINEAR_EVERY calls, a RaggedSelect case when
     index % 10 == SELECT_AT, a BiasGelu case when index % 10 == GELU_AT, a GatherLayerNorm case when index % 10 ==
-    NORM_AT, else a RaggedAttention one."""
+    NORM_AT, a PatchEmbed case when index % 10 == EMBED_AT, else a RaggedAttention one."""
     if index % LINEAR_EVERY == LINEAR_EVERY - 1:
         return draw_linear_case(seed, index)
     if index % 10 == SELECT_AT:
@@ -232,24 +236,30 @@ def draw_any(seed: int, index: int) -> Case | LinearCase | SelectFuzzCase | Gelu
         return draw_gelu_case(seed, index)
     if index % 10 == NORM_AT:
         return draw_norm_case(seed, index)
+    if index % 10 == EMBED_AT:
+        return draw_embed_case(seed, index)
     return _fuzz_cases.draw_case(seed, index)
 
 
-def expected_any(c: Case | LinearCase | SelectFuzzCase | GeluCase | NormCase) -> str | None:
+def expected_any(c: AnyCase) -> str | None:
     if isinstance(c, SelectFuzzCase):
         return select_expected_error(c)
     if isinstance(c, GeluCase):
         return gelu_expected_error(c)
     if isinstance(c, NormCase):
         return norm_expected_error(c)
+    if isinstance(c, EmbedCase):
+        return embed_expected_error(c)
     return linear_expected_error(c) if isinstance(c, LinearCase) else _fuzz_cases.expected_error(c)
 
 
-def run_any(c: Case | LinearCase | SelectFuzzCase | GeluCase | NormCase, sessions: dict) -> tuple[str, str | None]:
+def run_any(c: AnyCase, sessions: dict) -> tuple[str, str | None]:
     if isinstance(c, SelectFuzzCase):
         return run_select_case(c, sessions)
     if isinstance(c, GeluCase):
         return run_gelu_case(c, sessions)
     if isinstance(c, NormCase):
         return run_norm_case(c, sessions)
+    if isinstance(c, EmbedCase):
+        return run_embed_case(c, sessions)
     return run_linear_case(c, sessions) if isinstance(c, LinearCase) else _fuzz_cases.run_case(c, sessions)
