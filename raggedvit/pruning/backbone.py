@@ -99,13 +99,22 @@ class Backbone:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """blocks[index] on packed rows: state.x [T, C] -> x' [T, C] (and cls_attn [T] float32 when asked).
         ragged_linear: run the block GEMMs with the ragged linear op over the live rows [0, cu[B]) (asked only of
-        backbones with supports_ragged_linear)."""
+        backbones with supports_ragged_linear). Backbones whose `head_rows` gives rows also take
+        `out_rows=(rows [R] int64, cu [B+1] int64)` (the last block only, never with return_cls_attn): every row
+        attends as usual, the rest of the block runs on `rows` alone, and x' is [R, C] (cu: its images' rows)."""
         raise NotImplementedError
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:
         """After the last block: per-image output [B, classes] (headless: features [B, C]). width: static bound
         of every image's row count."""
         raise NotImplementedError
+
+    def head_rows(self, state: PackedState) -> tuple[torch.Tensor, int] | None:
+        """The only rows of the last block's input whose outputs the head reads, when it reads a fixed number per
+        image: (rows [B*k] int64, image by image, k). PrunedViT then runs the last block past its attention on
+        those rows alone (`block(..., out_rows=...)`, which such a backbone must accept) and gives `head` a state of
+        k rows per image. None (the default): the head reads every row (mean / attention pooling)."""
+        return None
 
     def half_modules(self, recipe: str) -> list[nn.Module]:
         """The submodules the export recipe `recipe` ("fp16" or "fp16-all") runs in float16

@@ -337,14 +337,28 @@ class PrunedViT(nn.Module):
             need_cls = spec.needs_cls_attn and (bi + 1) in stages
             dead_rows = self.capacity and uniform is None  # rows past cu[B] (a data-dependent capacity stage ran)
             ragged = self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows)
+            # the last block past its attention runs on the rows the head reads (token pooling), no others
+            head = bb.head_rows(state) if bi == bb.depth - 1 and not need_cls else None
+            kwargs = {} if head is None else {"out_rows": (head[0], steps * head[1])}
             out = bb.block(
-                bi, state, max_seqlen=width, return_cls_attn=need_cls, attention=self.attention, ragged_linear=ragged
+                bi,
+                state,
+                max_seqlen=width,
+                return_cls_attn=need_cls,
+                attention=self.attention,
+                ragged_linear=ragged,
+                **kwargs,
             )
             if need_cls:
                 x, cls_attn = out
             else:
                 x = out
-            state = state._replace(x=x)
+            if head is None:
+                state = state._replace(x=x)
+            else:
+                rows, k = head
+                state = PackedState(x, steps * k, *(t.index_select(0, rows) for t in state[2:]))
+                width = k
         logits = bb.head(state, width)
         token_counts = (
             torch.stack([t.kept for t in traces], dim=1) if traces else torch.zeros(B, 0, dtype=torch.int64, device=dev)

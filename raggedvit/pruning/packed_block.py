@@ -42,6 +42,7 @@ def packed_block_forward(
     return_cls_attn: bool = False,
     attention: AttentionFn | None = None,
     ragged_linear: bool = False,
+    out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """timm Block.forward on packed sequences.
 
@@ -57,9 +58,12 @@ def packed_block_forward(
         ragged_linear: run the block's GEMMs with `raggedvit.kernels.ragged_linear` over the live rows
             [0, cu[B]) (dead rows of the capacity layout: zero), bias / GELU / residual fused where the block
             allows it (`ragged_tail`); False: nn.Linear / F.linear on every row.
+        out_rows: (rows [R] int64, cu [B+1] int64 of those rows) or None: every row attends as usual, then the
+            rest of the block (proj, residual, norm2, MLP: all per row) runs on `rows` alone (the rows a token-pooling
+            head reads, after the last block). Not with return_cls_attn.
 
     Returns:
-        x' [T, C] (and cls_attn [T] float32).
+        x' [T, C] ([R, C] with out_rows) (and cls_attn [T] float32).
     """
     if type(block) is not Block:
         raise TypeError(f"packed_block_forward supports timm's Block only, got {type(block).__name__}")
@@ -84,6 +88,11 @@ def packed_block_forward(
             qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
         res = (attention or ragged_attention)(qkv.contiguous(), cu_seqlens, attn.num_heads, **kwargs)
     o, cls_attn = res if return_cls_attn else (res, None)
+    if out_rows is not None:
+        if return_cls_attn:
+            raise ValueError("out_rows and return_cls_attn exclude each other")
+        rows, cu_seqlens = out_rows
+        x, h, o = x.index_select(0, rows), h.index_select(0, rows), o.index_select(0, rows)
     x = ragged_tail(block, x, h, o, cu_seqlens) if ragged_linear else block_tail(block, x, h, o)
     return (x, cls_attn) if return_cls_attn else x
 

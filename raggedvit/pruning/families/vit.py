@@ -40,6 +40,7 @@ class ViTBackbone(Backbone):
         return_cls_attn: bool,
         attention: AttentionFn | None,
         ragged_linear: bool = False,
+        out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return packed_block_forward(
             self.model.blocks[index],
@@ -49,7 +50,17 @@ class ViTBackbone(Backbone):
             return_cls_attn=return_cls_attn,
             attention=attention,
             ragged_linear=ragged_linear,
+            out_rows=out_rows,
         )
+
+    def head_rows(self, state: PackedState) -> tuple[torch.Tensor, int] | None:
+        """Token pooling reads each image's class row (and the distillation row after it): those rows."""
+        if self.model.global_pool != "token":
+            return None
+        starts = state.cu[:-1]
+        if not is_distilled(self.model):
+            return starts, 1
+        return torch.stack((starts, starts + 1), dim=1).reshape(-1), 2
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:
         """Final norm, pooling per image, classifier -> logits [B, classes] in the head's dtype (features [B, C]
