@@ -42,7 +42,13 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    not done here: run12 measured this rule alone. Validation is the same either way and without the op
    (benchmarks/results/gpu_checks_2026-12-02_NVIDIA-H200_norm/).
    (MatMul + Add left over before the head is fused by ONNX Runtime itself into a Gemm.)
-5. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
+5. `layer_norm_rows` (after the rules above took theirs): the other LayerNormalizations of the float16 [T, D] rows
+   rule 4 takes (fp16-all's first norm1, over every token) -> com.raggedvit::GatherLayerNorm(x, Range(0, T, 1),
+   gamma, beta), the same math on the same rows (the identity index; its Sum output, a copy of x, is not read); T
+   from Shape / Squeeze, which ONNX Runtime folds into an index initializer once the batch is fixed. Serving
+   profile (deit_base topk-l2 B=128 on the H200, benchmarks/results/serving_2026-12-02_*_run13.json): ONNX
+   Runtime's LayerNormalization kernel 72 us over [25216, 768] fp16, the op 18 us over the stage's 12,672 rows.
+6. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
    Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).
 """
 
@@ -247,6 +253,31 @@ def _rank(value: ir.Value) -> int | None:
     return value.shape.rank() if value.shape is not None else None
 
 
+def _not_row_norm(ln: ir.Value) -> str | None:
+    """Why the LayerNormalization producing `ln` is not a float32-stash norm over the rows' last axis (axis -1, or 1
+    of the rank-2 rows that `_not_norm_kernel_rows` requires), None when it is."""
+    attrs = ln.producer().attributes
+    if attrs.get_int("axis", -1) not in (-1, 1) or attrs.get_int("stash_type", 1) != 1:
+        return "not a float32-stash LayerNormalization over the last axis"
+    return None
+
+
+def _not_norm_kernel_rows(x: ir.Value, gamma: ir.Value, beta: ir.Value) -> str | None:
+    """Why com.raggedvit::GatherLayerNorm's kernels do not take the rows x with weights gamma, beta, None when they
+    do: float16 [T, D] rows (not a constant) of a static D that is a multiple of 16 up to the CUDA kernel's widest
+    row, gamma / beta constant 1-D tensors of x's dtype."""
+    if _rank(x) != 2 or x.dtype != ir.DataType.FLOAT16 or x.const_value is not None:
+        return "not float16 [T, D] rows"
+    from raggedvit.kernels._norm_kernel import NORM_BLOCK_DS  # the CUDA kernel's widest row: its cubins' last
+
+    D = x.shape[1]
+    if not isinstance(D, int) or D % 16 != 0 or D > max(NORM_BLOCK_DS):
+        return f"D not static, not a multiple of 16 or above {max(NORM_BLOCK_DS)}"
+    if not (_rank1_const(gamma) and _rank1_const(beta) and gamma.dtype == beta.dtype == x.dtype):
+        return "gamma / beta are not constant 1-D tensors of x's dtype"
+    return None
+
+
 class GatherLayerNorm(pattern.RewriteRuleClassBase):
     """LayerNormalization(Gather(x, i)) -> com.raggedvit::GatherLayerNorm(x, i, gamma, beta) (outputs: normalised,
     the gathered rows)."""
@@ -258,26 +289,48 @@ class GatherLayerNorm(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, i, gamma, beta, g, ln, **_):
         ok = pattern.MatchResult()
-        attrs = ln.producer().attributes
-        if attrs.get_int("axis", -1) not in (-1, 1) or attrs.get_int("stash_type", 1) != 1:
-            return ok.fail("not a float32-stash LayerNormalization over the last axis")
+        if (why := _not_row_norm(ln)) is not None:
+            return ok.fail(why)
         if g.producer().attributes.get_int("axis", 0) != 0 or _rank(i) != 1 or i.dtype != ir.DataType.INT64:
             return ok.fail("not a row gather by a 1-D int64 index")
-        if _rank(x) != 2 or x.dtype != ir.DataType.FLOAT16 or x.const_value is not None:
-            return ok.fail("not float16 [T, D] rows")
-        from raggedvit.kernels._norm_kernel import NORM_BLOCK_DS  # the CUDA kernel's widest row: its cubins' last
-
-        D = x.shape[1]
-        if not isinstance(D, int) or D % 16 != 0 or D > max(NORM_BLOCK_DS):
-            return ok.fail(f"D not static, not a multiple of 16 or above {max(NORM_BLOCK_DS)}")
-        if not (_rank1_const(gamma) and _rank1_const(beta) and gamma.dtype == beta.dtype == x.dtype):
-            return ok.fail("gamma / beta are not constant 1-D tensors of x's dtype")
+        if (why := _not_norm_kernel_rows(x, gamma, beta)) is not None:
+            return ok.fail(why)
         return ok
 
     def rewrite(self, op, x, i, gamma, beta, ln, **_):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
         normed, gathered = op.GatherLayerNorm(x, i, gamma, beta, epsilon=eps, _domain=_RAGGED, _outputs=2)
         return normed, gathered
+
+
+class LayerNormRows(pattern.RewriteRuleClassBase):
+    """LayerNormalization(x, gamma, beta) of float16 [T, D] rows -> com.raggedvit::GatherLayerNorm(x, Range(0, T, 1),
+    gamma, beta) (the identity index: the same rows, the same math); its Sum output (a copy of x) is not read."""
+
+    def pattern(self, op, x, gamma, beta):
+        return op.LayerNormalization(x, gamma, beta, _allow_other_attributes=True, _outputs=["ln"])
+
+    def check(self, context, x, gamma, beta, ln, **_):
+        ok = pattern.MatchResult()
+        if (why := _not_row_norm(ln)) is not None:
+            return ok.fail(why)
+        node = ln.producer()
+        graph_outputs = set(node.graph.outputs) if node.graph is not None else set()
+        if any(v.uses() or v in graph_outputs for v in node.outputs[1:]):
+            return ok.fail("the mean / inverse std outputs are read")
+        if (why := _not_norm_kernel_rows(x, gamma, beta)) is not None:
+            return ok.fail(why)
+        return ok
+
+    def rewrite(self, op, x, gamma, beta, ln, **_):
+        eps = ln.producer().attributes.get_float("epsilon", 1e-5)
+        name = ln.name or x.name
+        start = op.initializer(ir.tensor(np.array(0, dtype=np.int64)), name=f"{name}_rows_start")
+        delta = op.initializer(ir.tensor(np.array(1, dtype=np.int64)), name=f"{name}_rows_delta")
+        rows = op.Squeeze(op.Shape(x, start=0, end=1))  # T as an int64 scalar
+        index = op.Range(start, rows, delta)
+        normed, _sum = op.GatherLayerNorm(x, index, gamma, beta, epsilon=eps, _domain=_RAGGED, _outputs=2)
+        return normed
 
 
 _PATCH_PERM = (0, 2, 4, 1, 3, 5)  # [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: torch's im2col of a stride-p conv
@@ -413,6 +466,7 @@ RULES: tuple[pattern.RewriteRuleSet, ...] = (
     ),
     pattern.RewriteRuleSet([RaggedLinearSkipLayerNorm.rule("ragged_linear_skip_layer_norm")]),
     pattern.RewriteRuleSet([GatherLayerNorm.rule("gather_layer_norm")]),
+    pattern.RewriteRuleSet([LayerNormRows.rule("layer_norm_rows")]),  # after the rules above take their LayerNorms
     pattern.RewriteRuleSet(
         [
             FlatReshape.rule("flat_reshape"),

@@ -266,3 +266,109 @@ def test_patch_embed_rule(ort_session, kwargs, fused):
     (got,) = ort_session(model).run(None, feeds)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=4e-3, atol=4e-3)
+
+
+def _rows_norm_model(
+    dtype: ir.DataType, D: int, *, rank: int = 2, first: str = "", rows: int | str = 6, images: bool = False
+) -> ir.Model:
+    """LayerNormalization(x [rows, D]) (rank 3: x [2, 3, D]) with x a graph input, Gather(x, i) (first="gather", i
+    [4] int64), Add(x, y) (first="add", y [rows, D]) or, with images, Reshape(images [batch, 3, D], [-1, D]): the
+    export's rows [batch*3, D] of a symbolic batch."""
+    npt = dtype.numpy()
+    shape = [rows, D] if rank == 2 else [2, 3, D]
+    x = ir.Value(name="x", shape=ir.Shape(shape), type=ir.TensorType(dtype))
+    gamma = _const("gamma", np.linspace(0.5, 1.5, D).astype(npt))
+    beta = _const("beta", np.linspace(-1, 1, D).astype(npt))
+    inputs, nodes, inits, rows_in = [x], [], [gamma, beta], x
+    if images:
+        x.name, x.shape = "images", ir.Shape(["batch", 3, D])
+        flat = ir.node("Reshape", [x, _const("flat", np.array([-1, D], np.int64))])
+        flat.outputs[0].shape, flat.outputs[0].type = ir.Shape(["3*batch", D]), x.type
+        nodes, inits, rows_in = [flat], [*inits, flat.inputs[1]], flat.outputs[0]
+    elif first == "gather":
+        i = ir.Value(name="i", shape=ir.Shape([4]), type=ir.TensorType(ir.DataType.INT64))
+        gather = ir.node("Gather", [x, i], {"axis": 0})
+        gather.outputs[0].shape, gather.outputs[0].type = ir.Shape([4, D]), x.type
+        inputs, nodes, rows_in = [x, i], [gather], gather.outputs[0]
+    elif first == "add":
+        y = ir.Value(name="y", shape=x.shape, type=x.type)
+        add = ir.node("Add", [x, y])
+        add.outputs[0].shape, add.outputs[0].type = x.shape, x.type
+        inputs, nodes, rows_in = [x, y], [add], add.outputs[0]
+    ln = ir.node("LayerNormalization", [rows_in, gamma, beta], {"axis": -1, "epsilon": 1e-6})
+    ln.outputs[0].name, ln.outputs[0].shape, ln.outputs[0].type = "n", rows_in.shape, x.type
+    graph = ir.Graph(inputs, [ln.outputs[0]], nodes=[*nodes, ln], initializers=inits, opset_imports={"": 20})
+    return ir.Model(graph, ir_version=10)
+
+
+_ROWS_OPS = ["Shape", "Squeeze", "Range", "GatherLayerNorm"]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "D", "kwargs", "ops"),
+    [
+        (ir.DataType.FLOAT16, 48, {}, _ROWS_OPS),
+        (ir.DataType.FLOAT16, 48, {"rows": "T"}, _ROWS_OPS),  # a symbolic row count
+        (ir.DataType.FLOAT, 48, {}, ["LayerNormalization"]),  # float32 rows
+        (ir.DataType.FLOAT16, 40, {}, ["LayerNormalization"]),  # D % 16 != 0
+        (ir.DataType.FLOAT16, 4112, {}, ["LayerNormalization"]),  # D > 4096
+        (ir.DataType.FLOAT16, 48, {"rank": 3}, ["LayerNormalization"]),  # not [T, D] rows
+        (ir.DataType.FLOAT16, 48, {"first": "gather"}, ["GatherLayerNorm"]),  # gather_layer_norm's: no Range
+        (ir.DataType.FLOAT16, 48, {"first": "add"}, ["SkipLayerNormalization"]),  # skip_layer_norm_plain's
+    ],
+    ids=["f16", "f16_symbolic_rows", "f32", "d40", "d4112", "rank3", "gather", "add"],
+)
+def test_layer_norm_rows_rule(ort_session, dtype, D, kwargs, ops):
+    gen = np.random.default_rng(6)
+    npt = dtype.numpy()
+    shape = (6, D) if kwargs.get("rank", 2) == 2 else (2, 3, D)
+    feeds = {"x": gen.standard_normal(shape).astype(npt)}
+    if kwargs.get("first") == "gather":
+        feeds["i"] = np.array([5, 0, -1, 2], dtype=np.int64)
+    if kwargs.get("first") == "add":
+        feeds["y"] = gen.standard_normal(shape).astype(npt)
+    want = ort_session(_rows_norm_model(dtype, D, **kwargs)).run(None, feeds)
+    model = fuse_for_ort(_rows_norm_model(dtype, D, **kwargs))
+    assert [n.op_type for n in model.graph] == ops
+    node = list(model.graph)[-1]  # the norm
+    if ops[-1] == "GatherLayerNorm":
+        assert node.domain == "com.raggedvit" and len(node.inputs) == 4
+        assert node.attributes["epsilon"].as_float() == pytest.approx(1e-6)
+        assert node.outputs[0].name == "n" and not node.outputs[1].uses()  # the Sum output is not read
+    if ops == _ROWS_OPS:
+        assert node.inputs[0].name == "x" and node.inputs[1].producer().op_type == "Range"
+    got = ort_session(model).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_layer_norm_rows_index_folds_with_a_fixed_batch(tmp_path):
+    """The export's rows [batch*k, D] of images [batch, ...]: with the batch fixed (create_session(batch=), ONNX
+    Runtime's free-dimension override), its constant folding turns Shape / Squeeze / Range into an index initializer
+    at session start; with a free batch they stay."""
+    import onnx
+
+    from raggedvit.runtime import create_session, session_options
+
+    from .conftest import to_proto
+
+    model = to_proto(fuse_for_ort(_rows_norm_model(ir.DataType.FLOAT16, 48, images=True))).SerializeToString()
+    feeds = {"images": np.random.default_rng(7).standard_normal((2, 3, 48)).astype(np.float16)}
+    optimized = {}
+    for batch in (None, 2):
+        opts = session_options()
+        opts.optimized_model_filepath = str(tmp_path / f"optimized_{batch}.onnx")
+        (got,) = create_session(model, "cpu", options=opts, batch=batch).run(None, feeds)
+        optimized[batch] = onnx.load(opts.optimized_model_filepath).graph
+    assert [n.op_type for n in optimized[None].node] == ["Reshape", *_ROWS_OPS]
+    assert [n.op_type for n in optimized[2].node] == ["Reshape", "GatherLayerNorm"]
+    norm = optimized[2].node[1]
+    index = {t.name: t for t in optimized[2].initializer}[norm.input[1]]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(index), np.arange(6))
+    rows = feeds["images"].reshape(6, 48).astype(np.float32)
+    mean, var = rows.mean(-1, keepdims=True), rows.var(-1, keepdims=True)
+    gamma, beta = np.linspace(0.5, 1.5, 48).astype(np.float32), np.linspace(-1, 1, 48).astype(np.float32)
+    gamma, beta = gamma.astype(np.float16).astype(np.float32), beta.astype(np.float16).astype(np.float32)
+    want = (rows - mean) / np.sqrt(var + 1e-6) * gamma + beta
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
