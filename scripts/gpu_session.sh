@@ -17,6 +17,7 @@
 #   ort       scripts/gpu_ort_checks.sh (CUDA EP tests, 1000-call fuzz, compute-sanitizer memcheck)
 #   memcheck  compute-sanitizer memcheck over scripts/memcheck_ort_fuzz.py (torch-free; only our kernels: each
 #             --kernel-name filter adds kernels, kns= a substring of the name: _ragged*, _select_count/_scatter)
+#   gelu      python3 -m benchmarks.gelu (bias + GELU kernels against a copy, torch and libdevice erf)
 #   opbench   python3 -m benchmarks.ort_op (RaggedAttention vs PackedMultiHeadAttention inside ORT graphs)
 #   e2e       python3 -m benchmarks.e2e (end-to-end pruned ViT benchmark, E2E_FLAGS)
 #   graph     python3 -m benchmarks.check_cuda_graph (CUDA-graph replay of a static-shape export == per-node run)
@@ -69,6 +70,7 @@ for stage in "$@"; do
     kernels) timeout ${KT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider ${KTESTS:-tests/kernels} > "$RES/kernels_gpu.log" 2>&1; rc=$?; tail -3 "$RES/kernels_gpu.log";;
     kbench) timeout 300 python3 -m benchmarks.kernel $KB_FLAGS --out "$RES" > "$RES/kbench.log" 2>&1; rc=$?; tail -45 "$RES/kbench.log";;
     ort) OUT="$RES/ort" timeout 300 bash scripts/gpu_ort_checks.sh 1000 > "$RES/ort.log" 2>&1; rc=$?; tail -8 "$RES/ort.log";;
+    gelu) timeout ${GLT:-200} python3 -m benchmarks.gelu --out "$RES" > "$RES/gelu.log" 2>&1; rc=$?; tail -30 "$RES/gelu.log";;
     opbench) timeout 200 python3 -m benchmarks.ort_op --out "$RES" > "$RES/opbench.log" 2>&1; rc=$?; tail -25 "$RES/opbench.log";;
     graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" --policies "${GRAPH_POLICIES:-topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9}" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 -m benchmarks.e2e --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
