@@ -1,12 +1,13 @@
 """Triton kernel of the ragged linear layer, shared by the torch op (JIT) and the AOT build (DESIGN.md section 2).
 
-Y[r] = act(X[r] @ W^T + Bias) + Res[r] for the live rows r < live, and Y[r] = 0 for r >= live, where
-live = clamp(CU[B], 0, T) when has_live (the capacity layout's device-side count), else T.
+Y[r] = act(X[r] @ W^T + Bias) + Res[r] for the live rows r < live, where live = clamp(CU[B], 0, T) when has_live
+(the capacity layout's device-side count), else T; the dead rows r >= live are never written (no consumer reads
+them: DESIGN.md section 4).
 
 Layout (row-major, contiguous): X [T, K], W [N, K] (nn.Linear's weight), Bias [N], Res [T, N], Y [T, N] in one dtype
 (fp16 / bf16 / fp32), CU [B+1] int32 or int64. activation: 0 none, 1 GELU (erf). A program owns one BLOCK_M x
 BLOCK_N tile of Y (grouped ordering over GROUP_M row tiles for L2 reuse of W); a tile whose first row is at or past
-`live` only writes zeros, so the GPU time of a capacity layout follows its live rows. Every load is masked: any CU
+`live` returns at once (no load, no store), so the GPU time of a capacity layout follows its live rows. Every load is masked: any CU
 value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
 
 Grid: (cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N),).
@@ -154,10 +155,9 @@ def _ragged_linear(
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_in = rows < T
     col_in = cols < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if pid_m * BLOCK_M < live:
+    if pid_m * BLOCK_M < live:  # a tile of dead rows does nothing: no load, no store
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         ks = tl.arange(0, BLOCK_K)
         x_ptrs = X + rows.to(tl.int64)[:, None] * K + ks[None, :]
         w_ptrs = W + cols.to(tl.int64)[None, :] * K + ks[:, None]  # [BLOCK_K, BLOCK_N] view of W^T
@@ -180,6 +180,5 @@ def _ragged_linear(
         if has_res != 0:
             res_ptrs = Res + rows.to(tl.int64)[:, None] * N + cols[None, :]
             acc += tl.load(res_ptrs, mask=keep, other=0.0).to(tl.float32)
-        acc = tl.where(keep, acc, 0.0)
-    y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-    tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+        y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=keep)  # the live rows only: dead rows are never written

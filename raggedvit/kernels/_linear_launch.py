@@ -36,7 +36,7 @@ def _launch_linear(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, K], weight [N, K], bias [N] or None, residual [T, N] or None (all contiguous, one dtype),
-    cu_seqlens [B+1] int32/int64 or None -> y [T, N] in x's dtype (rows past clamp(cu[B], 0, T) are zero).
+    cu_seqlens [B+1] int32/int64 or None -> y [T, N] in x's dtype (rows past clamp(cu[B], 0, T) are never written).
 
     CUDA tensors must be on the current device. `config` defaults to `linear_config(T, N, arch of x's device,
     has_live)`; `out` [T, N] may be preallocated (tests poison it)."""

@@ -1,8 +1,8 @@
 """Public ragged linear layer: a Linear (+ bias, GELU, residual) over the live rows of a packed layout only.
 
 In the capacity layout (DESIGN.md section 4) rows [cu[B], T) are dead; this op reads the live count cu[B] on the
-device, computes the live rows and writes zeros to the dead ones (the Triton kernel skips their tiles), with the
-bias, GELU and residual add fused into the GEMM's epilogue (one rounding of an fp32 accumulator).
+device and computes the live rows only (the Triton kernel never touches a dead row; the CPU path writes zeros there),
+with the bias, GELU and residual add fused into the GEMM's epilogue (one rounding of an fp32 accumulator).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def ragged_linear(
     cu_seqlens: torch.Tensor | None = None,
     activation: int = 0,
 ) -> torch.Tensor:
-    """y[r] = act(x[r] @ weight^T + bias) + residual[r] for the live rows, 0 for the dead rows (inference only).
+    """y[r] = act(x[r] @ weight^T + bias) + residual[r] for the live rows; the dead rows are unspecified (CUDA
+    float16 / bfloat16: never written; CPU and float32: zero). Inference only.
 
     Args:
         x: [T, K] float16/bfloat16/float32.

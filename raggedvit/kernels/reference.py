@@ -144,7 +144,8 @@ def ragged_linear_reference(
     *,
     compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """y[r] = act(x[r] @ weight^T + bias) + residual[r] for the live rows r < live, 0 for the dead rows.
+    """y[r] = act(x[r] @ weight^T + bias) + residual[r] for the live rows r < live, 0 for the dead rows (the op
+    leaves them unspecified: its Triton kernel never writes them).
 
     Args:
         x: [T, K]; weight: [N, K] (nn.Linear's layout); bias: [N] or None; residual: [T, N] or None.

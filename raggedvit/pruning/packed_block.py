@@ -56,7 +56,7 @@ def packed_block_forward(
         attention: another implementation of `ragged_attention` (same signature and semantics), e.g. a
             benchmark peer; None uses raggedvit's op, which also takes the qkv bias (no separate add).
         ragged_linear: run the block's GEMMs with `raggedvit.kernels.ragged_linear` over the live rows
-            [0, cu[B]) (dead rows of the capacity layout: zero), bias / GELU / residual fused where the block
+            [0, cu[B]) (dead rows of the capacity layout: unspecified), bias / GELU / residual fused where the block
             allows it (`ragged_tail`); False: nn.Linear / F.linear on every row.
         out_rows: (rows [R] int64, cu [B+1] int64 of those rows) or None: every row attends as usual, then the
             rest of the block (proj, residual, norm2, MLP: all per row) runs on `rows` alone (the rows a token-pooling
@@ -136,8 +136,8 @@ def ragged_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor,
     attn.proj: bias and the residual add fused when nothing sits between proj and the add (no attn.norm, gate,
     ls1, drop_path1) and x has proj's dtype (the fp16-all / fp32 recipes); else the op with the bias, then the
     add as block_tail. MLP (timm's Mlp with Linear layers only, else block.mlp as block_tail): fc1 with the bias
-    and nn.GELU (erf) fused, fc2 with the bias and the residual under the same conditions as proj. A fused
-    output's dead rows are zero (x's dead rows are never read: DESIGN.md section 4)."""
+    and nn.GELU (erf) fused, fc2 with the bias and the residual under the same conditions as proj. The
+    op's dead rows are unspecified (x's dead rows are never read: DESIGN.md section 4)."""
     attn, proj = block.attn, block.attn.proj
     gate = getattr(attn, "gate", None)
     if not isinstance(proj, nn.Linear):

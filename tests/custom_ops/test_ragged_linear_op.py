@@ -258,8 +258,9 @@ def test_cuda_matches_reference(ort_library, dtype, cu_dtype, T, N, K, activatio
         activation=activation,
     )
     y = run_cuda(model, feeds, T, N, dtype)
-    assert_close(y, torch_reference(feeds, activation).to(dtype), rtol=GPU_TOL[dtype], name="Y")
-    assert (y[live:] == 0).all(), "dead rows must be zero"
+    ref = torch_reference(feeds, activation).to(dtype)
+    assert_close(y[:live], ref[:live], rtol=GPU_TOL[dtype], name="Y")
+    assert y[live:].isnan().all(), "the CUDA kernel never writes a dead row (run_cuda poisons Y with NaN)"
 
 
 @gpu
@@ -267,8 +268,8 @@ def test_cuda_matches_reference(ort_library, dtype, cu_dtype, T, N, K, activatio
 def test_cuda_live_count_is_clamped(ort_library, cu, live):
     feeds = {"X": torch.randn(64, 32).half(), "W": torch.randn(48, 32).half(), "CuSeqlens": torch.tensor(cu)}
     y = run_cuda(linear_model(TensorProto.FLOAT16, cu_elem=TensorProto.INT64), feeds, 64, 48, torch.float16)
-    assert_close(y, torch_reference(feeds, 0).half(), rtol=GPU_TOL[torch.float16], name="Y")
-    assert (y[live:] == 0).all()
+    assert_close(y[:live], torch_reference(feeds, 0).half()[:live], rtol=GPU_TOL[torch.float16], name="Y")
+    assert y[live:].isnan().all()
 
 
 @gpu

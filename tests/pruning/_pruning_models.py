@@ -23,6 +23,8 @@ MODELS = {
         "vit_small_patch14_reg4_dinov2",
         {"img_size": 224, "model_kwargs": {"depth": 4, "init_values": 1.0}},
     ),
+    # a class token (cls-mass ranks by it) and mean pooling over the kept rows
+    "deit_tiny_avg": ("deit_tiny_patch16_224", {"model_kwargs": {"depth": 4, "global_pool": "avg"}}),
     # no class token, 1 register, avg pool with fc_norm
     "wee_reg1_gap": ("vit_wee_patch16_reg1_gap_256", {"model_kwargs": {"depth": 4}}),
 }

@@ -137,3 +137,28 @@ def test_dead_rows_mode_follows_has_dead_rows(spec: PruneSpec, capacity: bool, m
     first = min(spec.prune_at) if spec.prune_at else len(flags)
     dead = has_dead_rows(spec.policy, capacity)
     assert flags == [dead and i >= first for i in range(len(flags))]
+
+
+@pytest.mark.parametrize("key", ["deit_tiny_d4", "deit_tiny_distilled", "deit_tiny_avg"])  # token / 2 rows / mean pool
+def test_dead_rows_are_never_read(key: str, monkeypatch) -> None:
+    """The op leaves its dead rows unspecified (the CUDA kernel never writes them): with NaN there after every
+    ragged linear call (and in the GEMM's output buffer), the capacity layout's logits are unchanged."""
+    original = packed_block.fused_linear
+    poisoned = []
+
+    def nan_dead_rows(x, weight, bias=None, residual=None, cu_seqlens=None, activation=0):
+        y = original(x, weight, bias, residual, cu_seqlens, activation).clone()
+        if cu_seqlens is not None and int(cu_seqlens[-1]) < y.shape[0]:
+            y[int(cu_seqlens[-1]) :] = float("nan")
+            poisoned.append(y.shape[0] - int(cu_seqlens[-1]))
+        return y
+
+    spec = PruneSpec("cls-mass", prune_at=(1, 3), mass=0.7)
+    images = get_images(key, PHOTOS)
+    with torch.no_grad():
+        ref = PrunedViT(get_model(key), spec, capacity=True, ragged_linear="dead-rows")(images)
+        monkeypatch.setattr(packed_block, "fused_linear", nan_dead_rows)
+        got = PrunedViT(get_model(key), spec, capacity=True, ragged_linear="dead-rows")(images)
+    assert poisoned, "no call had dead rows"
+    assert torch.isfinite(got.logits).all()
+    _check_same(ref, got, 0.0)
