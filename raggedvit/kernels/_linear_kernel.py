@@ -7,8 +7,8 @@ them: DESIGN.md section 4).
 Layout (row-major, contiguous): X [T, K], W [N, K] (nn.Linear's weight), Bias [N], Res [T, N], Y [T, N] in one dtype
 (fp16 / bf16 / fp32), CU [B+1] int32 or int64. activation: 0 none, 1 GELU (erf). A program owns one BLOCK_M x
 BLOCK_N tile of Y (grouped ordering over GROUP_M row tiles for L2 reuse of W); a tile whose first row is at or past
-`live` returns at once (no load, no store), so the GPU time of a capacity layout follows its live rows. Every load is masked: any CU
-value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
+`live` returns at once (no load, no store), so the GPU time of a capacity layout follows its live rows. Every load
+is masked: any CU value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
 
 Grid: (cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N),).
 

@@ -11,8 +11,8 @@ from _interpreted import run_cases_interpreted
 from _linear_cases import INTERPRETED, make
 
 from raggedvit.kernels import ragged_linear, ragged_linear_reference
-from raggedvit.kernels._linear_launch import _launch_linear
 from raggedvit.kernels._linear_config import CAPACITY_NARROW_N, LARGE_T, NARROW_N, aot_linear_configs, linear_config
+from raggedvit.kernels._linear_launch import _launch_linear
 from raggedvit.testing import assert_close, default_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
