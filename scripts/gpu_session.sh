@@ -20,7 +20,8 @@
 #   gelu      python3 -m benchmarks.gelu (bias + GELU kernels against a copy, torch and libdevice erf)
 #   opbench   python3 -m benchmarks.ort_op (RaggedAttention vs PackedMultiHeadAttention inside ORT graphs)
 #   e2e       python3 -m benchmarks.e2e (end-to-end pruned ViT benchmark, E2E_FLAGS)
-#   graph     python3 -m benchmarks.check_cuda_graph (CUDA-graph replay of a static-shape export == per-node run)
+#   graph     python3 -m benchmarks.check_cuda_graph (CUDA-graph replay of a static-shape export == per-node run;
+#             GRAPH_POLICIES, GRAPH_FLAGS e.g. "--ragged-linear dead-rows")
 #   validate  fp16 CUDA-EP exports of deit_base_patch16_224 through `raggedvit validate --device cuda`
 #             (VCAP=1: cls-mass in the capacity layout; VRL=1: both with --ragged-linear; VRLB=dead-rows: cls-mass
 #             with --ragged-linear-blocks dead-rows)
@@ -72,7 +73,7 @@ for stage in "$@"; do
     ort) OUT="$RES/ort" timeout 300 bash scripts/gpu_ort_checks.sh 1000 > "$RES/ort.log" 2>&1; rc=$?; tail -8 "$RES/ort.log";;
     gelu) timeout ${GLT:-200} python3 -m benchmarks.gelu --out "$RES" > "$RES/gelu.log" 2>&1; rc=$?; tail -30 "$RES/gelu.log";;
     opbench) timeout 200 python3 -m benchmarks.ort_op --out "$RES" > "$RES/opbench.log" 2>&1; rc=$?; tail -25 "$RES/opbench.log";;
-    graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" --policies "${GRAPH_POLICIES:-topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9}" > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
+    graph) timeout ${GT:-120} python3 -m benchmarks.check_cuda_graph --out "$RES" --policies "${GRAPH_POLICIES:-topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9}" ${GRAPH_FLAGS:-} > "$RES/graph.log" 2>&1; rc=$?; tail -6 "$RES/graph.log";;
     e2e) timeout ${ET:-420} python3 -m benchmarks.e2e --out "$RES" ${E2E_FLAGS:-} > "$RES/e2e.log" 2>&1; rc=$?; tail -40 "$RES/e2e.log";;
     serving)  # issue 13: one run, both models; --time-budget (230 s) leaves the timeout room for the report
       timeout ${SVT:-300} python3 -m benchmarks.serving --out "$RES" --work "$WORK/serving" ${SERVING_FLAGS:---policies \
