@@ -15,7 +15,8 @@
 #   kernels   gpu tests of raggedvit.kernels (Triton JIT on the machine's Triton)
 #   kbench    python3 -m benchmarks.kernel --check [--tune] (KB_FLAGS)
 #   ort       scripts/gpu_ort_checks.sh (CUDA EP tests, 1000-call fuzz, compute-sanitizer memcheck)
-#   memcheck  compute-sanitizer memcheck over scripts/memcheck_ort_fuzz.py (torch-free; only our kernels: each
+#   memcheck  compute-sanitizer memcheck over scripts/memcheck_ort_fuzz.py (MCALLS, MC_FLAGS: its other counts;
+#             torch-free; only our kernels: each
 #             --kernel-name filter adds kernels, kns= a substring of the name: _ragged*, _select_count/_scatter)
 #   gelu      python3 -m benchmarks.gelu (bias + GELU kernels against a copy, torch and libdevice erf)
 #   opbench   python3 -m benchmarks.ort_op (RaggedAttention vs PackedMultiHeadAttention inside ORT graphs)
@@ -99,7 +100,7 @@ for stage in "$@"; do
       timeout ${MT:-330} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
         --kernel-name kns=_ragged --kernel-name kns=_select_ --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm \
         --kernel-name kns=_patch_embed \
-        --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} \
+        --log-file "$RES/memcheck.log" python3 scripts/memcheck_ort_fuzz.py --calls ${MCALLS:-1000} ${MC_FLAGS:-} \
         > "$RES/memcheck_fuzz.log" 2>&1; rc=$?
       grep -v "No registered" "$RES/memcheck_fuzz.log" | tail -4; grep -h "ERROR SUMMARY" "$RES/memcheck.log" | tail -1;;
     speed)  # issue 11: traced exports keep >= 0.97x the hand-built graph's img/s
