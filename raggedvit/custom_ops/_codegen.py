@@ -74,10 +74,12 @@ def gelu_info(gelu: Sequence[AotResult]) -> dict:
 
 
 def norm_info(norm: Sequence[AotResult]) -> dict:
-    """The GatherLayerNorm part of the build info: archs, dtypes, cubins, the BLOCK_D variants and their configs."""
+    """The GatherLayerNorm part of the build info: archs, dtypes, cu dtypes, cubins, the BLOCK_D variants and their
+    configs."""
     return {
         "archs": sorted({r.job.arch for r in norm}),
         "dtypes": sorted({r.job.dtype for r in norm}),
+        "cu_dtypes": sorted({r.job.cu_dtype for r in norm}),
         "num_cubins": len(norm),
         "cubin_bytes": sum(len(r.cubin) for r in norm),
         "rule": _aot_norm.norm_rule(),
@@ -251,11 +253,11 @@ def write_cubin_source(
     for r in norm:
         j = r.job
         out.append(
-            f'    {{{_DTYPE[j.dtype]}, {j.arch}, {j.block_r}, {j.block_d}, "{r.function_name}", '
+            f'    {{{_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.arch}, {j.block_r}, {j.block_d}, "{r.function_name}", '
             f"kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {r.num_params}}},"
         )
     if not norm:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append('    {DType::kFloat16, 0, 0, 0, "", nullptr, 0, 0, 0, 0},')
+        out.append('    {DType::kFloat16, IndexType::kInt32, 0, 0, 0, "", nullptr, 0, 0, 0, 0},')
     out.append("};")
     out.append(f"const size_t kNumNormImages = {len(norm)};")
     out.append("const EmbedImage kEmbedImages[] = {")

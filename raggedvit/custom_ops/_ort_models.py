@@ -148,7 +148,7 @@ def gelu_model(elem: int, *, bias: bool = True, bias_elem: int | None = None, ra
     return model_bytes(helper.make_graph([node], "bias_gelu", inputs, [y]))
 
 
-NORM_INPUTS = ("X", "Index", "Gamma", "Beta", "Skip", "Bias")  # GatherLayerNorm's input order
+NORM_INPUTS = ("X", "Index", "Gamma", "Beta", "Skip", "Bias", "CuSeqlens")  # GatherLayerNorm's input order
 
 
 def norm_model(
@@ -156,20 +156,24 @@ def norm_model(
     *,
     skip: bool = True,
     bias: bool = True,
+    cu: int | None = None,
     epsilon: float | None = None,
     elems: dict[str, int] | None = None,
     shaped: bool = True,
 ) -> bytes:
-    """One com.raggedvit::GatherLayerNorm node: X [T, D], Index [R] int64, Gamma, Beta [D] (, Skip [T, D], Bias [D])
-    -> Normed, Sum [R, D], element type `elem` (elems overrides an input's, to test the op's checks); shaped False
-    declares the inputs without a shape (bad ranks reach the op)."""
-    names = [n for n in NORM_INPUTS if (n != "Skip" or skip) and (n != "Bias" or bias)]
-    if bias and not skip:
-        names.insert(4, "")  # Bias is input 5: an empty name stands for the absent Skip
+    """One com.raggedvit::GatherLayerNorm node: X [T, D], Index [R] int64, Gamma, Beta [D] (, Skip [T, D], Bias [D],
+    CuSeqlens [B1] of element type `cu`) -> Normed, Sum [R, D], element type `elem` (elems overrides an input's, to
+    test the op's checks); shaped False declares the inputs without a shape (bad ranks reach the op). Absent
+    optional inputs before a present one are empty names."""
+    present = {"Skip": skip, "Bias": bias, "CuSeqlens": cu is not None}
+    names = [n if present.get(n, True) else "" for n in NORM_INPUTS]
+    while names[-1] == "":
+        names.pop()
     attrs = {} if epsilon is None else {"epsilon": epsilon}
     node = helper.make_node("GatherLayerNorm", names, ["Normed", "Sum"], domain="com.raggedvit", **attrs)
-    types = {n: elem for n in NORM_INPUTS} | {"Index": TensorProto.INT64} | (elems or {})
-    dims = {"X": ["T", "D"], "Skip": ["T", "D"], "Index": ["R"], "Gamma": ["D"], "Beta": ["D"], "Bias": ["D"]}
+    types = {n: elem for n in NORM_INPUTS} | {"Index": TensorProto.INT64, "CuSeqlens": cu} | (elems or {})
+    dims = {"X": ["T", "D"], "Skip": ["T", "D"], "Index": ["R"], "Gamma": ["D"], "Beta": ["D"], "Bias": ["D"],
+            "CuSeqlens": ["B1"]}  # fmt: skip
     inputs = [helper.make_tensor_value_info(n, types[n], dims[n] if shaped else None) for n in names if n]
     outputs = [helper.make_tensor_value_info(n, elem, ["R", "D"] if shaped else None) for n in ("Normed", "Sum")]
     return model_bytes(helper.make_graph([node], "gather_layer_norm", inputs, outputs))

@@ -46,6 +46,7 @@ NormValues ReadNormInputs(Ort::KernelContext& ctx) {
   ReadOptional(ctx, kNormBeta, &v.beta, &v.beta_shape, &v.beta_type, &present);
   ReadOptional(ctx, kNormSkip, &v.skip, &v.skip_shape, &v.skip_type, &v.has_skip);
   ReadOptional(ctx, kNormBias, &v.bias, &v.bias_shape, &v.bias_type, &v.has_bias);
+  ReadOptional(ctx, kNormCu, &v.cu, &v.cu_shape, &v.cu_type, &v.has_cu);
   return v;
 }
 
@@ -73,9 +74,22 @@ std::string CheckNormInputs(const NormValues& v, NormDims* dims) {
   if (err.empty() && v.has_skip) err = CheckLike("Skip", v.skip_shape, v.skip_type, v.x_shape, v);
   if (err.empty() && v.has_bias) err = CheckLike("Bias", v.bias_shape, v.bias_type, {D}, v);
   if (!err.empty()) return err;
+  int64_t B = 0;
+  if (v.has_cu) {
+    if (v.cu_shape.size() != 1 || v.cu_shape[0] < 1) {
+      return "input 'CuSeqlens' must be 1-D [B+1] with at least 1 entry (X shape " + ShapeString(v.x_shape) +
+             ", Index shape " + ShapeString(v.index_shape) + "), got shape " + ShapeString(v.cu_shape);
+    }
+    if (v.cu_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 && v.cu_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+      return "input 'CuSeqlens' (shape " + ShapeString(v.cu_shape) + ") must be int32 or int64, got " +
+             ElementTypeName(v.cu_type);
+    }
+    B = v.cu_shape[0] - 1;
+  }
   dims->T = T;
   dims->R = R;
   dims->D = D;
+  dims->B = B;
   return "";
 }
 

@@ -38,10 +38,10 @@ const OpSet& Ops() {
     for (auto cu : kCuTypes) {
       set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu));
       set.ops.push_back(std::make_unique<RaggedLinearCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
+      set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
     }
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
     set.ops.push_back(std::make_unique<BiasGeluCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
-    set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     set.ops.push_back(std::make_unique<PatchEmbedCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     if (cuda::DriverAvailable()) {
       set.ops.push_back(std::make_unique<RaggedSelectCudaOp>(kCudaExecutionProvider));
@@ -51,13 +51,13 @@ const OpSet& Ops() {
       // typed like RaggedLinear: float BiasGelu nodes run on the CPU EP (the exporter emits float16 / bfloat16 only)
       for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
         set.ops.push_back(std::make_unique<BiasGeluCudaOp>(kCudaExecutionProvider, dtype));
-        set.ops.push_back(std::make_unique<GatherLayerNormCudaOp>(kCudaExecutionProvider, dtype));
       }
       for (auto cu : kCuTypes) {
         set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu));
-        // typed: float RaggedLinear nodes find no CUDA kernel and run on the CPU EP (no fp32 linear cubins)
+        // typed: float RaggedLinear / GatherLayerNorm nodes find no CUDA kernel and run on the CPU EP (no fp32 cubins)
         for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
           set.ops.push_back(std::make_unique<RaggedLinearCudaOp>(kCudaExecutionProvider, dtype, cu));
+          set.ops.push_back(std::make_unique<GatherLayerNormCudaOp>(kCudaExecutionProvider, dtype, cu));
         }
       }
     }

@@ -439,35 +439,47 @@ def test_select_wrong_parameter_count_of_the_second_kernel(harness, tmp_path):
     assert launches(log) == []
 
 
-def norm(*, dtype=1, T=300, R=200, D=768, skip=1, bias=1, misalign=0) -> str:
-    return f"N {dtype} {T} {R} {D} {skip} {bias} {misalign}"
+def norm(*, dtype=1, index=0, T=300, R=200, D=768, B=0, skip=1, bias=1, cu=0, misalign=0) -> str:
+    """misalign i > 0: the i-th buffer of X, Skip, Bias, Index, Gamma, Beta, CuSeqlens, Normed, Sum is 8 bytes off."""
+    return f"N {dtype} {index} {T} {R} {D} {B} {skip} {bias} {cu} {misalign}"
+
+
+_EPS = struct.unpack("<i", struct.pack("<f", 1e-6))[0]
 
 
 def test_norm_launch_parameters(harness, tmp_path):
-    res, log = run(harness, tmp_path, [norm(), norm(skip=0, bias=0)])
-    assert res == ["OK", "OK"]
-    full, bare = launches(log)
-    assert full["name"] == "_gather_layer_norm" and full["image"] == "norm/kFloat16/sm90/d1024"
+    res, log = run(harness, tmp_path, [norm(), norm(skip=0, bias=0), norm(B=4, cu=1), norm(index=1, B=2, cu=1)])
+    assert res == ["OK"] * 4
+    full, bare, live, live64 = launches(log)
+    assert full["name"] == "_gather_layer_norm" and full["image"] == "norm/kFloat16/kInt32/sm90/d1024"
     assert full["grid"] == "100,1,1" and full["block"] == "128,1,1"  # cdiv(200, BLOCK_R 2), 4 warps
-    eps = struct.unpack("<i", struct.pack("<f", 1e-6))[0]
-    # X, Skip, Bias, Index, Gamma, Beta, Normed, Sum, T, R, D, eps bits, has_skip, has_bias, global/profile scratch
-    assert full["args"] == f"a00000,a80000,b00000,b40000,b80000,bc0000,c00000,c80000,300,200,768,{eps},1,1,0,0"
+    # X, Skip, Bias, Index, Gamma, Beta, CU, Normed, Sum, T, R, D, B, eps bits, has_skip, has_bias, has_live,
+    # global/profile scratch; absent CU: X's pointer stands in, never read (has_live 0)
+    ptrs = "b00000,b40000,b80000,bc0000"
+    assert full["args"] == f"a00000,a80000,{ptrs},a00000,c00000,c80000,300,200,768,0,{_EPS},1,1,0,0,0"
     # absent Skip / Bias: X's pointer stands in, never read
-    assert bare["args"] == f"a00000,a00000,a00000,b40000,b80000,bc0000,c00000,c80000,300,200,768,{eps},0,0,0,0"
+    assert bare["args"] == f"a00000,a00000,a00000,{ptrs[7:]},a00000,c00000,c80000,300,200,768,0,{_EPS},0,0,0,0,0"
+    # CuSeqlens [B+1]: its pointer, B and has_live; every program is launched (the kernel reads the live count)
+    assert live["image"] == "norm/kFloat16/kInt32/sm90/d1024" and live["grid"] == "100,1,1"
+    assert live["args"] == f"a00000,a80000,{ptrs},be0000,c00000,c80000,300,200,768,4,{_EPS},1,1,1,0,0"
+    assert live64["image"] == "norm/kFloat16/kInt64/sm90/d1024"
+    assert live64["args"].endswith(f",be0000,c00000,c80000,300,200,768,2,{_EPS},1,1,1,0,0")
 
 
 @pytest.mark.parametrize(
-    ("arch", "D", "image", "grid"),
+    ("arch", "index", "D", "image", "grid"),
     [
-        (90, 16, "sm90/d256", "25,1,1"),  # cdiv(200, 8)
-        (90, 256, "sm90/d256", "25,1,1"),
-        (90, 272, "sm90/d512", "50,1,1"),
-        (90, 1024, "sm90/d1024", "100,1,1"),
-        (89, 256, "sm80/d256", "25,1,1"),  # the same major's highest minor <= the device's
+        (90, 0, 16, "kInt32/sm90/d256", "25,1,1"),  # cdiv(200, 8)
+        (90, 0, 256, "kInt32/sm90/d256", "25,1,1"),
+        (90, 0, 272, "kInt32/sm90/d512", "50,1,1"),
+        (90, 0, 1024, "kInt32/sm90/d1024", "100,1,1"),
+        (89, 0, 256, "kInt32/sm80/d256", "25,1,1"),  # the same major's highest minor <= the device's
+        (90, 1, 256, "kInt64/sm90/d256", "25,1,1"),  # the CuSeqlens type's images only
+        (90, 1, 272, "kInt64/sm90/d1024", "100,1,1"),  # no int64 d512: the next wider int64 image
     ],
 )
-def test_norm_picks_the_smallest_block_d(harness, tmp_path, arch, D, image, grid):
-    res, log = run(harness, tmp_path, [norm(D=D)], FAKE_CUDA_ARCH=str(arch))
+def test_norm_picks_the_smallest_block_d(harness, tmp_path, arch, index, D, image, grid):
+    res, log = run(harness, tmp_path, [norm(D=D, index=index, cu=index, B=1)], FAKE_CUDA_ARCH=str(arch))
     assert res == ["OK"]
     (launch,) = launches(log)
     assert launch["image"] == f"norm/kFloat16/{image}" and launch["grid"] == grid
@@ -478,24 +490,37 @@ def test_norm_picks_the_smallest_block_d(harness, tmp_path, arch, D, image, grid
     [
         ({"D": 200}, {}, "D = 200 must be a multiple of 16"),
         ({"D": 1040}, {}, "D = 1040 exceeds the widest compiled row of this library (1024 columns)"),
-        ({"D": 512}, {"FAKE_CUDA_ARCH": "80"}, "no GatherLayerNorm cubin for sm_80 fp16 and D = 512"),
+        ({"D": 512}, {"FAKE_CUDA_ARCH": "80"}, "no GatherLayerNorm cubin for sm_80 fp16/int32 and D = 512"),
+        ({"index": 1, "cu": 1, "D": 256}, {"FAKE_CUDA_ARCH": "80"},
+         "no GatherLayerNorm cubin for sm_80 fp16/int64 and D = 256"),
         ({"misalign": 4}, {}, "device buffer 'Index' is not 16-byte aligned"),
-        ({"misalign": 8}, {}, "device buffer 'Sum' is not 16-byte aligned"),
+        ({"misalign": 7, "cu": 1}, {}, "device buffer 'CuSeqlens' is not 16-byte aligned"),
+        ({"misalign": 9}, {}, "device buffer 'Sum' is not 16-byte aligned"),
         ({"dtype": 0}, {}, "element type fp32 has no CUDA kernel"),
-        ({"dtype": 2, "D": 256}, {}, "_gather_layer_norm: cubin expects 15 parameters, launcher passes 16"),
+        ({"dtype": 2, "D": 256}, {}, "_gather_layer_norm: cubin expects 18 parameters, launcher passes 19"),
         ({"T": 2**31}, {}, "exceed the int32 sizes of the kernel"),
+        ({"B": 2**31, "cu": 1}, {}, "D = 768, B = 2147483648 exceed the int32 sizes of the kernel"),
         ({"R": -1}, {}, "sizes must be >= 0"),
+        ({"B": -1}, {}, "sizes must be >= 0, got T = 300, R = 200, D = 768, B = -1"),
     ],
-)
+)  # fmt: skip
 def test_norm_errors(harness, tmp_path, kw, env, message):
     res, log = run(harness, tmp_path, [norm(**kw)], **env)
     assert res[0].startswith("ERR ") and message in res[0], res
     assert not launches(log)
 
 
+def test_norm_largest_int32_sizes_are_passed_through(harness, tmp_path):
+    n = 2**31 - 64  # the launcher's row limit (the last program's rows stay int32)
+    res, log = run(harness, tmp_path, [norm(T=n, R=n, D=16, B=2**31 - 1, cu=1)])
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["grid"] == f"{n // 8},1,1" and f",{n},{n},16,{2**31 - 1},{_EPS},1,1,1,0,0" in launch["args"]
+
+
 def test_norm_empty_launches_nothing(harness, tmp_path):
-    res, log = run(harness, tmp_path, [norm(R=0), norm(T=0, R=0)])
-    assert res == ["OK", "OK"] and not launches(log)
+    res, log = run(harness, tmp_path, [norm(R=0), norm(T=0, R=0), norm(R=0, cu=1, B=3)])
+    assert res == ["OK", "OK", "OK"] and not launches(log)
 
 
 def embed(*, dtype=0, B=1, C=3, H=224, W=224, patch=16, P=1, N=768, misalign=0) -> str:

@@ -122,12 +122,13 @@ def test_library_info_gelu(ort_library):
 
 
 def test_library_info_norm(ort_library):
-    """GatherLayerNorm cubins: fp16/bf16 x every BLOCK_D x 4 archs, with norm_config's configs."""
+    """GatherLayerNorm cubins: fp16/bf16 x cu int32/int64 x every BLOCK_D x 4 archs, with norm_config's configs."""
     from raggedvit.kernels._norm_kernel import NORM_BLOCK_DS, aot_norm_configs
 
     norm = library_info()["build"]["norm"]
     assert norm["archs"] == [80, 86, 89, 90] and norm["dtypes"] == ["bf16", "fp16"]
-    assert norm["num_cubins"] == 2 * len(NORM_BLOCK_DS) * 4 and norm["cubin_bytes"] > 0
+    assert norm["cu_dtypes"] == ["i32", "i64"]
+    assert norm["num_cubins"] == 2 * 2 * len(NORM_BLOCK_DS) * 4 and norm["cubin_bytes"] > 0
     assert norm["rule"] == {"block_ds": list(NORM_BLOCK_DS)}
     assert norm["configs"] == {str(c.block_d): {"block_r": c.block_r, "num_warps": c.num_warps}
                                for c in aot_norm_configs()}  # fmt: skip

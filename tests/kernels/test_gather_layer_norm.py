@@ -1,6 +1,7 @@
 """raggedvit.kernels.gather_layer_norm (the kernel of com.raggedvit::GatherLayerNorm): the torch path against
-float64 and against torch's own Gather + LayerNorm, input checks, the launch config rule; the Triton kernel in the
-interpreter (CPU) and, with a GPU, through the JIT (every launch config, fp16 / bf16 / fp32)."""
+float64 and against torch's own Gather + LayerNorm, the live count (cu_seqlens), input checks, the launch config
+rule; the Triton kernel in the interpreter (CPU; dead rows of a poisoned output never written) and, with a GPU,
+through the JIT (every launch config, fp16 / bf16 / fp32, with and without a live count)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,19 @@ def test_negative_and_out_of_range_indices(gen):
     assert ref[0].dtype == torch.float64 and torch.allclose(n.double(), ref[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize(("last", "live"), [(0, 0), (9, 9), (21, 21), (40, 21), (-3, 0)])
+def test_cpu_path_live_rows(gen, cu_dtype, last, live):
+    """Rows below clamp(cu[B], 0, R) are the function without cu_seqlens; the CPU path writes zeros past it."""
+    x, index, gamma, beta, skip, bias = _inputs(gen, torch.float16)
+    cu = torch.tensor([0, 5, last], dtype=cu_dtype)
+    n, s = gather_layer_norm(x, index, gamma, beta, skip, bias, 1e-6, cu_seqlens=cu)
+    n_all, s_all = gather_layer_norm(x, index, gamma, beta, skip, bias, 1e-6)
+    assert torch.equal(n[:live], n_all[:live]) and torch.equal(s[:live], s_all[:live])
+    assert not n[live:].any() and not s[live:].any()
+    assert n.shape == s.shape == (21, 64)
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
@@ -59,11 +73,14 @@ def test_negative_and_out_of_range_indices(gen):
         ({"gamma": torch.zeros(5)}, r"gamma must be \[4\] torch.float32"),
         ({"skip": torch.zeros(2, 4)}, r"skip must be \[3, 4\] torch.float32"),
         ({"bias": torch.zeros(4, dtype=torch.float16)}, r"bias must be \[4\] torch.float32"),
+        ({"cu_seqlens": torch.zeros(0, dtype=torch.int32)}, r"cu_seqlens must be 1-D \[B\+1\] with B >= 0, got"),
+        ({"cu_seqlens": torch.zeros(1, 2, dtype=torch.int32)}, r"cu_seqlens must be 1-D .* got shape \(1, 2\)"),
+        ({"cu_seqlens": torch.zeros(2)}, "cu_seqlens dtype must be int32 or int64, got torch.float32"),
     ],
 )
 def test_input_checks(kw, message):
     args = {"x": torch.zeros(3, 4), "index": torch.zeros(2, dtype=torch.int64), "gamma": torch.ones(4),
-            "beta": torch.zeros(4), "skip": None, "bias": None} | kw  # fmt: skip
+            "beta": torch.zeros(4), "skip": None, "bias": None, "cu_seqlens": None} | kw  # fmt: skip
     with pytest.raises(ValueError, match=message):
         gather_layer_norm(**args)
 
@@ -87,6 +104,16 @@ def test_triton_kernel_in_interpreter(interpreted_norm, case):
     got = interpreted_norm[case[0]]
     assert got["normed"] <= 1.0 and got["summed"] <= 1.0, f"{case[0]}: {got} x the rounding bound"
     assert got["dead"] == 0.0, f"{case[0]}: rows of out-of-range indices are not zero"
+    assert got["untouched"], f"{case[0]}: a dead row (at or past {got['live']}) was written"
+    assert got["ref_dead_zero"], f"{case[0]}: the reference's dead rows are not zero"
+
+
+def test_interpreter_cases_cover_the_live_counts():
+    """0, inside a row tile, a tile edge, every row, above R (clamped), the int64 range, negative (clamped)."""
+    lives = {(c[8], min(max(c[8], 0), c[3])) for c in CASES if c[8] is not None}
+    assert {0, 11, 16, 21} <= {live for _, live in lives}
+    assert any(last > c for (last, c) in lives) and any(last < 0 for last, _ in lives)
+    assert {c[9] for c in CASES if c[8] is not None} == {torch.int32, torch.int64}
 
 
 @pytest.mark.gpu
@@ -105,3 +132,27 @@ def test_triton_jit_matches_reference(gen, dtype, D, with_skip):
     torch.testing.assert_close(s, rs, rtol=tol, atol=tol)
     torch.testing.assert_close(n, rn, rtol=tol, atol=tol)
     assert not n[1].any() and not s[1].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize(("D", "last"), [(768, 0), (768, 129), (384, 257), (1100, 300), (4096, -1), (48, 2**40)])
+def test_triton_jit_live_rows(gen, cu_dtype, D, last):
+    """The live rows equal the reference; the dead rows of NaN-poisoned outputs are never written."""
+    from raggedvit.kernels.gather_layer_norm import _launch_gather_layer_norm
+
+    x, index, gamma, beta, skip, bias = _inputs(gen, torch.float16, T=300, R=257, D=D, device="cuda")
+    if cu_dtype == torch.int32 and last > 2**31 - 1:
+        last = 2**31 - 1
+    cu = torch.tensor([0, 100, last], dtype=cu_dtype, device="cuda")
+    live = min(max(last, 0), 257)
+    poison = tuple(torch.full((257, D), float("nan"), dtype=torch.float16, device="cuda") for _ in range(2))
+    n, s = _launch_gather_layer_norm(x, index, gamma, beta, skip, bias, 1e-6, cu_seqlens=cu, out=poison)
+    torch.cuda.synchronize()
+    rn, rs = gather_layer_norm_reference(x, index, gamma, beta, skip, bias, 1e-6, cu)
+    torch.testing.assert_close(s[:live], rs[:live], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(n[:live], rn[:live], rtol=2e-3, atol=2e-3)
+    assert n[live:].isnan().all() and s[live:].isnan().all()
+    n2, s2 = gather_layer_norm(x, index, gamma, beta, skip, bias, 1e-6, cu_seqlens=cu)  # the public path
+    assert torch.equal(n2[:live], n[:live]) and torch.equal(s2[:live], s[:live])

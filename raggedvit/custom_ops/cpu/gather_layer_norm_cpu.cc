@@ -1,5 +1,6 @@
-// CPU kernel: per output row, the float sum X[i] + Skip[i] + Bias, its mean and biased variance (accumulated in
-// double), the normalised row, each output rounded once; one task per block of rows.
+// CPU kernel: per live output row, the float sum X[i] + Skip[i] + Bias, its mean and biased variance (accumulated
+// in double), the normalised row, each output rounded once; zeros in the dead rows past clamp(CuSeqlens[B], 0, R)
+// (cheap and deterministic; the CUDA kernel leaves them unwritten); one task per block of rows.
 #include "gather_layer_norm_cpu.h"
 
 #include <algorithm>
@@ -20,6 +21,7 @@ struct Job {
   const int64_t* index;
   T *normed, *sum;
   int64_t T_rows, R, D, rows_per_task;
+  int64_t live;  // rows r >= live are dead: zero
   float eps;
 };
 
@@ -35,7 +37,7 @@ void RunTask(void* data, size_t task) {
     if (i < 0) i += job.T_rows;
     T* n_out = job.normed + r * D;
     T* s_out = job.sum + r * D;
-    if (i < 0 || i >= job.T_rows) {  // outside [-T, T): zero rows, as the CUDA kernel
+    if (r >= job.live || i < 0 || i >= job.T_rows) {  // dead, or outside [-T, T): zero rows
       std::fill(n_out, n_out + D, FromFloat<T>(0.0f));
       std::fill(s_out, s_out + D, FromFloat<T>(0.0f));
       continue;
@@ -84,6 +86,11 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const NormValues& v, const NormDim
   job.R = d.R;
   job.D = d.D;
   job.eps = eps;
+  job.live = d.R;
+  if (v.has_cu) {
+    job.live = v.cu_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 ? LiveNormRows(v.cu.GetTensorData<int64_t>(), d)
+                                                                 : LiveNormRows(v.cu.GetTensorData<int32_t>(), d);
+  }
   job.rows_per_task = std::max<int64_t>(1, kElementsPerTask / d.D);
   const int64_t tasks = (d.R + job.rows_per_task - 1) / job.rows_per_task;  // R*D fits int64 (CheckNormInputs)
   ctx.ParallelFor(&RunTask<T>, static_cast<size_t>(tasks), 0, &job);

@@ -24,9 +24,12 @@ OrtStatusPtr GatherLayerNormCudaKernel::ComputeV2(OrtKernelContext* context) {
                                                             ") has element type " + ElementTypeName(v.x_type) +
                                                             "; the CUDA EP supports float16 and bfloat16");
         }
+        n.index_type = v.cu_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 ? cuda::IndexType::kInt64
+                                                                        : cuda::IndexType::kInt32;
         n.T = d.T;
         n.R = d.R;
         n.D = d.D;
+        n.B = d.B;
         n.epsilon = epsilon_;
         const std::vector<int64_t> out_shape{d.R, d.D};
         auto normed = ctx.GetOutput(0, out_shape);
@@ -37,6 +40,7 @@ OrtStatusPtr GatherLayerNormCudaKernel::ComputeV2(OrtKernelContext* context) {
         n.beta = v.beta.GetTensorRawData();
         n.skip = v.has_skip ? v.skip.GetTensorRawData() : nullptr;
         n.bias = v.has_bias ? v.bias.GetTensorRawData() : nullptr;
+        n.cu = v.has_cu ? v.cu.GetTensorRawData() : nullptr;  // read on the device only
         n.normed = normed.GetTensorMutableRawData();
         n.sum = sum.GetTensorMutableRawData();
         n.stream = ctx.GetGPUComputeStream();

@@ -145,9 +145,10 @@ struct GeluLaunch {
 };
 
 // One AOT-compiled gather + LayerNorm kernel (_norm_kernel._gather_layer_norm; the fifth generated table): the
-// launcher takes the image of the smallest block_d >= D (norm_config(D)).
+// launcher takes the image of the launch's CuSeqlens type with the smallest block_d >= D (norm_config(D)).
 struct NormImage {
   DType dtype;
+  IndexType index_type;  // CuSeqlens' type (a launch without CuSeqlens takes the int32 images)
   int arch;
   int block_r;
   int block_d;
@@ -164,6 +165,7 @@ extern const size_t kNumNormImages;
 
 struct NormLaunch {
   DType dtype = DType::kFloat16;  // fp16 or bf16 (no fp32 cubins)
+  IndexType index_type = IndexType::kInt32;  // CuSeqlens' type
   const void* x = nullptr;        // [T, D] device
   const void* skip = nullptr;     // [T, D] device or nullptr
   const void* bias = nullptr;     // [D] device or nullptr
@@ -172,7 +174,9 @@ struct NormLaunch {
   const void* beta = nullptr;     // [D] device
   void* normed = nullptr;         // [R, D] device
   void* sum = nullptr;            // [R, D] device
-  int64_t T = 0, R = 0, D = 0;
+  const void* cu = nullptr;       // [B+1] device or nullptr (then every output row is live); live =
+                                  // clamp(cu[B], 0, R) is read on the device, rows past it are never written
+  int64_t T = 0, R = 0, D = 0, B = 0;
   float epsilon = 1e-5f;
   void* stream = nullptr;         // CUstream; nullptr = legacy default stream of device_ordinal
   int device_ordinal = 0;

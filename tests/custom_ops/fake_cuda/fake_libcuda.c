@@ -130,11 +130,11 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   /* attention: 7 pointers (QKV, Bias, CU, Out/Lse or Lse/ClsAttn, PosTable, TokPos), then int32s; linear: 6
      pointers (X, W, Bias, Res, CU, Y), then 8 int32s; select count: 3 pointers (Scores, CU, K), then 7 int32s;
      select scatter: 7 pointers (Scores, CU, K, Src, CuNew, SeqId, Pos), then 5 int32s; bias gelu: 3 pointers (X,
-     Bias, Y), then 3 int32s; gather layer norm: 8 pointers (X, Skip, Bias, Index, Gamma, Beta, N, Sum), then T, R, D,
-     eps (fp32 bits), has_skip, has_bias; patch embed: 5 pointers (Img, W, Prefix, Pos, Out), then 10 int32s; then
+     Bias, Y), then 3 int32s; gather layer norm: 9 pointers (X, Skip, Bias, Index, Gamma, Beta, CU, N, Sum), then T,
+     R, D, B, eps (fp32 bits), has_skip, has_bias, has_live; patch embed: 5 pointers (Img, W, Prefix, Pos, Out), then 10 int32s; then
      Triton's 2 scratch pointers */
-  int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 8 : (embed ? 5 : 7)));
-  int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 6 : (embed ? 10 : (fwd ? 10 : 9))))));
+  int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 9 : (embed ? 5 : 7)));
+  int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd ? 10 : 9))))));
   char args[512];
   int pos = 0;
   for (int i = 0; i < n_ptr; ++i)

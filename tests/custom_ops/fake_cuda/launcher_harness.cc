@@ -4,8 +4,8 @@
 //        pos_table 0xf00000 and token_pos 0xf80000)
 //        or a RaggedLinear launch: L dtype index T N K B bias residual cu activation misalign
 //        or a BiasGelu launch: G dtype M N bias misalign
-//        or a GatherLayerNorm launch: N dtype T R D skip bias misalign   (misalign i > 0: the i-th buffer of X,
-//        Skip, Bias, Index, Gamma, Beta, Normed, Sum 8 bytes off)
+//        or a GatherLayerNorm launch: N dtype index T R D B skip bias cu misalign   (misalign i > 0: the i-th
+//        buffer of X, Skip, Bias, Index, Gamma, Beta, CuSeqlens, Normed, Sum 8 bytes off)
 //        or a RaggedSelect launch: S T B width bound num_prefix policy keep mass misalign   (misalign i > 0: the
 //        i-th buffer of scores, cu, k, src, cu_new, seq_id, pos 8 bytes off)
 //        or a PatchEmbed launch: E dtype B C H W patch P N misalign   (misalign i > 0: the i-th buffer of Images,
@@ -111,19 +111,22 @@ const size_t kNumGeluImages = sizeof(kGeluImages) / sizeof(kGeluImages[0]);
 const int64_t kGeluLargeM = 1024;
 
 namespace {
-#define NORM(dt, arch, br, bd, warps, np)                                                                         \
-  {DType::dt, arch, br, bd, "_gather_layer_norm",                                                               \
-   reinterpret_cast<const unsigned char*>("norm/" #dt "/sm" #arch "/d" #bd), 8, 0, warps, np}
+#define NORM(dt, it, arch, br, bd, warps, np)                                                                     \
+  {DType::dt, IndexType::it, arch, br, bd, "_gather_layer_norm",                                                \
+   reinterpret_cast<const unsigned char*>("norm/" #dt "/" #it "/sm" #arch "/d" #bd), 8, 0, warps, np}
 }  // namespace
 
-// sm_90: BLOCK_D 1024 listed before 256 and 512 (the launch must take the smallest >= D), sm_80 only 256 (wider
-// rows find no sm_80 image), bf16 on sm_90 with a wrong parameter count
+// sm_90 int32: BLOCK_D 1024 listed before 256 and 512 (the launch must take the smallest >= D); sm_90 int64: 256 and
+// 1024 only (D = 512 takes the int64 d1024, never an int32 image); sm_80 only int32 256 (wider rows and int64 find
+// no sm_80 image), bf16 on sm_90 with a wrong parameter count
 const NormImage kNormImages[] = {
-    NORM(kFloat16, 90, 2, 1024, 4, 16),
-    NORM(kFloat16, 90, 8, 256, 4, 16),
-    NORM(kFloat16, 90, 4, 512, 4, 16),
-    NORM(kFloat16, 80, 8, 256, 4, 16),
-    NORM(kBFloat16, 90, 8, 256, 4, 15),
+    NORM(kFloat16, kInt32, 90, 2, 1024, 4, 19),
+    NORM(kFloat16, kInt32, 90, 8, 256, 4, 19),
+    NORM(kFloat16, kInt32, 90, 4, 512, 4, 19),
+    NORM(kFloat16, kInt64, 90, 8, 256, 4, 19),
+    NORM(kFloat16, kInt64, 90, 2, 1024, 4, 19),
+    NORM(kFloat16, kInt32, 80, 8, 256, 4, 19),
+    NORM(kBFloat16, kInt32, 90, 8, 256, 4, 18),
 };
 const size_t kNumNormImages = sizeof(kNormImages) / sizeof(kNormImages[0]);
 
@@ -202,20 +205,22 @@ int main() {
     }
     if (line[0] == 'N') {
       std::string tag;
-      int dtype, skip, bias, misalign;
+      int dtype, index, skip, bias, cu, misalign;
       NormLaunch n;
-      in >> tag >> dtype >> n.T >> n.R >> n.D >> skip >> bias >> misalign;
+      in >> tag >> dtype >> index >> n.T >> n.R >> n.D >> n.B >> skip >> bias >> cu >> misalign;
       n.dtype = static_cast<DType>(dtype);
-      uintptr_t addr[8] = {0xa00000, 0xa80000, 0xb00000, 0xb40000, 0xb80000, 0xbc0000, 0xc00000, 0xc80000};
-      if (misalign > 0 && misalign <= 8) addr[misalign - 1] += 8;
+      n.index_type = static_cast<IndexType>(index);
+      uintptr_t addr[9] = {0xa00000, 0xa80000, 0xb00000, 0xb40000, 0xb80000, 0xbc0000, 0xbe0000, 0xc00000, 0xc80000};
+      if (misalign > 0 && misalign <= 9) addr[misalign - 1] += 8;
       n.x = reinterpret_cast<const void*>(addr[0]);
       if (skip) n.skip = reinterpret_cast<const void*>(addr[1]);
       if (bias) n.bias = reinterpret_cast<const void*>(addr[2]);
       n.index = reinterpret_cast<const void*>(addr[3]);
       n.gamma = reinterpret_cast<const void*>(addr[4]);
       n.beta = reinterpret_cast<const void*>(addr[5]);
-      n.normed = reinterpret_cast<void*>(addr[6]);
-      n.sum = reinterpret_cast<void*>(addr[7]);
+      if (cu) n.cu = reinterpret_cast<const void*>(addr[6]);
+      n.normed = reinterpret_cast<void*>(addr[7]);
+      n.sum = reinterpret_cast<void*>(addr[8]);
       n.epsilon = 1e-6f;
       n.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
       std::string err = LaunchGatherLayerNorm(n);
