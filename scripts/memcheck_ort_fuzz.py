@@ -22,10 +22,13 @@ or a W of the wrong width, which must come back as errors, never faults.
 Then --gelu-calls BiasGelu calls (fp16 / bf16, with and without Bias, M from 0 to past the large-config threshold,
 N multiples of 16): valid calls must match a numpy GELU to the dtype's rounding; N not a multiple of 16 or a Bias
 of the wrong length must come back as errors, never faults.
-Then --norm-calls GatherLayerNorm calls (fp16 / bf16, with and without Skip and Bias, T and R from 0, D multiples
-of 16 up to 4096: every BLOCK_D variant), indices anywhere (negative, past T, the int64 extremes: rows outside
-[-T, T) must come back zero, never fault): valid calls must match a numpy oracle to the dtype's rounding; D not a
-multiple of 16, D above 4096 or a Gamma of the wrong length must come back as errors, never faults.
+Then --norm-calls GatherLayerNorm calls (fp16 / bf16, with and without Skip and Bias, without CuSeqlens or with an
+int32 / int64 one, T and R from 0, D multiples of 16 up to 4096: every BLOCK_D variant), indices anywhere
+(negative, past T, the int64 extremes: rows outside [-T, T) must come back zero, never fault), CuSeqlens[B]
+anywhere (inside [0, R], above R, negative, the dtype's extremes: the kernel clamps it), so that programs past the
+live count are exercised: valid calls must match a numpy oracle to the dtype's rounding in the live rows (dead rows
+are never written); D not a multiple of 16, D above 4096, a Gamma of the wrong length or a CuSeqlens of rank 2 or
+with no entry must come back as errors, never faults.
 Then --embed-calls PatchEmbed calls (float / float16 images, one session per image type and patch in 4, 8, 14, 16):
 random B (0 included, up to 40: every row-tile config), C 1..4, H and W 16..240 (multiples of 16: the aligned cubins
 at patch 16; crops that are not multiples of patch; a few below patch: prefix rows only), P 0..2, N multiples of 16
@@ -262,16 +265,21 @@ def gelu_calls(rng: np.random.Generator, calls: int, max_m: int) -> tuple[dict[s
     return counts, errors
 
 
-NORM_BAD = ("d_not_16", "d_too_wide", "gamma_shape")
+NORM_BAD = ("d_not_16", "d_too_wide", "gamma_shape", "cu_shape")
 
 
-def norm_model(elem: int, *, skip: bool, bias: bool) -> bytes:
-    """com.raggedvit::GatherLayerNorm(X, Index, Gamma, Beta[, Skip[, Bias]]) -> Normed, Sum (epsilon 1e-5)."""
-    names = ["X", "Index", "Gamma", "Beta"] + (["Skip"] if skip else [""] if bias else []) + (["Bias"] if bias else [])
+def norm_model(elem: int, *, skip: bool, bias: bool, cu: int | None = None) -> bytes:
+    """com.raggedvit::GatherLayerNorm(X, Index, Gamma, Beta[, Skip[, Bias[, CuSeqlens of type cu]]]) -> Normed, Sum
+    (epsilon 1e-5); CuSeqlens is declared without a shape (bad ranks reach the op)."""
+    names = ["X", "Index", "Gamma", "Beta", "Skip" if skip else "", "Bias" if bias else "",
+             "" if cu is None else "CuSeqlens"]  # fmt: skip
+    while names[-1] == "":
+        names.pop()
     node = helper.make_node("GatherLayerNorm", names, ["Normed", "Sum"], domain="com.raggedvit", epsilon=1e-5)
-    dims = {"X": ["T", "D"], "Index": ["R"], "Gamma": ["DG"], "Beta": ["D"], "Skip": ["T", "D"], "Bias": ["D"]}
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "Index" else elem, dims[n]) for n in names
-              if n]  # fmt: skip
+    dims = {"X": ["T", "D"], "Index": ["R"], "Gamma": ["DG"], "Beta": ["D"], "Skip": ["T", "D"], "Bias": ["D"],
+            "CuSeqlens": None}  # fmt: skip
+    types = {"Index": TensorProto.INT64, "CuSeqlens": cu}
+    inputs = [helper.make_tensor_value_info(n, types.get(n, elem), dims[n]) for n in names if n]
     outs = [helper.make_tensor_value_info(n, elem, ["R", "D"]) for n in ("Normed", "Sum")]
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
     m = helper.make_model(helper.make_graph([node], "norm", inputs, outs), opset_imports=opsets)
@@ -281,16 +289,29 @@ def norm_model(elem: int, *, skip: bool, bias: bool) -> bytes:
 
 def norm_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[str, int], int]:
     """GatherLayerNorm calls on the CUDA EP (module docstring). (counts by kind, unexpected errors)."""
-    sessions = [(create_session(norm_model(e, skip=sk, bias=b), "cuda", disable_cpu_fallback=True), e, sk, b)
+    sessions = [(create_session(norm_model(e, skip=sk, bias=b, cu=cu), "cuda", disable_cpu_fallback=True), e, sk, b,
+                 cu)
                 for e in (TensorProto.FLOAT16, TensorProto.BFLOAT16) for sk in (True, False)
-                for b in (True, False)]  # fmt: skip
+                for b in (True, False) for cu in (None, TensorProto.INT32, TensorProto.INT64)]  # fmt: skip
     counts: dict[str, int] = {}
     errors = 0
     for call in range(calls):
-        sess, elem, has_skip, has_bias = sessions[call % len(sessions)]
+        sess, elem, has_skip, has_bias, cu_elem = sessions[call % len(sessions)]
         T, R = int(rng.integers(0, max_t + 1)), int(rng.integers(0, max_t + 1))
         D = 16 * int(rng.integers(1, 257)) if rng.random() < 0.3 else int(rng.choice([384, 768, 1024, 1280, 16]))
         kind = "valid" if rng.random() < 0.85 else str(rng.choice(NORM_BAD))
+        if kind == "cu_shape" and cu_elem is None:
+            kind = "valid"  # no CuSeqlens input in this session
+        live = R
+        if cu_elem is not None:
+            cu_np = np.int32 if cu_elem == TensorProto.INT32 else np.int64
+            info = np.iinfo(cu_np)
+            last = int(rng.choice([R, int(rng.integers(0, R + 1)), int(rng.integers(0, R + 1)), R + 17, -5,
+                                   int(info.max), int(info.min)]))  # fmt: skip
+            cu = np.array([0, int(rng.integers(0, R + 1)), last], dtype=cu_np)
+            if kind == "cu_shape":
+                cu = np.zeros((1, 2), cu_np) if rng.random() < 0.5 else np.zeros(0, cu_np)
+            live = min(max(last, 0), R)
         dg = D
         if kind == "d_not_16":
             D = dg = D + int(rng.integers(1, 16))
@@ -309,14 +330,17 @@ def norm_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[s
             values["Skip"] = ort_value(rng.standard_normal((T, D)).astype(np.float32), elem)
         if has_bias:
             values["Bias"] = ort_value(rng.standard_normal(D).astype(np.float32), elem)
+        if cu_elem is not None:
+            values["CuSeqlens"] = ort_value(cu, cu_elem)
         try:
             normed, total = sess.run_with_ort_values(["Normed", "Sum"], values)
-            n_out, s_out = host_float32(normed, elem), host_float32(total, elem)
+            n_out, s_out = host_float32(normed, elem)[:live], host_float32(total, elem)[:live]  # dead rows: unwritten
             if kind != "valid":
                 print(f"norm call {call}: {kind} accepted (T={T}, R={R}, D={D}, Gamma {dg})", flush=True)
                 errors += 1
                 continue
-            host = {k: host_float32(v, elem).astype(np.float64) for k, v in values.items() if k != "Index"}
+            host = {k: host_float32(v, elem).astype(np.float64) for k, v in values.items()
+                    if k not in ("Index", "CuSeqlens")}  # fmt: skip
             i = np.where(index < 0, index + T, index)
             valid = (i >= 0) & (i < T)
             src = np.where(valid, i, 0)
@@ -328,13 +352,13 @@ def norm_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[s
             mean = s.mean(axis=1, keepdims=True) if D else s
             var = ((s - mean) ** 2).mean(axis=1, keepdims=True) if D else s
             ref_n = (s - mean) / np.sqrt(var + 1e-5) * host["Gamma"] + host["Beta"]
-            ref_n, ref_s = np.where(valid[:, None], ref_n, 0.0), np.where(valid[:, None], s, 0.0)
+            ref_n, ref_s = np.where(valid[:, None], ref_n, 0.0)[:live], np.where(valid[:, None], s, 0.0)[:live]
             tol = 2.0**-7 if elem == TensorProto.BFLOAT16 else 2.0**-10
-            bad = n_out.shape != (R, D) or not (np.isfinite(n_out).all() and np.isfinite(s_out).all())
+            bad = normed.shape() != [R, D] or not (np.isfinite(n_out).all() and np.isfinite(s_out).all())
             bad = bad or (np.abs(n_out - ref_n) > tol * (np.abs(ref_n) + 1)).any()
             bad = bad or (np.abs(s_out - ref_s) > tol * (np.abs(ref_s) + 1e-2)).any()
             if bad:
-                print(f"norm call {call}: bad output (T={T}, R={R}, D={D})", flush=True)
+                print(f"norm call {call}: bad output (T={T}, R={R}, D={D}, live {live})", flush=True)
                 errors += 1
         except Exception as e:  # noqa: BLE001 - an error status is acceptable for invalid input only
             if kind == "valid":

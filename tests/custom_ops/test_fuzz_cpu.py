@@ -19,6 +19,7 @@ from raggedvit.custom_ops._fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, 
 from raggedvit.custom_ops._fuzz_driver import run_fuzz
 from raggedvit.custom_ops._fuzz_embed import EMBED_AT, EmbedCase, check_embed_output, draw_embed_case, embed_feeds
 from raggedvit.custom_ops._fuzz_linear import LinearCase, draw_any, draw_linear_case, expected_any
+from raggedvit.custom_ops._fuzz_norm import NORM_AT, NormCase, draw_norm_case, live_rows
 from raggedvit.custom_ops._fuzz_select import SelectFuzzCase, draw_select_case
 
 CALLS = 10_000
@@ -143,3 +144,44 @@ def test_embed_check_catches_a_wrong_output():
     nan[-1, -1, -1] = np.nan
     for bad in (shifted, off, nan):
         assert check_embed_output(bad, feeds, c.patch) is not None
+
+
+def test_norm_cases_cover_valid_and_refused_inputs():
+    """Every tenth call (index % 10 == NORM_AT) is a GatherLayerNorm case: valid ones with and without CuSeqlens
+    (dead rows, CuSeqlens[B] above R and negative: clamped; both cu types), and each refusal kind."""
+    cases = [draw_any(SEED, i) for i in range(CALLS)]
+    norm = [c for c in cases if isinstance(c, NormCase)]
+    assert len(norm) == CALLS // 10 and all(c.index % 10 == NORM_AT for c in norm)
+    reasons = Counter((expected_any(c) or "valid").split(":")[0] for c in norm)
+    kinds = ("X rank", "X type", "Index", "Gamma", "Beta", "Skip", "Bias", "epsilon", "CuSeqlens shape",
+             "CuSeqlens type")  # fmt: skip
+    assert reasons["valid"] > 500 and all(reasons[f"norm {k}"] >= 5 for k in kinds), reasons
+    valid = [c for c in norm if expected_any(c) is None]
+    live = [c for c in valid if c.cu_elem]
+    assert len(live) > 150 and {c.cu_elem for c in live} == {"int32", "int64"}
+    assert sum(0 < live_rows(c) < c.index_shape[0] for c in live) > 30
+    assert any(live_rows(c) == 0 < c.index_shape[0] for c in live)
+    assert any(int(c.cu[-1]) > c.index_shape[0] for c in live) and any(int(c.cu[-1]) < 0 for c in live)
+    assert any(len(c.cu) == 1 for c in live)  # B = 0
+    assert draw_norm_case(SEED, 15) == draw_any(SEED, 15)  # a reported call replays alone
+
+
+def test_norm_check_refuses_written_dead_rows():
+    """_fuzz_norm._check accepts the reference and refuses a dead row that is not zero, or a live row 1% off."""
+    from raggedvit.custom_ops._fuzz_norm import _check, _tensors
+    from raggedvit.kernels.gather_layer_norm import gather_layer_norm_reference
+
+    drawn = (draw_norm_case(SEED, i) for i in range(NORM_AT, 10**5, 10))
+    c = next(c for c in drawn if expected_any(c) is None and c.cu_elem and not c.specials and c.epsilon >= 1e-6
+             and 2 <= live_rows(c) < c.index_shape[0] and c.x_shape[1] >= 4)  # fmt: skip
+    feeds = _tensors(c)
+    n, s = gather_layer_norm_reference(feeds["X"], feeds["Index"], feeds["Gamma"], feeds["Beta"], feeds.get("Skip"),
+                                       feeds.get("Bias"), c.epsilon, feeds["CuSeqlens"])  # fmt: skip
+    live = live_rows(c)
+    assert _check(n, s, feeds, c.epsilon, live) is None, c.describe()
+    dead = n.clone()
+    dead[live, 0] = 1.0
+    assert "dead rows" in _check(dead, s, feeds, c.epsilon, live)
+    off = n.clone()
+    off[0] = torch.where(off[0] != 0, off[0] * 1.01, torch.ones_like(off[0]))
+    assert "differs" in _check(off, s, feeds, c.epsilon, live)
