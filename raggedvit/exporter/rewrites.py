@@ -30,9 +30,16 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    stream), with the bias added in float32; `skip_layer_norm_plain` fuses LayerNormalization(Add(a, b)) of two
    equally shaped [T, C] rows without a bias (a zero bias that torch.onnx's optimizer dropped, or LayerScale).
    `ragged_linear_skip_layer_norm`: LayerNormalization(RaggedLinear(x, W, b, residual, cu)) -> RaggedLinear(x, W,
-   b, -, cu) + SkipLayerNormalization(y, residual) (outputs: normalised, sum): the residual leaves the GEMM's
-   epilogue for ONNX Runtime's SkipLayerNorm kernel, which is 2.3x faster than its LayerNormalization kernel on
-   the H200 (benchmarks/results/serving_*: 38 against 87 us over [25216, 768] fp16).
+   b, -, cu) + com.raggedvit::GatherLayerNorm(y, Range(0, T, 1), gamma, beta, Skip=residual, CuSeqlens=cu)
+   (outputs: normalised, sum) for the rows its kernel takes (float16, D a multiple of 16 up to 4096, as rule 4):
+   the residual leaves the GEMM's epilogue and the norm follows the live count like the GEMMs: the capacity
+   layout's dead rows past cu[B] are neither read nor written (ONNX Runtime's SkipLayerNorm runs over every row:
+   ~35 us a call over [25216, 768] fp16 at deit_base B=128 on the H200 while 14-45% of the rows are live after
+   the stages, benchmarks/results/serving_2026-12-02_NVIDIA-H200_run17_deadrows.json). Other rows (float32, other
+   widths) get SkipLayerNormalization(y, residual) (ONNX Runtime's SkipLayerNorm kernel is 2.3x faster than its
+   LayerNormalization kernel on the H200, benchmarks/results/serving_*: 38 against 87 us). The normalised rows and
+   the sum past cu[B] are dead (unspecified); their readers (the next RaggedLinear GEMMs and residuals, the next
+   stage's gather, the head's rows) read live rows only (DESIGN.md section 4).
 4. `gather_layer_norm`: a pruning stage's LayerNormalization(Gather(x, i)) -> com.raggedvit::GatherLayerNorm(x,
    i, gamma, beta) (outputs: normalised, the gathered rows, the next residual), for float16 rows whose static width
    is a multiple of 16 up to 4096 (its CUDA kernel): one pass over the kept rows in place of the Gather and ONNX
@@ -243,6 +250,12 @@ class RaggedLinearSkipLayerNorm(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, w, b, residual, cu, gamma, beta, y, ln, **_):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
         gemm = op.RaggedLinear(x, w, b, None, cu, activation=0, _domain=_RAGGED)
+        if _not_norm_kernel_rows(residual, gamma, beta) is None:  # the residual has y's shape and dtype
+            index = _row_range(op, gemm, ln.name or y.name)
+            normed, total = op.GatherLayerNorm(
+                gemm, index, gamma, beta, residual, None, cu, epsilon=eps, _domain=_RAGGED, _outputs=2
+            )
+            return normed, total
         normed, _mean, _inv_std, total = op.SkipLayerNormalization(
             gemm, residual, gamma, beta, epsilon=eps, _domain=_MS, _outputs=4
         )
@@ -324,13 +337,18 @@ class LayerNormRows(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, gamma, beta, ln, **_):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
-        name = ln.name or x.name
-        start = op.initializer(ir.tensor(np.array(0, dtype=np.int64)), name=f"{name}_rows_start")
-        delta = op.initializer(ir.tensor(np.array(1, dtype=np.int64)), name=f"{name}_rows_delta")
-        rows = op.Squeeze(op.Shape(x, start=0, end=1))  # T as an int64 scalar
-        index = op.Range(start, rows, delta)
+        index = _row_range(op, x, ln.name or x.name)
         normed, _sum = op.GatherLayerNorm(x, index, gamma, beta, epsilon=eps, _domain=_RAGGED, _outputs=2)
         return normed
+
+
+def _row_range(op, x: ir.Value, name: str) -> ir.Value:
+    """Range(0, T, 1) over the rows of x [T, D] (int64; T from Shape / Squeeze, which ONNX Runtime folds into an
+    initializer once the batch is fixed): GatherLayerNorm's identity index."""
+    start = op.initializer(ir.tensor(np.array(0, dtype=np.int64)), name=f"{name}_rows_start")
+    delta = op.initializer(ir.tensor(np.array(1, dtype=np.int64)), name=f"{name}_rows_delta")
+    rows = op.Squeeze(op.Shape(x, start=0, end=1))  # T as an int64 scalar
+    return op.Range(start, rows, delta)
 
 
 _PATCH_PERM = (0, 2, 4, 1, 3, 5)  # [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: torch's im2col of a stride-p conv

@@ -51,10 +51,18 @@ def test_block_gemms_are_ragged_linear(ragged_export):
         assert len(qkv.input) == 5 and qkv.input[2] == "" and qkv.input[3] == ""  # qkv bias: in RaggedAttention
         assert [a.i for n in (qkv, proj, fc1, fc2) for a in n.attribute if a.name == "activation"] == [0, 0, 1, 0]
         fused = dtype == "fp16-all"  # fp16: float32 stream, the residual add stays outside
-        for n in (proj, fc2):  # fused: in the epilogue, or moved into the SkipLayerNormalization that reads it
-            skip = [c for c in model.graph.node if c.op_type == "SkipLayerNormalization" and n.output[0] in c.input]
-            assert (n.input[3] != "" or bool(skip)) == fused
-            assert not (n.input[3] != "" and skip)
+        for n in (proj, fc2):  # fused: in the epilogue, or moved into the norm that reads it (its Skip input)
+            readers = [c for c in model.graph.node if c.input and c.input[0] == n.output[0]]
+            norms = [c for c in readers if c.op_type == "SkipLayerNormalization"
+                     or c.op_type == "GatherLayerNorm" and len(c.input) > 4]  # fmt: skip
+            assert (n.input[3] != "" or bool(norms)) == fused
+            assert not (n.input[3] != "" and norms)
+            # (a stage's GatherLayerNorm of the gathered rows has 4 inputs.) fp16-all rows: com.raggedvit::
+            # GatherLayerNorm with the GEMM's live count (dead rows neither read nor written), not ONNX Runtime's
+            # SkipLayerNormalization over every row
+            for c in norms:
+                assert c.op_type == "GatherLayerNorm" and len(c.input) == 7 and c.input[6] == n.input[4]
+                assert c.input[4] != "" and c.input[5] == ""  # Skip = the residual, no Bias
         assert all(n.input[4] != "" for n in (qkv, proj, fc1, fc2))  # the live count
     assert read_recipe(model)["ragged_linear"] is True
 

@@ -372,3 +372,80 @@ def test_layer_norm_rows_index_folds_with_a_fixed_batch(tmp_path):
     gamma, beta = gamma.astype(np.float16).astype(np.float32), beta.astype(np.float16).astype(np.float32)
     want = (rows - mean) / np.sqrt(var + 1e-6) * gamma + beta
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
+
+
+def _ragged_norm_model(dtype: ir.DataType, N: int, *, live_rows: bool = True) -> ir.Model:
+    """LayerNormalization(RaggedLinear(x [9, 32], W [N, 32], b [N], residual [9, N], cu [3])) (a capacity layout's
+    proj / fc2 and the next norm); the RaggedLinear output (the next residual) is a graph output too."""
+    npt = dtype.numpy()
+    gen = np.random.default_rng(8)
+    x = ir.Value(name="x", shape=ir.Shape([9, 32]), type=ir.TensorType(dtype))
+    residual = ir.Value(name="residual", shape=ir.Shape([9, N]), type=ir.TensorType(dtype))
+    cu = ir.Value(name="cu", shape=ir.Shape([3]), type=ir.TensorType(ir.DataType.INT64))
+    w = _const("w", (gen.standard_normal((N, 32)) / 6).astype(npt))
+    b = _const("b", np.linspace(-0.3, 0.3, N).astype(npt))
+    gamma = _const("gamma", np.linspace(0.5, 1.5, N).astype(npt))
+    beta = _const("beta", np.linspace(-1, 1, N).astype(npt))
+    gemm = ir.node("RaggedLinear", [x, w, b, residual, cu if live_rows else None], domain="com.raggedvit")
+    gemm.outputs[0].name, gemm.outputs[0].shape, gemm.outputs[0].type = "y", residual.shape, residual.type
+    ln = ir.node("LayerNormalization", [gemm.outputs[0], gamma, beta], {"axis": -1, "epsilon": 1e-6})
+    ln.outputs[0].name, ln.outputs[0].shape, ln.outputs[0].type = "n", residual.shape, residual.type
+    graph = ir.Graph([x, residual, cu], [ln.outputs[0], gemm.outputs[0]], nodes=[gemm, ln],
+                     initializers=[w, b, gamma, beta], opset_imports={"": 20, "com.raggedvit": 1})  # fmt: skip
+    return ir.Model(graph, ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "N", "norm"),
+    [
+        (ir.DataType.FLOAT16, 48, "GatherLayerNorm"),
+        (ir.DataType.FLOAT, 48, "SkipLayerNormalization"),  # float32 rows: ONNX Runtime's kernel
+        (ir.DataType.FLOAT16, 40, "SkipLayerNormalization"),  # D % 16 != 0: no CUDA kernel of ours
+    ],
+    ids=["f16", "f32", "f16_d40"],
+)
+@pytest.mark.parametrize("live", [9, 5, 0])
+def test_ragged_linear_skip_layer_norm_rule(ort_session, dtype, N, norm, live):
+    """The residual leaves RaggedLinear's epilogue for the norm: com.raggedvit::GatherLayerNorm(y, Range(0, T, 1),
+    gamma, beta, residual, -, cu) where its kernel takes the rows (its dead rows past cu[B] are neither read nor
+    written), else SkipLayerNormalization; the live rows of both outputs are the unfused graph's."""
+    gen = np.random.default_rng(9)
+    npt = dtype.numpy()
+    feeds = {"x": gen.standard_normal((9, 32)).astype(npt), "residual": gen.standard_normal((9, N)).astype(npt),
+             "cu": np.array([0, min(live, 4), live], dtype=np.int64)}  # fmt: skip
+    want = ort_session(_ragged_norm_model(dtype, N)).run(None, feeds)
+    model = fuse_for_ort(_ragged_norm_model(dtype, N))
+    ops = [n.op_type for n in model.graph]
+    assert ops.count(norm) == 1 and ops.count("LayerNormalization") == 0, ops
+    gemm = next(n for n in model.graph if n.op_type == "RaggedLinear")
+    assert gemm.inputs[3] is None and gemm.inputs[4].name == "cu"  # the residual left the epilogue
+    node = next(n for n in model.graph if n.op_type == norm)
+    if norm == "GatherLayerNorm":
+        assert node.domain == "com.raggedvit" and len(node.inputs) == 7
+        assert node.inputs[0] is gemm.outputs[0] and node.inputs[1].producer().op_type == "Range"
+        assert [v.name if v is not None else None for v in node.inputs[2:]] == ["gamma", "beta", "residual", None,
+                                                                                  "cu"]  # fmt: skip
+        assert node.attributes["epsilon"].as_float() == pytest.approx(1e-6)
+    got = ort_session(model).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g[:live].astype(np.float32), w[:live].astype(np.float32), rtol=4e-3, atol=4e-3)
+        if norm == "GatherLayerNorm":
+            assert not g[live:].any()  # the CPU EP writes zeros to the dead rows (the op leaves them unspecified)
+
+
+def test_ragged_linear_skip_layer_norm_rule_needs_the_live_count(ort_session):
+    """A RaggedLinear without CuSeqlens is not the rule's pattern: the residual stays in the epilogue and
+    layer_norm_rows takes the LayerNormalization (GatherLayerNorm without Skip or CuSeqlens)."""
+    gen = np.random.default_rng(10)
+    feeds = {"x": gen.standard_normal((9, 32)).astype(np.float16),
+             "residual": gen.standard_normal((9, 48)).astype(np.float16),
+             "cu": np.array([0, 9, 9], np.int64)}  # fmt: skip
+    want = ort_session(_ragged_norm_model(ir.DataType.FLOAT16, 48, live_rows=False)).run(None, feeds)
+    model = fuse_for_ort(_ragged_norm_model(ir.DataType.FLOAT16, 48, live_rows=False))
+    gemm = next(n for n in model.graph if n.op_type == "RaggedLinear")
+    norm = next(n for n in model.graph if n.op_type == "GatherLayerNorm")
+    assert gemm.inputs[3].name == "residual" and len(norm.inputs) == 4
+    got = ort_session(model).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=4e-3, atol=4e-3)
