@@ -15,7 +15,8 @@ outside pos_table); the outputs of valid calls are checked for finiteness. Befor
 (num_heads 0x5555555555555555, 2**62, INT64_MAX, 0, -1, a width that is not a multiple of 3*num_heads) must be
 refused with an error, never a crash; they count as calls.
 Then --linear-calls RaggedLinear calls (fp16 / bf16, cu int32 / int64, with and without Bias, Residual, CuSeqlens
-and GELU): random T (0 included), N and K multiples of 16, CuSeqlens[B] anywhere (above T, negative, the dtype's
+and GELU): random T (0 included; a quarter of the calls from 1,024 rows up, the persistent TMA kernel's launches
+on sm_90), N and K multiples of 16, CuSeqlens[B] anywhere (above T, negative, the dtype's
 extremes: the kernel clamps it), so that row tiles past the live count are exercised; valid calls must give finite
 live rows (dead rows are never written); some calls have K or N not a multiple of 16, a Residual of the wrong shape
 or a W of the wrong width, which must come back as errors, never faults.
@@ -155,7 +156,8 @@ def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict
     errors = 0
     for call in range(calls):
         sess, elem, cu_elem, full = sessions[call % len(sessions)]
-        T = int(rng.integers(0, max_t + 1))
+        # a quarter of the calls from 1,024 rows (LARGE_T): the persistent TMA kernel on sm_90, up to ~140 tiles
+        T = int(rng.integers(0, max_t + 1)) if rng.random() < 0.75 else int(rng.integers(1024, 6001))
         N, K = 16 * int(rng.integers(1, 17)), 16 * int(rng.integers(1, 17))
         kind = "valid" if rng.random() < 0.8 else str(rng.choice(LINEAR_BAD))
         if kind == "residual_shape" and not full:

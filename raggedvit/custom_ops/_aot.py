@@ -200,6 +200,21 @@ def _count_ptx_params(ptx: str, function: str) -> int:
     return len(re.findall(r"\.param\s", m.group(1)))
 
 
+def _check_tensordesc(job: Any, meta: list[dict[str, Any]], sig: dict[str, str]) -> None:
+    """The TMA descriptors the C++ launcher encodes (linear_launcher.cc: tiled, 2-D, 128-byte swizzle, boxes of
+    the job's BLOCK_K x BLOCK_M / BLOCK_N, 2-byte elements) must be the ones the cubin was compiled for."""
+    descs = [t for t in sig.values() if t.startswith("tensordesc")]
+    if len(meta) != len(descs):
+        raise RuntimeError(f"{job}: {len(descs)} tensor descriptors, {len(meta)} in the compiled metadata")
+    for m, t in zip(meta, descs, strict=True):
+        block = [int(v) for v in t[t.index("[") + 1 : t.index("]")].split(",")]
+        swizzle_128b = 3  # CU_TENSOR_MAP_SWIZZLE_128B
+        got = (m.get("swizzle"), m.get("elem_size"), list(m.get("block_size", [])), bool(m.get("fp4_padded")),
+               bool(m.get("is_im2col")))  # fmt: skip
+        if got != (swizzle_128b, 2, block, False, False):
+            raise RuntimeError(f"{job}: descriptor {t} compiled as {m}; the launcher encodes 128B-swizzled tiles")
+
+
 def _compile(job: Any) -> AotResult:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -221,7 +236,9 @@ def _compile(job: Any) -> AotResult:
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         raise RuntimeError(f"{job}: kernels needing global/profile scratch are not supported by the launcher")
     n_params = _count_ptx_params(compiled.asm["ptx"], md.name)
-    expected = sum(1 for t in sig.values() if t != "constexpr") + 2  # + global and profile scratch
+    # a 2-D TMA descriptor is 5 params (its CUtensorMap, 2 sizes, 2 strides); + global and profile scratch
+    expected = sum(5 if t.startswith("tensordesc") else 1 for t in sig.values() if t != "constexpr") + 2
+    _check_tensordesc(job, getattr(md, "tensordesc_meta", None) or [], sig)
     if n_params != expected:
         raise RuntimeError(f"{job}: cubin has {n_params} params, the launcher passes {expected}")
     return AotResult(job, bytes(compiled.asm["cubin"]), md.name, int(md.shared), int(md.num_warps), n_params)

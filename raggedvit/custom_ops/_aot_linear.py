@@ -35,6 +35,10 @@ LINEAR_DTYPES = ("fp16", "bf16")  # no fp32 CUDA kernel: ORT places fp32 nodes o
 SHARED_OPTIN_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 _ARGS = ("X", "W", "Bias", "Res", "CU", "Y", "T", "N", "K", "B", "has_bias", "has_res", "has_live", "activation")
+# `_ragged_linear_tma`: X, W as TMA descriptors (each a CUtensorMap, then its 2 int32 sizes and 2 int64 strides in
+# the cubin's params), the persistent grid's size last
+_TMA_ARGS = ("X_desc", "W_desc", *_ARGS[2:], "num_programs")
+TMA_INNER_BYTES = 128  # BLOCK_K x the element size of a TMA job: the launcher encodes 128-byte swizzled boxes
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class LinearJob:
     dtype: str  # "fp16" | "bf16"
     cu_dtype: str  # "i32" | "i64"
     arch: int
-    config: str  # name in aot_linear_configs(): "small_narrow" | "small_wide" | "large" | "xlarge"
+    config: str  # name in aot_linear_configs(): "small_narrow" | "small_wide" | "large" | "xlarge" | "tma"
     block_m: int
     block_n: int
     block_k: int
@@ -50,10 +54,11 @@ class LinearJob:
     num_warps: int
     num_stages: int
     kernel: str = "linear"
+    tma: bool = False  # `_ragged_linear_tma` (config "tma")
 
     @property
     def function(self) -> str:
-        return "_ragged_linear"
+        return "_ragged_linear_tma" if self.tma else "_ragged_linear"
 
     @property
     def source(self) -> Path:
@@ -67,7 +72,10 @@ class LinearJob:
         """Triton signature (arg -> type) and constexprs: data pointers of dtype, CU of cu_dtype, ints i32."""
         ptr = {"X": self.dtype, "W": self.dtype, "Bias": self.dtype, "Res": self.dtype, "Y": self.dtype,
                "CU": self.cu_dtype}  # fmt: skip
-        sig = {n: ("*" + ptr[n]) if n in ptr else "i32" for n in _ARGS}
+        sig = {n: ("*" + ptr[n]) if n in ptr else "i32" for n in (_TMA_ARGS if self.tma else _ARGS)}
+        if self.tma:
+            sig["X_desc"] = f"tensordesc<{self.dtype}[{self.block_m}, {self.block_k}]>"
+            sig["W_desc"] = f"tensordesc<{self.dtype}[{self.block_n}, {self.block_k}]>"
         consts = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
         sig.update({k: "constexpr" for k in consts})
         return sig, consts
@@ -78,24 +86,32 @@ def _config_module() -> Any:
 
 
 def linear_rule() -> dict[str, int]:
-    """The selection thresholds of `linear_config` (LARGE_T, NARROW_N, CAPACITY_NARROW_N), for the C++ launcher's
-    copy of the rule."""
+    """The selection thresholds of `linear_config` (LARGE_T, NARROW_N, CAPACITY_NARROW_N, TMA_MIN_ARCH), for the
+    C++ launcher's copy of the rule."""
     module = _config_module()
     return {"large_t": int(module.LARGE_T), "narrow_n": int(module.NARROW_N),
-            "capacity_narrow_n": int(module.CAPACITY_NARROW_N)}  # fmt: skip
+            "capacity_narrow_n": int(module.CAPACITY_NARROW_N), "tma_min_arch": int(module.TMA_MIN_ARCH)}  # fmt: skip
 
 
 def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
-    """Every dtype x cu dtype x config x arch (before the shared-memory filter; "xlarge" for sm_90 and newer)."""
+    """Every dtype x cu dtype x config x arch (before the shared-memory filter; "xlarge" and "tma" for sm_90 and
+    newer)."""
     module = _config_module()
-    return [
-        LinearJob(dt, cu, arch, name, c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages)
+    jobs = [
+        LinearJob(
+            dt, cu, arch, name, c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages, tma=c.tma
+        )  # fmt: skip
         for arch in archs
         for dt in LINEAR_DTYPES
         for cu in CU_DTYPES
         for name, c in module.aot_linear_configs()
-        if name != "xlarge" or arch >= module.XLARGE_MIN_ARCH  # its shared memory exceeds the older archs'
+        if (name != "xlarge" or arch >= module.XLARGE_MIN_ARCH)  # its shared memory exceeds the older archs'
+        and (not c.tma or arch >= module.TMA_MIN_ARCH)  # TMA: Hopper and newer
     ]
+    for j in jobs:
+        if j.tma and j.block_k * 2 != TMA_INNER_BYTES:  # fp16 / bf16: 2 bytes
+            raise ValueError(f"{j}: the launcher encodes {TMA_INNER_BYTES}-byte TMA boxes (BLOCK_K = 64)")
+    return jobs
 
 
 def fits_arch(job: Any, shared_bytes: int) -> bool:

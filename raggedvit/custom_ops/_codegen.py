@@ -19,7 +19,8 @@ _INDEX = {"i32": "IndexType::kInt32", "i64": "IndexType::kInt64"}
 # config names of _linear_config.aot_linear_configs() -> launcher.h LinearConfig (ascending tile size)
 _SELECT_KERNEL = {"count": "SelectKernel::kCount", "scatter": "SelectKernel::kScatter"}
 _LINEAR_CONFIG = {"small_narrow": "LinearConfig::kSmallNarrow", "small_wide": "LinearConfig::kSmallWide",
-                  "large": "LinearConfig::kLarge", "xlarge": "LinearConfig::kXLarge"}  # fmt: skip
+                  "large": "LinearConfig::kLarge", "xlarge": "LinearConfig::kXLarge",
+                  "tma": "LinearConfig::kTma"}  # fmt: skip
 _GELU_CONFIG = {"small": "GeluConfig::kSmall", "large": "GeluConfig::kLarge"}  # aot_gelu_configs() names
 _EMBED_CONFIG = {"small": "EmbedConfig::kSmall", "mid": "EmbedConfig::kMid", "large": "EmbedConfig::kLarge"}
 
@@ -33,7 +34,7 @@ def linear_info(linear: Sequence[AotResult], skipped: Sequence[AotResult], rule:
     """The ragged linear part of the build info: cubins, configs, shared memory, configs skipped per arch."""
     configs = {
         r.job.config: {k: getattr(r.job, k) for k in ("block_m", "block_n", "block_k", "group_m", "num_warps",
-                                                        "num_stages")}
+                                                        "num_stages", "tma")}
         for r in (*linear, *skipped)
     }  # fmt: skip
     return {
@@ -218,11 +219,12 @@ def write_cubin_source(
         out.append(
             f"    {{{_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.arch}, {_LINEAR_CONFIG[j.config]}, "
             f'"{r.function_name}", kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, '
-            f"{j.block_m}, {j.block_n}, {r.num_params}}},"
+            f"{j.block_m}, {j.block_n}, {r.num_params}, {j.block_k}, {str(j.tma).lower()}}},"
         )
     if not linear:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
         out.append(
-            '    {DType::kFloat16, IndexType::kInt32, 0, LinearConfig::kSmallNarrow, "", nullptr, 0, 0, 0, 0, 0, 0},'
+            '    {DType::kFloat16, IndexType::kInt32, 0, LinearConfig::kSmallNarrow, "", nullptr, 0, 0, 0, 0, 0, 0, 0, '
+            "false},"
         )
     out.append("};")
     out.append(f"const size_t kNumLinearImages = {len(linear)};")
@@ -280,6 +282,7 @@ def write_cubin_source(
     out.append(f"const int64_t kLinearLargeT = {rule['large_t']};")
     out.append(f"const int64_t kLinearNarrowN = {rule['narrow_n']};")
     out.append(f"const int64_t kLinearCapacityNarrowN = {rule['capacity_narrow_n']};")
+    out.append(f"const int kLinearTmaMinArch = {rule['tma_min_arch']};")
     out.append(f"const char* const kBuildInfoJson = {_cpp_string(json.dumps(info, sort_keys=True))};")
     out.append("\n}  // namespace raggedvit::cuda\n")
     path.write_text("\n".join(out))

@@ -25,6 +25,7 @@ __all__ = [
     "GELU_LARGE_M",
     "CAPACITY_NARROW_N",
     "LARGE_T",
+    "TMA_MIN_ARCH",
     "XLARGE_MIN_ARCH",
     "GeluConfig",
     "LinearConfig",
@@ -39,6 +40,7 @@ NARROW_N = 1024  # output width up to which small-T launches use 32-column tiles
 CAPACITY_NARROW_N = 1536  # output width up to which capacity launches (has_live) from LARGE_T rows use 64 x 64
 GROUP_M = 8
 XLARGE_MIN_ARCH = 90  # the "xlarge" tiles need Hopper's shared memory (227 KiB per block)
+TMA_MIN_ARCH = 90  # the tensor memory accelerator (Hopper)
 
 
 @dataclass(frozen=True)
@@ -49,18 +51,23 @@ class LinearConfig:
     num_warps: int
     num_stages: int
     group_m: int = GROUP_M
+    tma: bool = False  # the persistent TMA kernel `_ragged_linear_tma` (sm_90 and newer, fp16 / bf16)
 
 
 _SMALL_NARROW = LinearConfig(64, 32, 64, 4, 4)
 _SMALL_WIDE = LinearConfig(64, 64, 64, 4, 4)
 _LARGE = LinearConfig(128, 128, 64, 8, 3)
 _XLARGE = LinearConfig(128, 256, 64, 8, 4)
+_TMA = LinearConfig(128, 128, 64, 8, 4, tma=True)
 
 
-def linear_config(T: int, N: int, arch: int | None = None, has_live: bool = False) -> LinearConfig:
+def linear_config(T: int, N: int, arch: int | None = None, has_live: bool = False, tma: bool = True) -> LinearConfig:
     """The config for a launch over T rows (the capacity) and N output columns (fp16 / bf16 / fp32 alike) on an
     sm_`arch` GPU (None: an arch not known, e.g. the interpreter: the configs every arch can run); has_live: the
-    launch reads a device-side live count (CuSeqlens), so its dead rows are skipped."""
+    launch reads a device-side live count (CuSeqlens), so its dead rows are skipped; tma=False: the pointer
+    kernel's configs only (the rule before the TMA kernel, for comparisons)."""
+    if tma and T >= LARGE_T and arch is not None and arch >= TMA_MIN_ARCH:
+        return _TMA
     if T >= LARGE_T and has_live and N <= CAPACITY_NARROW_N:
         return _SMALL_WIDE
     if T >= LARGE_T:
@@ -69,9 +76,12 @@ def linear_config(T: int, N: int, arch: int | None = None, has_live: bool = Fals
 
 
 def aot_linear_configs() -> list[tuple[str, LinearConfig]]:
-    """(name, config) of every config `linear_config` can return; the AOT build compiles each, and the C++
-    launcher applies the same rule (LARGE_T, NARROW_N, CAPACITY_NARROW_N) to pick one."""
-    return [("small_narrow", _SMALL_NARROW), ("small_wide", _SMALL_WIDE), ("large", _LARGE), ("xlarge", _XLARGE)]
+    """(name, config) of every config `linear_config` can return, in ascending order of preference (a launcher
+    without an arch's cubin of one falls back to the one before it); the AOT build compiles each ("xlarge" and
+    "tma" for sm_90 and newer only), and the C++ launcher applies the same rule (LARGE_T, NARROW_N,
+    CAPACITY_NARROW_N, TMA_MIN_ARCH) to pick one."""
+    return [("small_narrow", _SMALL_NARROW), ("small_wide", _SMALL_WIDE), ("large", _LARGE), ("xlarge", _XLARGE),
+            ("tma", _TMA)]  # fmt: skip
 
 
 # ---- the bias + GELU kernel (`_linear_kernel._bias_gelu`), same file for the same reason ----

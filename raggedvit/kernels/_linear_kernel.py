@@ -47,7 +47,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["_bias_gelu", "_ragged_linear", "gelu_erf"]
+__all__ = ["_bias_gelu", "_ragged_linear", "_ragged_linear_tma", "gelu_erf"]
 
 
 # True in a process started with TRITON_INTERPRET (the interpreter runs no inline PTX: `_rcp` divides there)
@@ -182,3 +182,66 @@ def _ragged_linear(
             acc += tl.load(res_ptrs, mask=keep, other=0.0).to(tl.float32)
         y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=keep)  # the live rows only: dead rows are never written
+
+
+@triton.jit(do_not_specialize=["T", "B", "has_bias", "has_res", "has_live", "activation", "num_programs"])
+def _ragged_linear_tma(
+    X_desc,
+    W_desc,
+    Bias,
+    Res,
+    CU,
+    Y,
+    T,
+    N,
+    K,
+    B,
+    has_bias,
+    has_res,
+    has_live,
+    activation,
+    num_programs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # The same layer as `_ragged_linear`, on Hopper's tensor memory accelerator: X_desc, W_desc are TMA descriptors
+    # of X [T, K] and W [N, K] with blocks [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]; a persistent grid of
+    # num_programs programs walks the live tiles only (cdiv(live, BLOCK_M) row tiles x cdiv(N, BLOCK_N), grouped by
+    # GROUP_M row tiles), so the dead rows of a capacity layout cost no program at all. TMA loads of rows past T
+    # or columns past K read zeros; rows in [live, T) of the last live tile are loaded (their products stay in
+    # their own accumulator rows) and never stored: the epilogue's stores are masked to the live rows.
+    pid = tl.program_id(0)
+    live = T
+    if has_live != 0:
+        live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T).to(tl.int32)
+    num_m = tl.cdiv(live, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(pid, num_m * num_n, num_programs, flatten=True):
+        first_m = (tile // group) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % group) % size_m
+        pid_n = (tile % group) // size_m
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(k_tiles):
+            a = X_desc.load([row0, kk * BLOCK_K])
+            b = W_desc.load([col0, kk * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        cols = col0 + tl.arange(0, BLOCK_N)
+        col_in = cols < N
+        if has_bias != 0:
+            acc += tl.load(Bias + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+        if activation == 1:
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # as `_ragged_linear`
+        keep = (rows < live)[:, None] & col_in[None, :]
+        if has_res != 0:
+            res_ptrs = Res + rows.to(tl.int64)[:, None] * N + cols[None, :]
+            acc += tl.load(res_ptrs, mask=keep, other=0.0).to(tl.float32)
+        y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=keep)

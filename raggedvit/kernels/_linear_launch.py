@@ -8,13 +8,42 @@ interpreter multiplies bfloat16 operands as raw bits: interpreted bf16 results a
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import cache
 from types import ModuleType
 
 import torch
 
 from raggedvit.kernels._linear_config import GeluConfig, LinearConfig, gelu_config, linear_config
 
-__all__ = ["_launch_bias_gelu", "_launch_linear"]
+__all__ = ["_launch_bias_gelu", "_launch_linear", "tma_ready"]
+
+INTERPRETER_PROGRAMS = 3  # persistent programs of the TMA kernel in the interpreter (no SM count there)
+
+
+def tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether TMA descriptors can address x [T, K] and weight [N, K]: fp16 / bf16, 16-byte aligned bases and rows
+    (K * 2 bytes a multiple of 16)."""
+    K = x.shape[1]
+    return (
+        x.dtype in (torch.float16, torch.bfloat16)
+        and weight.dtype == x.dtype
+        and x.data_ptr() % 16 == 0
+        and weight.data_ptr() % 16 == 0
+        and (K * x.element_size()) % 16 == 0
+    )
+
+
+@cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs(device: torch.device) -> int:
+    """Persistent programs of the TMA kernel: one per SM (its tiles need most of an SM's shared memory)."""
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _default_kernels() -> ModuleType:
@@ -57,8 +86,24 @@ def _launch_linear(
             arch = 10 * major + minor
         config = linear_config(T, N, arch, has_live)
     cfg = config
-    grid = (-(-T // cfg.block_m) * -(-N // cfg.block_n),)
     k = _default_kernels() if kernels is None else kernels
+    tiles = -(-T // cfg.block_m) * -(-N // cfg.block_n)
+    if cfg.tma and tma_ready(x, weight):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        programs = min(_programs(x.device), tiles)
+        x_desc = TensorDescriptor(x, [T, K], [K, 1], [cfg.block_m, cfg.block_k])
+        w_desc = TensorDescriptor(weight, [N, K], [K, 1], [cfg.block_n, cfg.block_k])
+        k._ragged_linear_tma[(programs,)](
+            x_desc, w_desc, x if bias is None else bias, x if residual is None else residual, cu, out,
+            T, N, K, B, int(bias is not None), int(residual is not None), int(has_live), int(activation), programs,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return out
+    if cfg.tma:  # operands TMA cannot address: the pointer kernel with the same tiles
+        cfg = replace(cfg, tma=False)
+    grid = (tiles,)
     k._ragged_linear[grid](
         x, weight, x if bias is None else bias, x if residual is None else residual, cu, out,
         T, N, K, B, int(bias is not None), int(residual is not None), int(has_live), int(activation),

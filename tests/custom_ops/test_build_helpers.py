@@ -103,13 +103,21 @@ def test_generated_source_shares_cubins_between_rows(tmp_path):
 
 def test_linear_plan_and_signature():
     jobs = _aot_linear.make_linear_plan((80, 90))
-    assert len(jobs) == len(set(jobs)) == 2 * 2 * (3 * 2 + 1)  # dtypes x cu dtypes x (configs x archs + xlarge)
+    # dtypes x cu dtypes x (configs x archs + xlarge + tma)
+    assert len(jobs) == len(set(jobs)) == 2 * 2 * (3 * 2 + 2)
     assert {(j.dtype, j.cu_dtype, j.config, j.arch) for j in jobs} == {
         (d, c, n, a) for d in ("fp16", "bf16") for c in ("i32", "i64") for n in ("small_narrow", "small_wide", "large")
         for a in (80, 90)
-    } | {(d, c, "xlarge", 90) for d in ("fp16", "bf16") for c in ("i32", "i64")}  # fmt: skip
+    } | {(d, c, n, 90) for d in ("fp16", "bf16") for c in ("i32", "i64") for n in ("xlarge", "tma")}  # fmt: skip
     xl = next(j for j in jobs if j.config == "xlarge")
     assert (xl.block_m, xl.block_n, xl.block_k, xl.num_warps, xl.num_stages) == (128, 256, 64, 8, 4)
+    assert {j.tma for j in jobs if j.config == "tma"} == {True} and not any(j.tma for j in jobs if j.config != "tma")
+    tma = next(j for j in jobs if j.config == "tma" and j.dtype == "bf16")
+    sig, consts = tma.signature()
+    assert tma.function == "_ragged_linear_tma" and list(sig)[:3] == ["X_desc", "W_desc", "Bias"]
+    assert sig["X_desc"] == f"tensordesc<bf16[{tma.block_m}, 64]>"
+    assert sig["W_desc"] == f"tensordesc<bf16[{tma.block_n}, 64]>"
+    assert sig["num_programs"] == "i32" and tma.block_k * 2 == _aot_linear.TMA_INNER_BYTES
     job = next(j for j in jobs if j.dtype == "bf16" and j.cu_dtype == "i64" and j.config == "large")
     sig, consts = job.signature()
     assert list(sig)[:6] == ["X", "W", "Bias", "Res", "CU", "Y"] and sig["CU"] == "*i64" and sig["Res"] == "*bf16"

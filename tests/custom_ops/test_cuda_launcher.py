@@ -245,13 +245,15 @@ def test_linear_launch_parameters(harness, tmp_path):
     [
         (90, 100, 1024, 1, "sm90/kSmallNarrow", "64,1,1"),
         (90, 100, 1040, 1, "sm90/kSmallWide", "34,1,1"),
-        (90, 1024, 768, 0, "sm90/kLarge", "48,1,1"),  # kXLarge not in the table: the next smaller config
+        # sm_90 from LARGE_T rows: the persistent TMA kernel, min(SMs, tiles) programs (cdiv(1024, 128) * 6 = 48)
+        (90, 1024, 768, 0, "sm90/kTma", "48,1,1"),
+        (90, 1024, 768, 1, "sm90/kTma", "48,1,1"),
+        (90, 25216, 3072, 1, "sm90/kTma", "132,1,1"),  # 197 * 24 tiles: one program per SM
         (80, 1024, 768, 0, "sm80/kSmallWide", "192,1,1"),  # kLarge skipped for sm_80: the next smaller config
         (89, 2000, 64, 0, "sm80/kSmallWide", "32,1,1"),
-        # a live count (capacity layout) from LARGE_T rows: 64 x 64 tiles up to CAPACITY_NARROW_N columns
-        (90, 1024, 768, 1, "sm90/kSmallWide", "192,1,1"),
-        (90, 1024, 1536, 1, "sm90/kSmallWide", "384,1,1"),
-        (90, 1024, 1552, 1, "sm90/kLarge", "104,1,1"),
+        # below sm_90, a live count (capacity layout) from LARGE_T rows: 64 x 64 tiles up to CAPACITY_NARROW_N columns
+        (80, 1024, 768, 1, "sm80/kSmallWide", "192,1,1"),
+        (80, 1024, 1536, 1, "sm80/kSmallWide", "384,1,1"),
         (90, 1023, 768, 1, "sm90/kSmallNarrow", "384,1,1"),
     ],
 )
@@ -260,6 +262,36 @@ def test_linear_config_rule_and_fallback(harness, tmp_path, arch, T, N, cu, imag
     assert res == ["OK"]
     (launch,) = launches(log)
     assert launch["image"] == f"linear/kFloat16/kInt32/{image}" and launch["grid"] == grid
+
+
+def test_linear_tma_launch_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [linear(T=1100, N=768, K=192), linear(T=1100, bias=0, residual=0, cu=0)],
+                   FAKE_CUDA_SMS="8")  # fmt: skip
+    assert res == ["OK", "OK"]
+    full, bare = launches(log)
+    assert full["name"] == "_ragged_linear_tma" and full["image"] == "linear/kFloat16/kInt32/sm90/kTma"
+    assert full["grid"] == "8,1,1" and full["block"] == "256,1,1"  # min(SMs, cdiv(1100, 128) * cdiv(768, 128))
+    # X's and W's maps (base, cols, rows, box cols, box rows, fp16 = 6, 128-byte swizzle = 3) with their int32 sizes
+    # and int64 strides, then Bias, Res, CU, Y, T, N, K, B, has_bias, has_res, has_live, activation, programs,
+    # global/profile scratch
+    assert full["args"] == (
+        "map(a00000,192,1100,64,128,t6,s3),1100,192,192,1,map(a80000,192,768,64,128,t6,s3),768,192,192,1,"
+        "b80000,c80000,b00000,c00000,1100,768,192,2,1,1,1,1,8,0,0"
+    )
+    assert bare["args"].endswith("a00000,a00000,a00000,c00000,1100,512,192,2,0,0,0,1,8,0,0")  # X stands in
+
+
+@pytest.mark.parametrize(
+    ("kw", "env", "message"),
+    [
+        ({"dtype": 2}, {}, "_ragged_linear_tma: cubin expects 24 parameters, launcher passes 25"),
+        ({}, {"FAKE_CUDA_TMA_ERR": "1"}, "cuTensorMapEncodeTiled(X [1100, 192], box 128 x 64) failed"),
+    ],
+)
+def test_linear_tma_errors(harness, tmp_path, kw, env, message):
+    res, log = run(harness, tmp_path, [linear(T=1100, **kw)], **env)
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log)
 
 
 @pytest.mark.parametrize(

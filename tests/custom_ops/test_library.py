@@ -85,16 +85,18 @@ def test_library_info(ort_library):
 
 
 def test_library_info_linear(ort_library):
-    """RaggedLinear cubins: fp16/bf16 x cu i32/i64 x (3 configs x 4 archs + xlarge for sm_90), less the configs
-    skipped for shared memory."""
+    """RaggedLinear cubins: fp16/bf16 x cu i32/i64 x (3 configs x 4 archs + xlarge and tma for sm_90), less the
+    configs skipped for shared memory."""
     linear = library_info()["build"]["linear"]
     assert linear["archs"] == [80, 86, 89, 90]
     assert linear["dtypes"] == ["bf16", "fp16"] and linear["cu_dtypes"] == ["i32", "i64"]
-    assert set(linear["configs"]) == {"small_narrow", "small_wide", "large", "xlarge"}
-    assert linear["num_cubins"] + len(linear["skipped"]) == 2 * 2 * (3 * 4 + 1)
-    assert {k.split("/")[1] for k in linear["shared_bytes"] if k.startswith("xlarge/")} <= {"sm_90"}
+    assert set(linear["configs"]) == {"small_narrow", "small_wide", "large", "xlarge", "tma"}
+    assert linear["configs"]["tma"]["tma"] and not linear["configs"]["xlarge"]["tma"]
+    assert linear["num_cubins"] + len(linear["skipped"]) == 2 * 2 * (3 * 4 + 2)
+    for config in ("xlarge", "tma"):
+        assert {k.split("/")[1] for k in linear["shared_bytes"] if k.startswith(f"{config}/")} == {"sm_90"}
     assert len(linear["shared_bytes"]) == linear["num_cubins"] and linear["cubin_bytes"] > 0
-    assert linear["rule"] == {"large_t": 1024, "narrow_n": 1024, "capacity_narrow_n": 1536}
+    assert linear["rule"] == {"large_t": 1024, "narrow_n": 1024, "capacity_narrow_n": 1536, "tma_min_arch": 90}
 
 
 def test_library_info_select(ort_library):
@@ -168,7 +170,7 @@ def test_build_cli_single_arch(ort_library, tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "kernel table rows, 16 linear kernel rows" in proc.stdout and "for sm_90" in proc.stdout  # 3 + xlarge
+    assert "kernel table rows, 20 linear kernel rows" in proc.stdout and "for sm_90" in proc.stdout  # 3 + xlarge + tma
     res = run_cpu_op_in_subprocess(str(out), dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert res["info"]["build"]["archs"] == [90] and res["out"] == [7, 8]
     assert res["info"]["build"]["linear"]["archs"] == [90] and res["linear"] == [[5, 32], 16.0]

@@ -233,7 +233,8 @@ def torch_reference(feeds: dict[str, torch.Tensor], activation: int) -> torch.Te
 @pytest.mark.parametrize("cu_dtype", [None, torch.int32, torch.int64])
 @pytest.mark.parametrize(
     ("T", "N", "K"),
-    [(100, 512, 192), (300, 2048, 256), (1100, 768, 192)],  # small_narrow, small_wide, large (linear_config)
+    # small_narrow, small_wide, then (sm_90) tma: 54 tiles (one per program), 594 tiles (several per program)
+    [(100, 512, 192), (300, 2048, 256), (1100, 768, 192), (4100, 2304, 256)],
 )
 @pytest.mark.parametrize("activation", [0, 1])
 @pytest.mark.parametrize("extras", [False, True])
@@ -250,6 +251,7 @@ def test_cuda_matches_reference(ort_library, dtype, cu_dtype, T, N, K, activatio
     if cu_dtype is not None:
         live = T - T // 3
         feeds["CuSeqlens"] = torch.tensor([0, live // 2, live], dtype=cu_dtype)
+        feeds["X"][live:] = float("nan")  # dead rows hold anything: they must reach no live row
     model = linear_model(
         TORCH_ELEM[dtype],
         bias=extras,

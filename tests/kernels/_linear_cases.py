@@ -19,6 +19,16 @@ INTERPRETED = [
     ("fp32_bias_res", torch.float32, 33, 24, 20, 20, 0, True, True),
     ("fp32_odd_sizes", torch.float32, 17, 7, 5, 9, 1, True, True),
 ]
+# The persistent TMA kernel (`_ragged_linear_tma`, config TMA_CONFIG: 32-row tiles, 3 programs in the
+# interpreter), its X's dead rows NaN-poisoned (TMA loads them into the last live tile): K past BLOCK_K's
+# multiples, a live count mid-tile, at 0 and past T.
+TMA_INTERPRETED = [
+    ("tma_fp16_all_live", torch.float16, 70, 48, 40, None, 0, False, False),
+    ("tma_fp16_gelu_bias_res", torch.float16, 70, 48, 40, 65, 1, True, True),
+    ("tma_fp16_live_mid_tile", torch.float16, 130, 80, 72, 77, 1, True, False),
+    ("tma_fp16_live_zero", torch.float16, 64, 32, 16, 0, 0, True, True),
+    ("tma_fp16_live_past_t", torch.float16, 70, 64, 48, 90, 0, False, True),
+]
 
 
 def make(dtype, T, K, N, live, bias, residual, gen, *, cu_dtype=torch.int64, device="cpu"):
@@ -37,18 +47,23 @@ def make(dtype, T, K, N, live, bias, residual, gen, *, cu_dtype=torch.int64, dev
 
 def _run_interpreted() -> dict[str, list[float]]:
     from raggedvit.kernels import _linear_kernel
+    from raggedvit.kernels._linear_config import LinearConfig
     from raggedvit.kernels._linear_launch import _launch_linear
     from raggedvit.kernels.reference import ragged_linear_reference
     from raggedvit.testing import rel_error
 
     out = {}
     gen = torch.Generator().manual_seed(0)
-    for name, dtype, T, K, N, live, act, bias, residual in INTERPRETED:
+    for name, dtype, T, K, N, live, act, bias, residual in INTERPRETED + TMA_INTERPRETED:
         x, w, b, r, cu = make(dtype, T, K, N, live, bias, residual, gen)
-        poison = torch.full((T, N), float("nan"), dtype=dtype)
-        y = _launch_linear(x, w, b, r, cu, act, kernels=_linear_kernel, out=poison)
+        tma = name.startswith("tma_")
         ref = ragged_linear_reference(x, w, b, r, cu, act, compute_dtype=torch.float64)
-        n = T if live is None else live
+        n = T if live is None else min(live, T)
+        if tma:
+            x[n:] = float("nan")  # dead rows: whatever the buffer held (read by TMA, reaching no live row)
+        poison = torch.full((T, N), float("nan"), dtype=dtype)
+        config = LinearConfig(32, 32, 32, 4, 2, tma=True) if tma else None
+        y = _launch_linear(x, w, b, r, cu, act, kernels=_linear_kernel, config=config, out=poison)
         untouched = bool(y[n:].isnan().all())  # the kernel never writes a dead row: the poison stays
         out[name] = [rel_error(y[:n], ref[:n]) if n else 0.0, float(untouched)]
     return out

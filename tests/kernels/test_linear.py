@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _interpreted import run_cases_interpreted
-from _linear_cases import INTERPRETED, make
+from _linear_cases import INTERPRETED, TMA_INTERPRETED, make
 
 from raggedvit.kernels import ragged_linear, ragged_linear_reference
 from raggedvit.kernels._linear_config import CAPACITY_NARROW_N, LARGE_T, NARROW_N, aot_linear_configs, linear_config
@@ -96,7 +96,7 @@ def interpreted_errors() -> dict[str, list[float]]:
     return run_cases_interpreted("_linear_cases.py")
 
 
-@pytest.mark.parametrize("case", INTERPRETED, ids=lambda c: c[0])
+@pytest.mark.parametrize("case", INTERPRETED + TMA_INTERPRETED, ids=lambda c: c[0])
 def test_triton_kernel_in_interpreter(interpreted_errors, case):
     name, dtype = case[0], case[1]
     err, untouched = interpreted_errors[name]
@@ -108,11 +108,14 @@ def test_config_rule():
     c = dict(aot_linear_configs())
     assert linear_config(LARGE_T - 1, NARROW_N) == linear_config(LARGE_T - 1, NARROW_N, 90, True) == c["small_narrow"]
     assert linear_config(LARGE_T - 1, NARROW_N + 16, 90, True) == c["small_wide"]
-    assert linear_config(LARGE_T, 768) == c["large"] and linear_config(LARGE_T, 768, 90) == c["xlarge"]
-    # a live count (capacity layout): 64 x 64 tiles up to CAPACITY_NARROW_N columns from LARGE_T rows
-    assert linear_config(LARGE_T, CAPACITY_NARROW_N, 90, True) == c["small_wide"]
-    assert linear_config(LARGE_T, CAPACITY_NARROW_N + 16, 90, True) == c["xlarge"]
+    # sm_90 from LARGE_T rows: the persistent TMA kernel, with or without a live count
+    assert linear_config(LARGE_T, 768, 90) == linear_config(LARGE_T, 768, 90, True) == c["tma"] and c["tma"].tma
+    assert linear_config(LARGE_T, 768) == c["large"] and linear_config(LARGE_T, 768, 90, tma=False) == c["xlarge"]
+    # a live count (capacity layout) without TMA: 64 x 64 tiles up to CAPACITY_NARROW_N columns from LARGE_T rows
+    assert linear_config(LARGE_T, CAPACITY_NARROW_N, 80, True) == c["small_wide"]
+    assert linear_config(LARGE_T, CAPACITY_NARROW_N + 16, 90, True, tma=False) == c["xlarge"]
     assert linear_config(LARGE_T, CAPACITY_NARROW_N + 16, 80, True) == c["large"]
+    assert not any(cfg.tma for name, cfg in c.items() if name != "tma")
 
 
 # ---- GPU: the JIT kernel, every launch config (T below / above LARGE_T, N below / above NARROW_N) -------------
@@ -138,6 +141,30 @@ def test_triton_jit_matches_reference(gen, dtype, T, K, N, act):
     assert torch.equal(y[:live], ragged_linear(x, w, b, r, cu, act)[:live]) and bool(y[live:].isnan().all())
     y_op = torch.ops.raggedvit.ragged_linear(x, w, None, None, None, act)
     assert_close(y_op, _ref(x, w, None, None, None, act).to(dtype), rtol=2 * default_tolerance(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="needs TMA (sm_90)"
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("T", "K", "N", "live"), [(LARGE_T + 50, 256, 768, 700), (5000, 192, 2304, 4321),
+                                                   (5000, 3072, 768, 5000), (2000, 64, 64, 0)])  # fmt: skip
+@pytest.mark.parametrize("act", [0, 1])
+def test_tma_kernel_matches_reference(gen, dtype, T, K, N, live, act):
+    """The persistent TMA kernel (linear_config's pick on sm_90 from LARGE_T rows): one or several tiles per program,
+    NaN in the dead rows of X (TMA loads them into the last live tile), a NaN-poisoned output whose dead rows stay
+    untouched."""
+    assert linear_config(T, N, 90, True).tma
+    x, w, b, r, cu = make(dtype, T, K, N, live, True, True, gen, cu_dtype=torch.int32, device="cuda")
+    ref = _ref(x, w, b, r, cu, act).to(dtype)
+    x[live:] = float("nan")
+    poison = torch.full((T, N), float("nan"), dtype=dtype, device="cuda")
+    y = _launch_linear(x, w, b, r, cu, act, out=poison)
+    assert_close(y[:live], ref[:live], rtol=2 * default_tolerance(dtype), name=f"{T}x{K}x{N}")
+    assert bool(y[live:].isnan().all())
+    pointer = _launch_linear(x, w, b, r, cu, act, config=linear_config(T, N, 90, True, tma=False))
+    assert_close(y[:live], pointer[:live], rtol=2 * default_tolerance(dtype), name="tma vs pointer")
 
 
 @pytest.mark.gpu

@@ -2,6 +2,7 @@
 // they share. No ORT types; cuda.h (types only) comes from the triton wheel.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -41,6 +42,15 @@ std::string EnterContext(void* stream, int device_ordinal, LaunchScope& scope, c
 // cuLaunchKernel of a (grid_x, grid_y, 1) grid of 32*num_warps threads; "" or the error naming `what`.
 std::string Launch(CUfunction fn, unsigned grid_x, unsigned grid_y, int num_warps, int shared_bytes, void* stream,
                    void** args, const char* what);
+
+// Multiprocessors of the current context's device (call inside a PickFn: the context is current); "" on success.
+std::string CurrentMultiprocessorCount(int* count);
+
+// cuTensorMapEncodeTiled of a row-major [rows, cols] matrix of 2-byte elements at `base` (16-byte aligned, cols * 2
+// a multiple of 16) in boxes of box_rows x box_cols (box_cols * 2 = 128 bytes): 128-byte swizzle, out-of-bounds
+// reads as zeros; "" on success, else the error naming `what`.
+std::string EncodeTmaTiled2D(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t cols,
+                             uint64_t rows, uint32_t box_cols, uint32_t box_rows, const char* what);
 
 // "fp32" | "fp16" | "bf16".
 const char* DTypeName(DType t);

@@ -36,6 +36,10 @@ struct Driver {
   CUresult (*LaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                            unsigned int, unsigned int, CUstream, void**, void**) = nullptr;
   CUresult (*GetErrorName)(CUresult, const char**) = nullptr;
+  // optional (drivers before CUDA 12 lack it): only the TMA linear kernel needs it
+  CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) = nullptr;
 };
 
 template <typename F>
@@ -71,6 +75,8 @@ const Driver& GetDriver() {
     Bind(lib, "cuFuncSetAttribute", &drv.FuncSetAttribute, &missing);
     Bind(lib, "cuLaunchKernel", &drv.LaunchKernel, &missing);
     Bind(lib, "cuGetErrorName", &drv.GetErrorName, &missing);
+    std::string optional;
+    Bind(lib, "cuTensorMapEncodeTiled", &drv.TensorMapEncodeTiled, &optional);
     if (!missing.empty()) {
       drv.error = "libcuda.so.1 lacks " + missing;
       return;
@@ -243,6 +249,33 @@ std::string Launch(CUfunction fn, unsigned grid_x, unsigned grid_y, int num_warp
                                         static_cast<unsigned>(shared_bytes), static_cast<CUstream>(stream), args,
                                         nullptr);
   return r == CUDA_SUCCESS ? "" : ErrorText((std::string("cuLaunchKernel(") + what + ")").c_str(), r);
+}
+
+std::string CurrentMultiprocessorCount(int* count) {
+  const Driver& drv = GetDriver();
+  CUdevice dev = 0;
+  CUresult r = drv.CtxGetDevice(&dev);
+  if (r != CUDA_SUCCESS) return ErrorText("cuCtxGetDevice", r);
+  r = drv.DeviceGetAttribute(count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  return r == CUDA_SUCCESS ? "" : ErrorText("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", r);
+}
+
+std::string EncodeTmaTiled2D(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t cols,
+                             uint64_t rows, uint32_t box_cols, uint32_t box_rows, const char* what) {
+  const Driver& drv = GetDriver();
+  if (drv.TensorMapEncodeTiled == nullptr) return "libcuda.so.1 lacks cuTensorMapEncodeTiled (a CUDA 12 driver)";
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * 2};  // bytes between rows (2-byte elements)
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  CUresult r = drv.TensorMapEncodeTiled(map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return "";
+  return ErrorText((std::string("cuTensorMapEncodeTiled(") + what + " [" + std::to_string(rows) + ", " +
+                    std::to_string(cols) + "], box " + std::to_string(box_rows) + " x " + std::to_string(box_cols) +
+                    ")").c_str(),
+                   r);
 }
 
 const char* DTypeName(DType t) {

@@ -37,7 +37,8 @@ extern const char* const kBuildInfoJson;  // archs, dtypes, head-dim blocks, con
 
 // Launch configs of the ragged linear kernel (raggedvit/kernels/_linear_config.py), in ascending tile size: a
 // config skipped for an arch (shared memory above its opt-in limit) falls back to the next smaller one.
-enum class LinearConfig : int { kSmallNarrow = 0, kSmallWide = 1, kLarge = 2, kXLarge = 3 };
+// kTma: the persistent TMA kernel (_ragged_linear_tma, sm_90 and newer).
+enum class LinearConfig : int { kSmallNarrow = 0, kSmallWide = 1, kLarge = 2, kXLarge = 3, kTma = 4 };
 
 // One AOT-compiled _ragged_linear (the second generated table).
 struct LinearImage {
@@ -53,6 +54,8 @@ struct LinearImage {
   int block_m;
   int block_n;
   int num_params;  // kernel params including Triton's trailing scratch pointers
+  int block_k;
+  bool tma;        // _ragged_linear_tma: X and W as TMA descriptors, a persistent grid (one program per SM)
 };
 
 extern const LinearImage kLinearImages[];
@@ -64,6 +67,8 @@ extern const size_t kNumLinearImages;
 extern const int64_t kLinearLargeT;
 extern const int64_t kLinearNarrowN;
 extern const int64_t kLinearCapacityNarrowN;
+// From this arch (TMA_MIN_ARCH) and kLinearLargeT rows every launch asks for kTma.
+extern const int kLinearTmaMinArch;
 
 struct LinearLaunch {
   DType dtype = DType::kFloat16;  // fp16 or bf16 (the AOT build ships no fp32 linear kernel)
@@ -246,8 +251,8 @@ std::string CheckSupported(const AttentionLaunch& a);
 // Returns "" on success, else the error text (CUDA errors carry the CUresult name).
 std::string LaunchRaggedAttention(const AttentionLaunch& a);
 
-// The config linear_config(T, N, has_live) asks for (before any per-arch fallback).
-LinearConfig PreferredLinearConfig(int64_t T, int64_t N, bool has_live);
+// The config linear_config(T, N, arch, has_live) asks for (before any per-arch fallback).
+LinearConfig PreferredLinearConfig(int64_t T, int64_t N, int arch, bool has_live);
 
 // Checks what the AOT linear kernel supports (K % 16, N % 16, int32 sizes, 16-byte alignment); "" when supported.
 std::string CheckLinearSupported(const LinearLaunch& l);

@@ -17,6 +17,8 @@ constexpr int64_t kMaxRowsCols = kInt32Limit - 256;
 
 const char* ConfigName(LinearConfig c) {
   switch (c) {
+    case LinearConfig::kTma:
+      return "tma";
     case LinearConfig::kXLarge:
       return "xlarge";
     case LinearConfig::kLarge:
@@ -46,6 +48,47 @@ long PickLinearImage(const LinearLaunch& l, LinearConfig want, int arch) {
   return best;
 }
 
+std::string Sizes(const LinearLaunch& l);
+
+// _ragged_linear_tma: X [T, K] and W [N, K] as 2-D TMA descriptors (boxes BLOCK_K x BLOCK_M / BLOCK_N, 128-byte
+// swizzle: the AOT build checks the cubin was compiled for these), each followed by its int32 sizes and int64
+// strides (Triton's expansion of a descriptor argument), then the pointer kernel's arguments and the persistent
+// grid's size: min(SMs, tiles) programs walk the live tiles.
+std::string LaunchTma(const LinearLaunch& l, const LinearImage& im, CUfunction fn, int64_t tiles, int sm_count,
+                      CUdeviceptr bias, CUdeviceptr res, CUdeviceptr cu, CUdeviceptr y) {
+  if (sm_count <= 0) return "the device reports " + std::to_string(sm_count) + " multiprocessors";
+  const CUtensorMapDataType type =
+      l.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  alignas(64) CUtensorMap x_map, w_map;  // by value in the kernel's params (__grid_constant__)
+  // sizes fit int32 and K * 2 bytes is a multiple of 16 (CheckLinearSupported): valid TMA extents and strides
+  std::string err = EncodeTmaTiled2D(&x_map, type, l.x, static_cast<uint64_t>(l.K), static_cast<uint64_t>(l.T),
+                                     static_cast<uint32_t>(im.block_k), static_cast<uint32_t>(im.block_m), "X");
+  if (err.empty()) {
+    err = EncodeTmaTiled2D(&w_map, type, l.w, static_cast<uint64_t>(l.K), static_cast<uint64_t>(l.N),
+                           static_cast<uint32_t>(im.block_k), static_cast<uint32_t>(im.block_n), "W");
+  }
+  if (!err.empty()) return err;
+  int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
+  int32_t xT = T, xK = K, wN = N, wK = K;
+  int64_t x_row = l.K, x_col = 1, w_row = l.K, w_col = 1;
+  int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
+  int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
+  const int64_t programs64 = tiles < sm_count ? tiles : sm_count;
+  int32_t programs = static_cast<int32_t>(programs64);
+  CUdeviceptr scratch = 0, profile_scratch = 0;
+  void* args[] = {&x_map, &xT,      &xK,       &x_row,   &x_col,    &w_map,      &wN,       &wK,
+                  &w_row, &w_col,   &bias,     &res,     &cu,       &y,          &T,        &N,
+                  &K,     &B,       &has_bias, &has_res, &has_live, &activation, &programs, &scratch,
+                  &profile_scratch};
+  constexpr int kParams = static_cast<int>(sizeof(args) / sizeof(void*));
+  if (im.num_params != kParams) {
+    return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
+           " parameters, launcher passes " + std::to_string(kParams);
+  }
+  return Launch(fn, static_cast<unsigned>(programs), 1, im.num_warps, im.shared_bytes, l.stream, args,
+                "_ragged_linear_tma");
+}
+
 std::string Sizes(const LinearLaunch& l) {
   return "T = " + std::to_string(l.T) + ", N = " + std::to_string(l.N) + ", K = " + std::to_string(l.K) +
          ", B = " + std::to_string(l.B);
@@ -53,7 +96,8 @@ std::string Sizes(const LinearLaunch& l) {
 
 }  // namespace
 
-LinearConfig PreferredLinearConfig(int64_t T, int64_t N, bool has_live) {
+LinearConfig PreferredLinearConfig(int64_t T, int64_t N, int arch, bool has_live) {
+  if (T >= kLinearLargeT && arch >= kLinearTmaMinArch) return LinearConfig::kTma;
   if (T >= kLinearLargeT && has_live && N <= kLinearCapacityNarrowN) return LinearConfig::kSmallWide;
   if (T >= kLinearLargeT) return LinearConfig::kXLarge;  // sm_90; the image pick falls back to kLarge elsewhere
   return N <= kLinearNarrowN ? LinearConfig::kSmallNarrow : LinearConfig::kSmallWide;
@@ -88,11 +132,13 @@ std::string LaunchRaggedLinear(const LinearLaunch& l) {
   if (l.T == 0 || l.N == 0) return "";  // empty Y: nothing to launch
   err = DriverError();
   if (!err.empty()) return err;
-  const LinearConfig want = PreferredLinearConfig(l.T, l.N, l.cu != nullptr);
+  LinearConfig want = LinearConfig::kSmallNarrow;
   CUfunction fn = nullptr;
   long index = -1;
+  int sm_count = 0;
   LaunchScope scope;
   err = EnterContext(l.stream, l.device_ordinal, scope, [&](int arch, const LoadFn& load) -> std::string {
+    want = PreferredLinearConfig(l.T, l.N, arch, l.cu != nullptr);
     index = PickLinearImage(l, want, arch);
     if (index < 0) {
       return std::string("no RaggedLinear cubin for sm_") + std::to_string(arch) + " " + DTypeName(l.dtype) +
@@ -100,6 +146,10 @@ std::string LaunchRaggedLinear(const LinearLaunch& l) {
              " or smaller in this library (rebuild with build.py --archs)";
     }
     const LinearImage& im = kLinearImages[index];
+    if (im.tma) {
+      std::string e = CurrentMultiprocessorCount(&sm_count);
+      if (!e.empty()) return e;
+    }
     return load(CubinRef{im.cubin, im.function_name, im.shared_bytes}, &fn);
   });
   if (!err.empty()) return err;
@@ -121,6 +171,7 @@ std::string LaunchRaggedLinear(const LinearLaunch& l) {
   int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
   int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
   int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
+  if (im.tma) return LaunchTma(l, im, fn, programs, sm_count, bias, res, cu, y);
   void* args[] = {&x, &w,        &bias,    &res,      &cu,         &y,       &T,      &N,
                   &K, &B,        &has_bias, &has_res, &has_live,   &activation, &scratch, &profile_scratch};
   constexpr int kParams = static_cast<int>(sizeof(args) / sizeof(void*));

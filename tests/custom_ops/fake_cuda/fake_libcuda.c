@@ -65,6 +65,7 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
   if (attr == 75) *v = arch / 10;      /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
   else if (attr == 76) *v = arch % 10; /* ..._MINOR */
   else if (attr == 97) *v = env_int("FAKE_CUDA_SMEM_OPTIN", 232448); /* ..._MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+  else if (attr == 16) *v = env_int("FAKE_CUDA_SMS", 132);            /* ..._MULTIPROCESSOR_COUNT */
   else return 1;
   return 0;
 }
@@ -115,6 +116,39 @@ CUresult cuFuncSetAttribute(void* f, int attr, int value) {
   log_line("setattr %s attr=%d value=%d", ((FakeFunction*)f)->tag, attr, value);
   return 0;
 }
+/* A fake tensor map: base, cols, rows, box cols, box rows, element type, swizzle, as 7 uint64 (of the real 128
+ * bytes), printed by a _ragged_linear_tma launch. */
+CUresult cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* base, const uint64_t* dims,
+                                const uint64_t* strides, const unsigned* box, const unsigned* elem_strides,
+                                int interleave, int swizzle, int l2, int oob) {
+  (void)elem_strides, (void)interleave, (void)l2, (void)oob;
+  int err = env_int("FAKE_CUDA_TMA_ERR", 0);
+  if (err) return err;
+  if (rank != 2 || strides[0] != dims[0] * 2) return 1;
+  uint64_t* m = (uint64_t*)map;
+  m[0] = (uint64_t)(uintptr_t)base, m[1] = dims[0], m[2] = dims[1], m[3] = box[0], m[4] = box[1];
+  m[5] = (uint64_t)type, m[6] = (uint64_t)swizzle;
+  return 0;
+}
+
+static int print_tma_linear(char* args, size_t size, void** params) {
+  /* per descriptor: the map, 2 int32 sizes, 2 int64 strides; then 4 pointers, 9 int32s, 2 scratch pointers */
+  int pos = 0;
+  for (int d = 0; d < 2; ++d) {
+    const uint64_t* m = (const uint64_t*)params[5 * d];
+    pos += snprintf(args + pos, size - pos, "%smap(%llx,%llu,%llu,%llu,%llu,t%llu,s%llu),%d,%d,%lld,%lld",
+                    d ? "," : "", (unsigned long long)m[0], (unsigned long long)m[1], (unsigned long long)m[2],
+                    (unsigned long long)m[3], (unsigned long long)m[4], (unsigned long long)m[5],
+                    (unsigned long long)m[6], *(int32_t*)params[5 * d + 1], *(int32_t*)params[5 * d + 2],
+                    (long long)*(int64_t*)params[5 * d + 3], (long long)*(int64_t*)params[5 * d + 4]);
+  }
+  for (int i = 10; i < 14; ++i) pos += snprintf(args + pos, size - pos, ",%llx", *(unsigned long long*)params[i]);
+  for (int i = 14; i < 23; ++i) pos += snprintf(args + pos, size - pos, ",%d", *(int32_t*)params[i]);
+  pos += snprintf(args + pos, size - pos, ",%llx,%llx", *(unsigned long long*)params[23],
+                  *(unsigned long long*)params[24]);
+  return pos;
+}
+
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, CUstream stream, void** params, void** extra) {
   FakeFunction* fn = (FakeFunction*)f;
@@ -137,6 +171,12 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd ? 10 : 9))))));
   char args[512];
   int pos = 0;
+  if (strcmp(fn->name, "_ragged_linear_tma") == 0) {
+    print_tma_linear(args, sizeof args, params);
+    log_line("launch %s %s grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%llx ctx=%d args=%s", fn->name, fn->tag, gx,
+             gy, gz, bx, by, bz, smem, (unsigned long long)(uintptr_t)stream, device_of_ctx(current()), args);
+    return 0;
+  }
   for (int i = 0; i < n_ptr; ++i)
     pos += snprintf(args + pos, sizeof args - pos, "%s%llx", i ? "," : "", *(unsigned long long*)params[i]);
   for (int i = 0; i < n_int; ++i) pos += snprintf(args + pos, sizeof args - pos, ",%d", *(int32_t*)params[n_ptr + i]);

@@ -50,11 +50,19 @@ const size_t kNumKernelImages = sizeof(kKernelImages) / sizeof(kKernelImages[0])
 namespace {
 #define LIN(dt, it, arch, config, shared, bm, bn, np)                                                             \
   {DType::dt, IndexType::it, arch, LinearConfig::config, "_ragged_linear",                                         \
-   reinterpret_cast<const unsigned char*>("linear/" #dt "/" #it "/sm" #arch "/" #config), 8, shared, 4, bm, bn, np}
+   reinterpret_cast<const unsigned char*>("linear/" #dt "/" #it "/sm" #arch "/" #config), 8, shared, 4, bm, bn, np, \
+   64, false}
+#define LIN_TMA(dt, it, arch, shared, bm, bn, np)                                                                  \
+  {DType::dt, IndexType::it, arch, LinearConfig::kTma, "_ragged_linear_tma",                                      \
+   reinterpret_cast<const unsigned char*>("linear/" #dt "/" #it "/sm" #arch "/kTma"), 8, shared, 8, bm, bn, np, 64, \
+   true}
 }  // namespace
 
-// sm_90: every config; sm_80: kLarge skipped by the build (shared memory), so it falls back to kSmallWide
+// sm_90: every config but kXLarge, kTma for fp16/int32 and bf16/int32 (the latter with a wrong parameter count);
+// sm_80: kLarge skipped by the build (shared memory), so it falls back to kSmallWide
 const LinearImage kLinearImages[] = {
+    LIN_TMA(kFloat16, kInt32, 90, 163872, 128, 128, 25),
+    LIN_TMA(kBFloat16, kInt32, 90, 163872, 128, 128, 24),  // wrong param count
     LIN(kFloat16, kInt32, 90, kSmallNarrow, 49152, 64, 32, 16),
     LIN(kFloat16, kInt32, 90, kSmallWide, 65536, 64, 64, 16),
     LIN(kFloat16, kInt32, 90, kLarge, 98304, 128, 128, 16),
@@ -66,6 +74,7 @@ const size_t kNumLinearImages = sizeof(kLinearImages) / sizeof(kLinearImages[0])
 const int64_t kLinearLargeT = 1024;
 const int64_t kLinearNarrowN = 1024;
 const int64_t kLinearCapacityNarrowN = 1536;
+const int kLinearTmaMinArch = 90;
 
 namespace {
 #define SEL(kernel, arch, wp, name, shared, warps, np)                                                           \

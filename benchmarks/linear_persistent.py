@@ -1,0 +1,141 @@
+"""The persistent TMA ragged linear kernel (`_ragged_linear_tma`) against the pointer kernel and cuBLAS, over the
+capacity layouts of a cls-mass 0.9@3,6,9 export at serving batch sizes.
+
+    python3 -m benchmarks.linear_persistent [--out benchmarks/results] [--batches 32,128]
+
+For deit_base's and deit_small's four block GEMMs (fp16, nn.Linear weights, the op's epilogues: GELU after fc1,
+the residual after proj and fc2), a capacity of B x 197 rows and the live rows after each cls-mass stage (the
+sample photos' kept fractions of serving run18: deit_base 0.45 / 0.24 / 0.14, deit_small 0.63 / 0.38 / 0.28), it
+times with CUDA-graph replays:
+
+- `cublas_capacity`: F.linear over every row (what the capacity export's MatMul runs), `cublas_live`: over the live
+  rows only (a floor no static graph reaches);
+- `pointer`: `_ragged_linear` under the pointer-kernel rule (`linear_config(..., tma=False)`), the kernel every
+  export ran before;
+- `tma_<tiles>`: `_ragged_linear_tma` with each candidate tile config, and `shipped`: `linear_config`'s pick.
+
+Every Triton result is checked against `ragged_linear_reference` over the live rows (the dead rows of a
+NaN-poisoned output must stay NaN). Writes linear_persistent_<date>_<gpu>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.env import environment, probe_result_path
+from benchmarks.kernel import graph_time_us
+from raggedvit.kernels._linear_config import LinearConfig, linear_config
+from raggedvit.kernels._linear_launch import _launch_linear
+from raggedvit.kernels.reference import ragged_linear_reference
+
+TOKENS = 197
+# model -> (D, live fraction of the capacity after each cls-mass stage)
+MODELS = {"base": (768, (0.45, 0.24, 0.14)), "small": (384, (0.63, 0.38, 0.28))}
+GEMMS = {"qkv": (1, 3, 0, False), "proj": (1, 1, 0, True), "fc1": (1, 4, 1, False), "fc2": (4, 1, 0, True)}
+CANDIDATES = [
+    LinearConfig(128, 128, 64, 8, 4, tma=True),
+    LinearConfig(128, 256, 64, 8, 3, tma=True),
+    LinearConfig(128, 64, 64, 4, 4, tma=True),
+    LinearConfig(64, 128, 64, 4, 4, tma=True),
+    LinearConfig(64, 64, 64, 4, 4, tma=True),
+]
+
+
+def _name(c: LinearConfig) -> str:
+    return f"tma_{c.block_m}x{c.block_n}x{c.block_k}_w{c.num_warps}_s{c.num_stages}"
+
+
+def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str, Any]]:
+    D = MODELS[model][0]
+    k_mul, n_mul, act, has_res = GEMMS[gemm]
+    K, N = k_mul * D, n_mul * D
+    dev = torch.device("cuda")
+    w = (torch.randn(N, K, device=dev) / math.sqrt(K)).half()
+    b = (torch.randn(N, device=dev) * 0.1).half()
+    x = torch.randn(T, K, device=dev).half()
+    x[live:] = float("nan")  # dead rows: whatever the buffer held
+    res = torch.randn(T, N, device=dev).half() if has_res else None
+    cu = torch.tensor([0, live], device=dev, dtype=torch.int32)
+    y = torch.empty(T, N, device=dev, dtype=torch.float16)
+    want = ragged_linear_reference(x[:live], w, b, None if res is None else res[:live], cu, act).float()
+    xl = x[:live]
+    fns: dict[str, Callable[[], Any]] = {
+        "cublas_capacity": lambda: F.linear(x, w, b),
+        "cublas_live": lambda: F.linear(xl, w, b),
+        "pointer": lambda: _launch_linear(
+            x, w, b, res, cu, act, config=linear_config(T, N, arch, True, tma=False), out=y
+        ),  # fmt: skip
+        "shipped": lambda: _launch_linear(x, w, b, res, cu, act, out=y),
+    }
+    for c in CANDIDATES:
+        fns[_name(c)] = lambda c=c: _launch_linear(x, w, b, res, cu, act, config=c, out=y)
+    base = {"model": model, "gemm": gemm, "T": T, "live": live, "K": K, "N": N,
+            "shipped_config": repr(linear_config(T, N, arch, True))}  # fmt: skip
+    records = []
+    for impl, fn in fns.items():
+        rec: dict[str, Any] = {**base, "impl": impl}
+        try:
+            y.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            if not impl.startswith("cublas"):
+                err = (y[:live].float() - want).abs().max().item() if live else 0.0
+                dead_nan = bool(torch.isnan(y[live:]).all().item())
+                rec.update(max_abs_err=err, dead_rows_untouched=dead_nan)
+                if not (err < 0.05 and dead_nan):
+                    rec["error"] = f"wrong result: max abs err {err}, dead rows untouched {dead_nan}"
+                    records.append(rec)
+                    continue
+            rec["gpu_us"] = graph_time_us(fn, inner=10, reps=7)[0]
+        except Exception as exc:  # noqa: BLE001 - recorded
+            rec["error"] = repr(exc)[:300]
+        records.append(rec)
+    return records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--batches", default="32,128")
+    args = ap.parse_args()
+    path = probe_result_path(args.out, "linear_persistent")
+    major, minor = torch.cuda.get_device_capability()
+    arch = 10 * major + minor
+    torch.manual_seed(0)
+    records: list[dict[str, Any]] = []
+    data = {"benchmark": "linear_persistent", "env": environment(), "models": MODELS, "records": records}
+    totals: dict[tuple[str, int], dict[str, float]] = {}
+    for model, (_, fractions) in MODELS.items():
+        for batch in (int(b) for b in args.batches.split(",")):
+            T = batch * TOKENS
+            for frac in fractions:
+                live = max(1, round(frac * T))
+                for gemm in GEMMS:
+                    recs = _case(model, gemm, T, live, arch)
+                    records += recs
+                    ok = {r["impl"]: r["gpu_us"] for r in recs if "gpu_us" in r}
+                    tot = totals.setdefault((model, batch), {})
+                    for impl, us in ok.items():
+                        tot[impl] = tot.get(impl, 0.0) + 3 * us  # three blocks per stage
+                    best = min((v, k) for k, v in ok.items() if k.startswith("tma_"))
+                    errs = [r["impl"] for r in recs if "error" in r]
+                    us = {k: f"{v:.1f}" for k, v in ok.items()}
+                    print(f"{model} {gemm} T={T} live={live}: {us} best {best[1]} errors {errs}", flush=True)
+                    path.write_text(json.dumps(data, indent=1))
+    data["per_forward_us"] = [{"model": m, "batch": b, **{k: round(v, 1) for k, v in t.items()}}
+                              for (m, b), t in totals.items()]  # fmt: skip
+    for row in data["per_forward_us"]:
+        print("per forward (9 ragged blocks):", row)
+    path.write_text(json.dumps(data, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
