@@ -201,13 +201,14 @@ def _count_ptx_params(ptx: str, function: str) -> int:
 
 
 def _check_tensordesc(job: Any, meta: list[dict[str, Any]], sig: dict[str, str]) -> None:
-    """The TMA descriptors the C++ launcher encodes (linear_launcher.cc: tiled, 2-D, 128-byte swizzle, boxes of
-    the job's BLOCK_K x BLOCK_M / BLOCK_N, 2-byte elements) must be the ones the cubin was compiled for."""
+    """The TMA descriptors the C++ launcher encodes (linear_launcher.cc: tiled, 2-D, 2-byte elements, 128-byte
+    swizzle, boxes of the descriptor's rows x 64 columns) must be the ones the cubin was compiled for."""
     descs = [t for t in sig.values() if t.startswith("tensordesc")]
     if len(meta) != len(descs):
         raise RuntimeError(f"{job}: {len(descs)} tensor descriptors, {len(meta)} in the compiled metadata")
     for m, t in zip(meta, descs, strict=True):
-        block = [int(v) for v in t[t.index("[") + 1 : t.index("]")].split(",")]
+        rows, cols = (int(v) for v in t[t.index("[") + 1 : t.index("]")].split(","))
+        block = [rows, min(cols, 64)]  # a wider block is copied as several 64-column (128-byte) boxes
         swizzle_128b = 3  # CU_TENSOR_MAP_SWIZZLE_128B
         got = (m.get("swizzle"), m.get("elem_size"), list(m.get("block_size", [])), bool(m.get("fp4_padded")),
                bool(m.get("is_im2col")))  # fmt: skip

@@ -35,10 +35,12 @@ LINEAR_DTYPES = ("fp16", "bf16")  # no fp32 CUDA kernel: ORT places fp32 nodes o
 SHARED_OPTIN_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 _ARGS = ("X", "W", "Bias", "Res", "CU", "Y", "T", "N", "K", "B", "has_bias", "has_res", "has_live", "activation")
-# `_ragged_linear_tma`: X, W as TMA descriptors (each a CUtensorMap, then its 2 int32 sizes and 2 int64 strides in
-# the cubin's params), the persistent grid's size last
-_TMA_ARGS = ("X_desc", "W_desc", *_ARGS[2:], "num_programs")
-TMA_INNER_BYTES = 128  # BLOCK_K x the element size of a TMA job: the launcher encodes 128-byte swizzled boxes
+# `_ragged_linear_tma`: X, W, Res, Y as TMA descriptors (each a CUtensorMap, then its 2 int32 sizes and 2 int64
+# strides in the cubin's params), the persistent grid's size last
+_TMA_ARGS = ("X_desc", "W_desc", "Res_desc", "Y_desc", "Bias", "CU", *_ARGS[6:], "num_programs")
+# the launcher encodes 128-byte swizzled boxes: 64 columns of 2-byte elements (BLOCK_K = 64; a BLOCK_N-wide block of
+# Res / Y is copied as BLOCK_N / 64 boxes)
+TMA_INNER_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class LinearJob:
         if self.tma:
             sig["X_desc"] = f"tensordesc<{self.dtype}[{self.block_m}, {self.block_k}]>"
             sig["W_desc"] = f"tensordesc<{self.dtype}[{self.block_n}, {self.block_k}]>"
+            for name in ("Res_desc", "Y_desc"):
+                sig[name] = f"tensordesc<{self.dtype}[{self.block_m}, {self.block_n}]>"
         consts = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
         sig.update({k: "constexpr" for k in consts})
         return sig, consts
@@ -109,8 +113,10 @@ def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
         and (not c.tma or arch >= module.TMA_MIN_ARCH)  # TMA: Hopper and newer
     ]
     for j in jobs:
-        if j.tma and j.block_k * 2 != TMA_INNER_BYTES:  # fp16 / bf16: 2 bytes
-            raise ValueError(f"{j}: the launcher encodes {TMA_INNER_BYTES}-byte TMA boxes (BLOCK_K = 64)")
+        if j.tma and (j.block_k * 2 != TMA_INNER_BYTES or j.block_n * 2 % TMA_INNER_BYTES):  # fp16 / bf16: 2 bytes
+            raise ValueError(
+                f"{j}: the launcher's TMA boxes are {TMA_INNER_BYTES} bytes wide (BLOCK_K 64, BLOCK_N % 64)"
+            )
     return jobs
 
 

@@ -188,10 +188,10 @@ def _ragged_linear(
 def _ragged_linear_tma(
     X_desc,
     W_desc,
+    Res_desc,
+    Y_desc,
     Bias,
-    Res,
     CU,
-    Y,
     T,
     N,
     K,
@@ -206,12 +206,14 @@ def _ragged_linear_tma(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # The same layer as `_ragged_linear`, on Hopper's tensor memory accelerator: X_desc, W_desc are TMA descriptors
-    # of X [T, K] and W [N, K] with blocks [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]; a persistent grid of
-    # num_programs programs walks the live tiles only (cdiv(live, BLOCK_M) row tiles x cdiv(N, BLOCK_N), grouped by
-    # GROUP_M row tiles), so the dead rows of a capacity layout cost no program at all. TMA loads of rows past T
-    # or columns past K read zeros; rows in [live, T) of the last live tile are loaded (their products stay in
-    # their own accumulator rows) and never stored: the epilogue's stores are masked to the live rows.
+    # The same layer as `_ragged_linear` on Hopper's tensor memory accelerator: X_desc, W_desc, Res_desc, Y_desc
+    # are TMA descriptors of X [T, K], W [N, K], Res [T, N] (Y's when has_res = 0: never read) and Y [T, N] with
+    # blocks [BLOCK_M, BLOCK_K], [BLOCK_N, BLOCK_K], [BLOCK_M, BLOCK_N] and [BLOCK_M, BLOCK_N]. A persistent grid
+    # of num_programs programs walks the live tiles only (cdiv(live, BLOCK_M) row tiles x cdiv(N, BLOCK_N), grouped
+    # by GROUP_M row tiles), so the dead row tiles of a capacity layout cost no program and are never written. TMA
+    # reads rows past T / columns past K as zeros and clips stores at T and N; the last live tile's rows in
+    # [live, T) are computed from whatever X holds there (a row's products stay in its own row) and stored:
+    # their values are unspecified, as every dead row's.
     pid = tl.program_id(0)
     live = T
     if has_live != 0:
@@ -232,16 +234,11 @@ def _ragged_linear_tma(
             a = X_desc.load([row0, kk * BLOCK_K])
             b = W_desc.load([col0, kk * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
-        rows = row0 + tl.arange(0, BLOCK_M)
-        cols = col0 + tl.arange(0, BLOCK_N)
-        col_in = cols < N
         if has_bias != 0:
-            acc += tl.load(Bias + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+            cols = col0 + tl.arange(0, BLOCK_N)
+            acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         if activation == 1:
             acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # as `_ragged_linear`
-        keep = (rows < live)[:, None] & col_in[None, :]
         if has_res != 0:
-            res_ptrs = Res + rows.to(tl.int64)[:, None] * N + cols[None, :]
-            acc += tl.load(res_ptrs, mask=keep, other=0.0).to(tl.float32)
-        y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=keep)
+            acc += Res_desc.load([row0, col0]).to(tl.float32)
+        Y_desc.store([row0, col0], acc.to(Y_desc.dtype))

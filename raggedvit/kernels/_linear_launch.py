@@ -21,16 +21,16 @@ __all__ = ["_launch_bias_gelu", "_launch_linear", "tma_ready"]
 INTERPRETER_PROGRAMS = 3  # persistent programs of the TMA kernel in the interpreter (no SM count there)
 
 
-def tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether TMA descriptors can address x [T, K] and weight [N, K]: fp16 / bf16, 16-byte aligned bases and rows
-    (K * 2 bytes a multiple of 16)."""
-    K = x.shape[1]
+def tma_ready(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """Whether TMA descriptors can address x [T, K], weight [N, K] and the [T, N] tensors `others` (residual, out;
+    None: absent): fp16 / bf16, 16-byte aligned bases and rows (K and N * 2 bytes multiples of 16)."""
+    K, N = x.shape[1], weight.shape[0]
+    tensors = [x, weight, *(t for t in others if t is not None)]
     return (
         x.dtype in (torch.float16, torch.bfloat16)
-        and weight.dtype == x.dtype
-        and x.data_ptr() % 16 == 0
-        and weight.data_ptr() % 16 == 0
+        and all(t.dtype == x.dtype and t.data_ptr() % 16 == 0 for t in tensors)
         and (K * x.element_size()) % 16 == 0
+        and (N * x.element_size()) % 16 == 0
     )
 
 
@@ -65,7 +65,8 @@ def _launch_linear(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, K], weight [N, K], bias [N] or None, residual [T, N] or None (all contiguous, one dtype),
-    cu_seqlens [B+1] int32/int64 or None -> y [T, N] in x's dtype (rows past clamp(cu[B], 0, T) are never written).
+    cu_seqlens [B+1] int32/int64 or None -> y [T, N] in x's dtype: rows past live = clamp(cu[B], 0, T) hold
+    unspecified values (the pointer kernel never writes them; the TMA kernel writes those of the last live tile).
 
     CUDA tensors must be on the current device. `config` defaults to `linear_config(T, N, arch of x's device,
     has_live)`; `out` [T, N] may be preallocated (tests poison it)."""
@@ -88,14 +89,17 @@ def _launch_linear(
     cfg = config
     k = _default_kernels() if kernels is None else kernels
     tiles = -(-T // cfg.block_m) * -(-N // cfg.block_n)
-    if cfg.tma and tma_ready(x, weight):
+    if cfg.tma and tma_ready(x, weight, residual, out):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         programs = min(_programs(x.device), tiles)
         x_desc = TensorDescriptor(x, [T, K], [K, 1], [cfg.block_m, cfg.block_k])
         w_desc = TensorDescriptor(weight, [N, K], [K, 1], [cfg.block_n, cfg.block_k])
+        y_desc = TensorDescriptor(out, [T, N], [N, 1], [cfg.block_m, cfg.block_n])
+        res = residual if residual is not None else out  # never read when has_res = 0
+        res_desc = TensorDescriptor(res, [T, N], [N, 1], [cfg.block_m, cfg.block_n])
         k._ragged_linear_tma[(programs,)](
-            x_desc, w_desc, x if bias is None else bias, x if residual is None else residual, cu, out,
+            x_desc, w_desc, res_desc, y_desc, x if bias is None else bias, cu,
             T, N, K, B, int(bias is not None), int(residual is not None), int(has_live), int(activation), programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -114,7 +114,9 @@ def test_linear_plan_and_signature():
     assert {j.tma for j in jobs if j.config == "tma"} == {True} and not any(j.tma for j in jobs if j.config != "tma")
     tma = next(j for j in jobs if j.config == "tma" and j.dtype == "bf16")
     sig, consts = tma.signature()
-    assert tma.function == "_ragged_linear_tma" and list(sig)[:3] == ["X_desc", "W_desc", "Bias"]
+    assert tma.function == "_ragged_linear_tma" and list(sig)[:6] == ["X_desc", "W_desc", "Res_desc", "Y_desc", "Bias",
+                                                                       "CU"]  # fmt: skip
+    assert sig["Y_desc"] == sig["Res_desc"] == f"tensordesc<bf16[{tma.block_m}, {tma.block_n}]>"
     assert sig["X_desc"] == f"tensordesc<bf16[{tma.block_m}, 64]>"
     assert sig["W_desc"] == f"tensordesc<bf16[{tma.block_n}, 64]>"
     assert sig["num_programs"] == "i32" and tma.block_k * 2 == _aot_linear.TMA_INNER_BYTES

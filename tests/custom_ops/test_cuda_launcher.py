@@ -271,20 +271,23 @@ def test_linear_tma_launch_parameters(harness, tmp_path):
     full, bare = launches(log)
     assert full["name"] == "_ragged_linear_tma" and full["image"] == "linear/kFloat16/kInt32/sm90/kTma"
     assert full["grid"] == "8,1,1" and full["block"] == "256,1,1"  # min(SMs, cdiv(1100, 128) * cdiv(768, 128))
-    # X's and W's maps (base, cols, rows, box cols, box rows, fp16 = 6, 128-byte swizzle = 3) with their int32 sizes
-    # and int64 strides, then Bias, Res, CU, Y, T, N, K, B, has_bias, has_res, has_live, activation, programs,
-    # global/profile scratch
+    # the maps of X, W, Residual and Y (base, cols, rows, box cols, box rows, fp16 = 6, 128-byte swizzle = 3), each
+    # with its int32 sizes and int64 strides, then Bias, CU, T, N, K, B, has_bias, has_res, has_live, activation,
+    # programs, global/profile scratch
     assert full["args"] == (
         "map(a00000,192,1100,64,128,t6,s3),1100,192,192,1,map(a80000,192,768,64,128,t6,s3),768,192,192,1,"
-        "b80000,c80000,b00000,c00000,1100,768,192,2,1,1,1,1,8,0,0"
+        "map(c80000,768,1100,64,128,t6,s3),1100,768,768,1,map(c00000,768,1100,64,128,t6,s3),1100,768,768,1,"
+        "b80000,b00000,1100,768,192,2,1,1,1,1,8,0,0"
     )
-    assert bare["args"].endswith("a00000,a00000,a00000,c00000,1100,512,192,2,0,0,0,1,8,0,0")  # X stands in
+    # no Residual: Y's map stands in (never read); no Bias / CU: X's pointer (never read)
+    assert "map(c00000,512,1100,64,128,t6,s3),1100,512,512,1,map(c00000,512,1100" in bare["args"]
+    assert bare["args"].endswith("a00000,a00000,1100,512,192,2,0,0,0,1,8,0,0")
 
 
 @pytest.mark.parametrize(
     ("kw", "env", "message"),
     [
-        ({"dtype": 2}, {}, "_ragged_linear_tma: cubin expects 24 parameters, launcher passes 25"),
+        ({"dtype": 2}, {}, "_ragged_linear_tma: cubin expects 32 parameters, launcher passes 33"),
         ({}, {"FAKE_CUDA_TMA_ERR": "1"}, "cuTensorMapEncodeTiled(X [1100, 192], box 128 x 64) failed"),
     ],
 )

@@ -48,7 +48,7 @@ std::string CurrentMultiprocessorCount(int* count);
 
 // cuTensorMapEncodeTiled of a row-major [rows, cols] matrix of 2-byte elements at `base` (16-byte aligned, cols * 2
 // a multiple of 16) in boxes of box_rows x box_cols (box_cols * 2 = 128 bytes): 128-byte swizzle, out-of-bounds
-// reads as zeros; "" on success, else the error naming `what`.
+// reads as zeros and stores clipped; "" on success, else the error naming `what`.
 std::string EncodeTmaTiled2D(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t cols,
                              uint64_t rows, uint32_t box_cols, uint32_t box_rows, const char* what);
 

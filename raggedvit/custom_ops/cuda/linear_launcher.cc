@@ -50,36 +50,54 @@ long PickLinearImage(const LinearLaunch& l, LinearConfig want, int arch) {
 
 std::string Sizes(const LinearLaunch& l);
 
-// _ragged_linear_tma: X [T, K] and W [N, K] as 2-D TMA descriptors (boxes BLOCK_K x BLOCK_M / BLOCK_N, 128-byte
-// swizzle: the AOT build checks the cubin was compiled for these), each followed by its int32 sizes and int64
-// strides (Triton's expansion of a descriptor argument), then the pointer kernel's arguments and the persistent
-// grid's size: min(SMs, tiles) programs walk the live tiles.
+// _ragged_linear_tma: X [T, K], W [N, K], Residual [T, N] (Y's map when absent: never read) and Y [T, N] as 2-D
+// TMA descriptors in boxes of 64 columns (128 bytes, 128-byte swizzle) by BLOCK_M / BLOCK_N rows: the AOT build
+// checks the cubin was compiled for these. Each map is followed by its int32 sizes and int64 strides (Triton's
+// expansion of a descriptor argument); then Bias, CuSeqlens, the sizes and flags, and the persistent grid's size:
+// min(SMs, tiles) programs walk the live tiles.
 std::string LaunchTma(const LinearLaunch& l, const LinearImage& im, CUfunction fn, int64_t tiles, int sm_count,
-                      CUdeviceptr bias, CUdeviceptr res, CUdeviceptr cu, CUdeviceptr y) {
+                      CUdeviceptr bias, CUdeviceptr cu) {
   if (sm_count <= 0) return "the device reports " + std::to_string(sm_count) + " multiprocessors";
   const CUtensorMapDataType type =
       l.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  alignas(64) CUtensorMap x_map, w_map;  // by value in the kernel's params (__grid_constant__)
-  // sizes fit int32 and K * 2 bytes is a multiple of 16 (CheckLinearSupported): valid TMA extents and strides
-  std::string err = EncodeTmaTiled2D(&x_map, type, l.x, static_cast<uint64_t>(l.K), static_cast<uint64_t>(l.T),
-                                     static_cast<uint32_t>(im.block_k), static_cast<uint32_t>(im.block_m), "X");
-  if (err.empty()) {
-    err = EncodeTmaTiled2D(&w_map, type, l.w, static_cast<uint64_t>(l.K), static_cast<uint64_t>(l.N),
-                           static_cast<uint32_t>(im.block_k), static_cast<uint32_t>(im.block_n), "W");
+  constexpr uint32_t kBoxCols = 64;  // 128 bytes of 2-byte elements
+  struct Map {
+    alignas(64) CUtensorMap map;  // by value in the kernel's params (__grid_constant__)
+    int32_t rows, cols;
+    int64_t row_stride, col_stride;
+  };
+  Map maps[4];
+  // sizes fit int32, K and N are multiples of 16 (CheckLinearSupported): valid TMA extents and 16-byte row strides
+  const struct {
+    const void* base;
+    int64_t rows, cols, box_rows;
+    const char* name;
+  } specs[4] = {{l.x, l.T, l.K, im.block_m, "X"},
+                {l.w, l.N, l.K, im.block_n, "W"},
+                {l.residual != nullptr ? l.residual : l.y, l.T, l.N, im.block_m, "Residual"},
+                {l.y, l.T, l.N, im.block_m, "Y"}};
+  for (int i = 0; i < 4; ++i) {
+    std::string err = EncodeTmaTiled2D(&maps[i].map, type, specs[i].base, static_cast<uint64_t>(specs[i].cols),
+                                       static_cast<uint64_t>(specs[i].rows), kBoxCols,
+                                       static_cast<uint32_t>(specs[i].box_rows), specs[i].name);
+    if (!err.empty()) return err;
+    maps[i].rows = static_cast<int32_t>(specs[i].rows);
+    maps[i].cols = static_cast<int32_t>(specs[i].cols);
+    maps[i].row_stride = specs[i].cols;
+    maps[i].col_stride = 1;
   }
-  if (!err.empty()) return err;
   int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
-  int32_t xT = T, xK = K, wN = N, wK = K;
-  int64_t x_row = l.K, x_col = 1, w_row = l.K, w_col = 1;
   int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
   int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
-  const int64_t programs64 = tiles < sm_count ? tiles : sm_count;
-  int32_t programs = static_cast<int32_t>(programs64);
+  int32_t programs = static_cast<int32_t>(tiles < sm_count ? tiles : sm_count);
   CUdeviceptr scratch = 0, profile_scratch = 0;
-  void* args[] = {&x_map, &xT,      &xK,       &x_row,   &x_col,    &w_map,      &wN,       &wK,
-                  &w_row, &w_col,   &bias,     &res,     &cu,       &y,          &T,        &N,
-                  &K,     &B,       &has_bias, &has_res, &has_live, &activation, &programs, &scratch,
-                  &profile_scratch};
+  void* args[] = {&maps[0].map, &maps[0].rows, &maps[0].cols, &maps[0].row_stride, &maps[0].col_stride,
+                  &maps[1].map, &maps[1].rows, &maps[1].cols, &maps[1].row_stride, &maps[1].col_stride,
+                  &maps[2].map, &maps[2].rows, &maps[2].cols, &maps[2].row_stride, &maps[2].col_stride,
+                  &maps[3].map, &maps[3].rows, &maps[3].cols, &maps[3].row_stride, &maps[3].col_stride,
+                  &bias,        &cu,           &T,            &N,                  &K,
+                  &B,           &has_bias,     &has_res,      &has_live,           &activation,
+                  &programs,    &scratch,      &profile_scratch};
   constexpr int kParams = static_cast<int>(sizeof(args) / sizeof(void*));
   if (im.num_params != kParams) {
     return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
@@ -171,7 +189,7 @@ std::string LaunchRaggedLinear(const LinearLaunch& l) {
   int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
   int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
   int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
-  if (im.tma) return LaunchTma(l, im, fn, programs, sm_count, bias, res, cu, y);
+  if (im.tma) return LaunchTma(l, im, fn, programs, sm_count, bias, cu);
   void* args[] = {&x, &w,        &bias,    &res,      &cu,         &y,       &T,      &N,
                   &K, &B,        &has_bias, &has_res, &has_live,   &activation, &scratch, &profile_scratch};
   constexpr int kParams = static_cast<int>(sizeof(args) / sizeof(void*));

@@ -132,9 +132,10 @@ CUresult cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* base, 
 }
 
 static int print_tma_linear(char* args, size_t size, void** params) {
-  /* per descriptor: the map, 2 int32 sizes, 2 int64 strides; then 4 pointers, 9 int32s, 2 scratch pointers */
+  /* per descriptor (X, W, Residual, Y): the map, 2 int32 sizes, 2 int64 strides; then Bias and CU, 9 int32s, 2
+     scratch pointers */
   int pos = 0;
-  for (int d = 0; d < 2; ++d) {
+  for (int d = 0; d < 4; ++d) {
     const uint64_t* m = (const uint64_t*)params[5 * d];
     pos += snprintf(args + pos, size - pos, "%smap(%llx,%llu,%llu,%llu,%llu,t%llu,s%llu),%d,%d,%lld,%lld",
                     d ? "," : "", (unsigned long long)m[0], (unsigned long long)m[1], (unsigned long long)m[2],
@@ -142,10 +143,10 @@ static int print_tma_linear(char* args, size_t size, void** params) {
                     (unsigned long long)m[6], *(int32_t*)params[5 * d + 1], *(int32_t*)params[5 * d + 2],
                     (long long)*(int64_t*)params[5 * d + 3], (long long)*(int64_t*)params[5 * d + 4]);
   }
-  for (int i = 10; i < 14; ++i) pos += snprintf(args + pos, size - pos, ",%llx", *(unsigned long long*)params[i]);
-  for (int i = 14; i < 23; ++i) pos += snprintf(args + pos, size - pos, ",%d", *(int32_t*)params[i]);
-  pos += snprintf(args + pos, size - pos, ",%llx,%llx", *(unsigned long long*)params[23],
-                  *(unsigned long long*)params[24]);
+  for (int i = 20; i < 22; ++i) pos += snprintf(args + pos, size - pos, ",%llx", *(unsigned long long*)params[i]);
+  for (int i = 22; i < 31; ++i) pos += snprintf(args + pos, size - pos, ",%d", *(int32_t*)params[i]);
+  pos += snprintf(args + pos, size - pos, ",%llx,%llx", *(unsigned long long*)params[31],
+                  *(unsigned long long*)params[32]);
   return pos;
 }
 
@@ -169,7 +170,7 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
      Triton's 2 scratch pointers */
   int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 9 : (embed ? 5 : 7)));
   int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd ? 10 : 9))))));
-  char args[512];
+  char args[1024];
   int pos = 0;
   if (strcmp(fn->name, "_ragged_linear_tma") == 0) {
     print_tma_linear(args, sizeof args, params);

@@ -61,8 +61,8 @@ namespace {
 // sm_90: every config but kXLarge, kTma for fp16/int32 and bf16/int32 (the latter with a wrong parameter count);
 // sm_80: kLarge skipped by the build (shared memory), so it falls back to kSmallWide
 const LinearImage kLinearImages[] = {
-    LIN_TMA(kFloat16, kInt32, 90, 163872, 128, 128, 25),
-    LIN_TMA(kBFloat16, kInt32, 90, 163872, 128, 128, 24),  // wrong param count
+    LIN_TMA(kFloat16, kInt32, 90, 196648, 128, 128, 33),
+    LIN_TMA(kBFloat16, kInt32, 90, 196648, 128, 128, 32),  // wrong param count
     LIN(kFloat16, kInt32, 90, kSmallNarrow, 49152, 64, 32, 16),
     LIN(kFloat16, kInt32, 90, kSmallWide, 65536, 64, 64, 16),
     LIN(kFloat16, kInt32, 90, kLarge, 98304, 128, 128, 16),
