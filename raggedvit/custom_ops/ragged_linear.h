@@ -8,7 +8,8 @@
 //   CuSeqlens [B+1]   int32 | int64, B >= 0 (optional input): live = clamp(CuSeqlens[B], 0, T), else live = T
 //   Y         [T, N]  X's type: Y[r] = act(X[r] W^T + Bias) + Residual[r] for r < live (fp32 accumulation, one
 //                     rounding); rows r >= live are dead, unspecified: the CPU kernel writes zeros, the CUDA
-//                     kernel never writes them (no consumer reads a dead row)
+//                     kernels write none past the last live tile (the sm_90 TMA kernel stores whole tiles; no
+//                     consumer reads a dead row)
 //   attribute activation (int, default 0): 0 none, 1 GELU (exact, erf)
 #pragma once
 

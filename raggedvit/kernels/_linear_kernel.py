@@ -1,16 +1,19 @@
-"""Triton kernel of the ragged linear layer, shared by the torch op (JIT) and the AOT build (DESIGN.md section 2).
+"""Triton kernels of the ragged linear layer, shared by the torch op (JIT) and the AOT build (DESIGN.md section 2).
 
 Y[r] = act(X[r] @ W^T + Bias) + Res[r] for the live rows r < live, where live = clamp(CU[B], 0, T) when has_live
-(the capacity layout's device-side count), else T; the dead rows r >= live are never written (no consumer reads
-them: DESIGN.md section 4).
+(the capacity layout's device-side count), else T; the dead rows r >= live are unspecified (no consumer reads
+them: DESIGN.md section 4). Two kernels: `_ragged_linear` (pointer loads; every arch) never writes a dead row;
+`_ragged_linear_tma` (Hopper's tensor memory accelerator, a persistent grid; `_linear_config.linear_config` picks it
+on sm_90 from LARGE_T rows) never writes a tile of dead rows, and writes the dead rows of the last live tile (whole
+tiles go out through TMA stores).
 
 Layout (row-major, contiguous): X [T, K], W [N, K] (nn.Linear's weight), Bias [N], Res [T, N], Y [T, N] in one dtype
-(fp16 / bf16 / fp32), CU [B+1] int32 or int64. activation: 0 none, 1 GELU (erf). A program owns one BLOCK_M x
-BLOCK_N tile of Y (grouped ordering over GROUP_M row tiles for L2 reuse of W); a tile whose first row is at or past
-`live` returns at once (no load, no store), so the GPU time of a capacity layout follows its live rows. Every load
-is masked: any CU value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
-
-Grid: (cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N),).
+(fp16 / bf16 / fp32), CU [B+1] int32 or int64. activation: 0 none, 1 GELU (erf). `_ragged_linear`: a program owns
+one BLOCK_M x BLOCK_N tile of Y (grouped ordering over GROUP_M row tiles for L2 reuse of W); a tile whose first row
+is at or past `live` returns at once (no load, no store), so the GPU time of a capacity layout follows its live
+rows. Every load is masked: any CU value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
+Grid: (cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N),). `_ragged_linear_tma` (fp16 / bf16, 16-byte aligned rows): its own
+comment below; grid (min(SMs, cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N)),).
 
 GELU of `_bias_gelu` (`gelu_erf`): GELU(x) = x * Phi(x), Phi(x) =
 erfc(-x / sqrt 2) / 2, with e = erfc(|x| / sqrt 2) / 2 from Numerical Recipes' Chebyshev form `erfcc`

@@ -2,7 +2,7 @@
 
 Schema: (x [T, K], weight [N, K], bias [N] or None, residual [T, N] or None, cu_seqlens [B+1] int32/int64 or None,
          activation 0 none / 1 GELU (erf)) -> y [T, N] in x's dtype; rows r >= clamp(cu[B], 0, T) are dead: unspecified
-         (the Triton kernel never writes them; the torch math writes zeros).
+         (the Triton kernels write none past the last live tile; the torch math writes zeros).
 CPU: the torch reference math (float32 arithmetic for half inputs, one rounding). CUDA: the Triton kernel for
 float16 / bfloat16; float32 runs the torch math (the kernel's ieee fp32 dots lose to cuBLAS, and the ONNX CUDA EP
 has no fp32 kernel either). The fake implementation reads shapes only (T may be unbacked, e.g. from nonzero).

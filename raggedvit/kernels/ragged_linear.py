@@ -67,7 +67,8 @@ def ragged_linear(
     activation: int = 0,
 ) -> torch.Tensor:
     """y[r] = act(x[r] @ weight^T + bias) + residual[r] for the live rows; the dead rows are unspecified (CUDA
-    float16 / bfloat16: never written; CPU and float32: zero). Inference only.
+    float16 / bfloat16: never written, but for the last live tile's under the TMA kernel; CPU and float32: zero).
+    Inference only.
 
     Args:
         x: [T, K] float16/bfloat16/float32.
