@@ -41,15 +41,16 @@ MODELS = {"base": (768, (0.45, 0.24, 0.14)), "small": (384, (0.63, 0.38, 0.28))}
 GEMMS = {"qkv": (1, 3, 0, False), "proj": (1, 1, 0, True), "fc1": (1, 4, 1, False), "fc2": (4, 1, 0, True)}
 CANDIDATES = [
     LinearConfig(128, 128, 64, 8, 4, tma=True),
-    LinearConfig(128, 256, 64, 8, 3, tma=True),
-    LinearConfig(128, 64, 64, 4, 4, tma=True),
-    LinearConfig(64, 128, 64, 4, 4, tma=True),
-    LinearConfig(64, 64, 64, 4, 4, tma=True),
+    LinearConfig(128, 128, 64, 8, 3, tma=True),
+    # two programs per SM (106.5 KiB of shared memory each), so one's epilogue overlaps the other's K loop
+    LinearConfig(128, 64, 64, 4, 3, tma=True, programs_per_sm=2),
+    LinearConfig(64, 128, 64, 4, 3, tma=True, programs_per_sm=2),
+    LinearConfig(128, 64, 64, 8, 3, tma=True, programs_per_sm=2),
 ]
 
 
 def _name(c: LinearConfig) -> str:
-    return f"tma_{c.block_m}x{c.block_n}x{c.block_k}_w{c.num_warps}_s{c.num_stages}"
+    return f"tma_{c.block_m}x{c.block_n}x{c.block_k}_w{c.num_warps}_s{c.num_stages}_p{c.programs_per_sm}"
 
 
 def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str, Any]]:

@@ -61,6 +61,7 @@ class LinearConfig:
     num_stages: int
     group_m: int = GROUP_M
     tma: bool = False  # the persistent TMA kernel `_ragged_linear_tma` (sm_90 and newer, fp16 / bf16)
+    programs_per_sm: int = 1  # TMA: the persistent grid is min(programs_per_sm x SMs, tiles)
 
 
 _SMALL_NARROW = LinearConfig(64, 32, 64, 4, 4)
