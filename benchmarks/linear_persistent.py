@@ -41,11 +41,13 @@ MODELS = {"base": (768, (0.45, 0.24, 0.14)), "small": (384, (0.63, 0.38, 0.28))}
 GEMMS = {"qkv": (1, 3, 0, False), "proj": (1, 1, 0, True), "fc1": (1, 4, 1, False), "fc2": (4, 1, 0, True)}
 CANDIDATES = [
     LinearConfig(128, 128, 64, 8, 4, tma=True),
-    LinearConfig(128, 128, 64, 8, 3, tma=True),
-    # two programs per SM (106.5 KiB of shared memory each), so one's epilogue overlaps the other's K loop
-    LinearConfig(128, 64, 64, 4, 3, tma=True, programs_per_sm=2),
+    # several programs per SM (their shared memory fits together: 106.5 / 82 / 65.5 / 49 KiB each), so one's
+    # epilogue overlaps another's K loop
     LinearConfig(64, 128, 64, 4, 3, tma=True, programs_per_sm=2),
-    LinearConfig(128, 64, 64, 8, 3, tma=True, programs_per_sm=2),
+    LinearConfig(64, 128, 64, 4, 2, tma=True, programs_per_sm=2),
+    LinearConfig(64, 128, 64, 8, 3, tma=True, programs_per_sm=2),
+    LinearConfig(64, 64, 64, 4, 3, tma=True, programs_per_sm=3),
+    LinearConfig(64, 64, 64, 4, 2, tma=True, programs_per_sm=4),
 ]
 
 
