@@ -57,6 +57,7 @@ class LinearJob:
     num_stages: int
     kernel: str = "linear"
     tma: bool = False  # `_ragged_linear_tma` (config "tma")
+    programs_per_sm: int = 1  # TMA: the launcher's persistent grid is min(programs_per_sm x SMs, tiles)
 
     @property
     def function(self) -> str:
@@ -103,8 +104,19 @@ def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
     module = _config_module()
     jobs = [
         LinearJob(
-            dt, cu, arch, name, c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages, tma=c.tma
-        )  # fmt: skip
+            dt,
+            cu,
+            arch,
+            name,
+            c.block_m,
+            c.block_n,
+            c.block_k,
+            c.group_m,
+            c.num_warps,
+            c.num_stages,
+            tma=c.tma,
+            programs_per_sm=c.programs_per_sm,
+        )
         for arch in archs
         for dt in LINEAR_DTYPES
         for cu in CU_DTYPES

@@ -34,7 +34,7 @@ def linear_info(linear: Sequence[AotResult], skipped: Sequence[AotResult], rule:
     """The ragged linear part of the build info: cubins, configs, shared memory, configs skipped per arch."""
     configs = {
         r.job.config: {k: getattr(r.job, k) for k in ("block_m", "block_n", "block_k", "group_m", "num_warps",
-                                                        "num_stages", "tma")}
+                                                        "num_stages", "tma", "programs_per_sm")}
         for r in (*linear, *skipped)
     }  # fmt: skip
     return {
@@ -219,12 +219,12 @@ def write_cubin_source(
         out.append(
             f"    {{{_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.arch}, {_LINEAR_CONFIG[j.config]}, "
             f'"{r.function_name}", kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, '
-            f"{j.block_m}, {j.block_n}, {r.num_params}, {j.block_k}, {str(j.tma).lower()}}},"
+            f"{j.block_m}, {j.block_n}, {r.num_params}, {j.block_k}, {str(j.tma).lower()}, {j.programs_per_sm}}},"
         )
     if not linear:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
         out.append(
             '    {DType::kFloat16, IndexType::kInt32, 0, LinearConfig::kSmallNarrow, "", nullptr, 0, 0, 0, 0, 0, 0, 0, '
-            "false},"
+            "false, 1},"
         )
     out.append("};")
     out.append(f"const size_t kNumLinearImages = {len(linear)};")

@@ -68,7 +68,7 @@ _SMALL_NARROW = LinearConfig(64, 32, 64, 4, 4)
 _SMALL_WIDE = LinearConfig(64, 64, 64, 4, 4)
 _LARGE = LinearConfig(128, 128, 64, 8, 3)
 _XLARGE = LinearConfig(128, 256, 64, 8, 4)
-_TMA = LinearConfig(128, 128, 64, 8, 4, tma=True)
+_TMA = LinearConfig(64, 128, 64, 4, 3, tma=True, programs_per_sm=2)
 
 
 def linear_config(T: int, N: int, arch: int | None = None, has_live: bool = False, tma: bool = True) -> LinearConfig:

@@ -245,10 +245,10 @@ def test_linear_launch_parameters(harness, tmp_path):
     [
         (90, 100, 1024, 1, "sm90/kSmallNarrow", "64,1,1"),
         (90, 100, 1040, 1, "sm90/kSmallWide", "34,1,1"),
-        # sm_90 from LARGE_T rows: the persistent TMA kernel, min(SMs, tiles) programs (cdiv(1024, 128) * 6 = 48)
-        (90, 1024, 768, 0, "sm90/kTma", "48,1,1"),
-        (90, 1024, 768, 1, "sm90/kTma", "48,1,1"),
-        (90, 25216, 3072, 1, "sm90/kTma", "132,1,1"),  # 197 * 24 tiles: one program per SM
+        # sm_90 from LARGE_T rows: the persistent TMA kernel, min(2 x SMs, tiles) programs (cdiv(1024, 64) * 6 = 96)
+        (90, 1024, 768, 0, "sm90/kTma", "96,1,1"),
+        (90, 1024, 768, 1, "sm90/kTma", "96,1,1"),
+        (90, 25216, 3072, 1, "sm90/kTma", "264,1,1"),  # 394 * 24 tiles: two programs per SM
         (80, 1024, 768, 0, "sm80/kSmallWide", "192,1,1"),  # kLarge skipped for sm_80: the next smaller config
         (89, 2000, 64, 0, "sm80/kSmallWide", "32,1,1"),
         # below sm_90, a live count (capacity layout) from LARGE_T rows: 64 x 64 tiles up to CAPACITY_NARROW_N columns
@@ -270,25 +270,25 @@ def test_linear_tma_launch_parameters(harness, tmp_path):
     assert res == ["OK", "OK"]
     full, bare = launches(log)
     assert full["name"] == "_ragged_linear_tma" and full["image"] == "linear/kFloat16/kInt32/sm90/kTma"
-    assert full["grid"] == "8,1,1" and full["block"] == "256,1,1"  # min(SMs, cdiv(1100, 128) * cdiv(768, 128))
+    assert full["grid"] == "16,1,1" and full["block"] == "128,1,1"  # min(2 x SMs, cdiv(1100, 64) * cdiv(768, 128))
     # the maps of X, W, Residual and Y (base, cols, rows, box cols, box rows, fp16 = 6, 128-byte swizzle = 3), each
     # with its int32 sizes and int64 strides, then Bias, CU, T, N, K, B, has_bias, has_res, has_live, activation,
     # programs, global/profile scratch
     assert full["args"] == (
-        "map(a00000,192,1100,64,128,t6,s3),1100,192,192,1,map(a80000,192,768,64,128,t6,s3),768,192,192,1,"
-        "map(c80000,768,1100,64,128,t6,s3),1100,768,768,1,map(c00000,768,1100,64,128,t6,s3),1100,768,768,1,"
-        "b80000,b00000,1100,768,192,2,1,1,1,1,8,0,0"
+        "map(a00000,192,1100,64,64,t6,s3),1100,192,192,1,map(a80000,192,768,64,128,t6,s3),768,192,192,1,"
+        "map(c80000,768,1100,64,64,t6,s3),1100,768,768,1,map(c00000,768,1100,64,64,t6,s3),1100,768,768,1,"
+        "b80000,b00000,1100,768,192,2,1,1,1,1,16,0,0"
     )
     # no Residual: Y's map stands in (never read); no Bias / CU: X's pointer (never read)
-    assert "map(c00000,512,1100,64,128,t6,s3),1100,512,512,1,map(c00000,512,1100" in bare["args"]
-    assert bare["args"].endswith("a00000,a00000,1100,512,192,2,0,0,0,1,8,0,0")
+    assert "map(c00000,512,1100,64,64,t6,s3),1100,512,512,1,map(c00000,512,1100" in bare["args"]
+    assert bare["args"].endswith("a00000,a00000,1100,512,192,2,0,0,0,1,16,0,0")
 
 
 @pytest.mark.parametrize(
     ("kw", "env", "message"),
     [
         ({"dtype": 2}, {}, "_ragged_linear_tma: cubin expects 32 parameters, launcher passes 33"),
-        ({}, {"FAKE_CUDA_TMA_ERR": "1"}, "cuTensorMapEncodeTiled(X [1100, 192], box 128 x 64) failed"),
+        ({}, {"FAKE_CUDA_TMA_ERR": "1"}, "cuTensorMapEncodeTiled(X [1100, 192], box 64 x 64) failed"),
     ],
 )
 def test_linear_tma_errors(harness, tmp_path, kw, env, message):

@@ -55,7 +55,8 @@ struct LinearImage {
   int block_n;
   int num_params;  // kernel params including Triton's trailing scratch pointers
   int block_k;
-  bool tma;        // _ragged_linear_tma: X and W as TMA descriptors, a persistent grid (one program per SM)
+  bool tma;             // _ragged_linear_tma: X, W, Residual, Y as TMA descriptors, a persistent grid
+  int programs_per_sm;  // tma: the grid is min(programs_per_sm x SMs, tiles)
 };
 
 extern const LinearImage kLinearImages[];

@@ -54,7 +54,7 @@ std::string Sizes(const LinearLaunch& l);
 // TMA descriptors in boxes of 64 columns (128 bytes, 128-byte swizzle) by BLOCK_M / BLOCK_N rows: the AOT build
 // checks the cubin was compiled for these. Each map is followed by its int32 sizes and int64 strides (Triton's
 // expansion of a descriptor argument); then Bias, CuSeqlens, the sizes and flags, and the persistent grid's size:
-// min(SMs, tiles) programs walk the live tiles.
+// min(programs_per_sm x SMs, tiles) programs walk the live tiles.
 std::string LaunchTma(const LinearLaunch& l, const LinearImage& im, CUfunction fn, int64_t tiles, int sm_count,
                       CUdeviceptr bias, CUdeviceptr cu) {
   if (sm_count <= 0) return "the device reports " + std::to_string(sm_count) + " multiprocessors";
@@ -89,7 +89,9 @@ std::string LaunchTma(const LinearLaunch& l, const LinearImage& im, CUfunction f
   int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
   int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
   int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
-  int32_t programs = static_cast<int32_t>(tiles < sm_count ? tiles : sm_count);
+  // sm_count and programs_per_sm are small (a device attribute, the build table): the product cannot overflow
+  const int64_t slots = static_cast<int64_t>(sm_count) * (im.programs_per_sm > 0 ? im.programs_per_sm : 1);
+  int32_t programs = static_cast<int32_t>(tiles < slots ? tiles : slots);
   CUdeviceptr scratch = 0, profile_scratch = 0;
   void* args[] = {&maps[0].map, &maps[0].rows, &maps[0].cols, &maps[0].row_stride, &maps[0].col_stride,
                   &maps[1].map, &maps[1].rows, &maps[1].cols, &maps[1].row_stride, &maps[1].col_stride,

@@ -51,18 +51,18 @@ namespace {
 #define LIN(dt, it, arch, config, shared, bm, bn, np)                                                             \
   {DType::dt, IndexType::it, arch, LinearConfig::config, "_ragged_linear",                                         \
    reinterpret_cast<const unsigned char*>("linear/" #dt "/" #it "/sm" #arch "/" #config), 8, shared, 4, bm, bn, np, \
-   64, false}
+   64, false, 1}
 #define LIN_TMA(dt, it, arch, shared, bm, bn, np)                                                                  \
   {DType::dt, IndexType::it, arch, LinearConfig::kTma, "_ragged_linear_tma",                                      \
-   reinterpret_cast<const unsigned char*>("linear/" #dt "/" #it "/sm" #arch "/kTma"), 8, shared, 8, bm, bn, np, 64, \
-   true}
+   reinterpret_cast<const unsigned char*>("linear/" #dt "/" #it "/sm" #arch "/kTma"), 8, shared, 4, bm, bn, np, 64, \
+   true, 2}
 }  // namespace
 
 // sm_90: every config but kXLarge, kTma for fp16/int32 and bf16/int32 (the latter with a wrong parameter count);
 // sm_80: kLarge skipped by the build (shared memory), so it falls back to kSmallWide
 const LinearImage kLinearImages[] = {
-    LIN_TMA(kFloat16, kInt32, 90, 196648, 128, 128, 33),
-    LIN_TMA(kBFloat16, kInt32, 90, 196648, 128, 128, 32),  // wrong param count
+    LIN_TMA(kFloat16, kInt32, 90, 106536, 64, 128, 33),
+    LIN_TMA(kBFloat16, kInt32, 90, 106536, 64, 128, 32),  // wrong param count
     LIN(kFloat16, kInt32, 90, kSmallNarrow, 49152, 64, 32, 16),
     LIN(kFloat16, kInt32, 90, kSmallWide, 65536, 64, 64, 16),
     LIN(kFloat16, kInt32, 90, kLarge, 98304, 128, 128, 16),
