@@ -1,13 +1,15 @@
 """Launch configs of the ragged linear kernels (`_linear_kernel._ragged_linear`, `_ragged_linear_tma`): one table for
 the torch op's JIT launch and the AOT build (which loads this file without torch or raggedvit, like `_config.py`).
 
-On sm_90 every launch from LARGE_T rows takes the persistent TMA kernel with 128 x 128 x 64 tiles on 8 warps, 4
-stages ("tma"; `benchmarks/results/linear_persistent_2026-12-03_NVIDIA-H200.json`, the four block GEMMs of
-deit_base and deit_small over the capacity layouts of B = 32 and 128 at their kept fractions, Triton 3.6 JIT):
-the nine ragged blocks' GEMMs of a deit_base forward take 2,584 us at B = 128 against 2,814 us with the pointer
-kernel's configs below (deit_small 1,250 against 1,615 us; at B = 32 940 against 960 and 491 against 503 us), where
-cuBLAS over the live rows alone would take 1,418 us. Of the other tiles tried, 128 x 256 does not fit its TMA
-epilogue in shared memory and 64 x 128 / 128 x 64 / 64 x 64 lose everywhere but a few narrow GEMMs at B = 32. The
+On sm_90 every launch from LARGE_T rows takes the persistent TMA kernel with 64 x 128 x 64 tiles on 4 warps, 3
+stages and two programs per SM ("tma": 106.5 KiB of shared memory each, so two fit an SM and one's epilogue
+overlaps the other's K loop). Measured with `benchmarks.linear_persistent` (`benchmarks/results/
+linear_persistent_2026-12-03_NVIDIA-H200_run3.json`; the four block GEMMs of deit_base and deit_small over the
+capacity layouts of B = 32 and 128 at their kept fractions, Triton 3.6 JIT), the nine ragged blocks' GEMMs per
+forward: deit_base B = 128 2,479 us (128 x 128 tiles, one program per SM: 2,604; the pointer kernel's configs
+below: 2,829; cuBLAS over the live rows alone, a floor: 1,422), B = 32 858 (933, 955, 443); deit_small 1,189 and
+444 us (1,248 and 492; 1,617 and 509). 64 x 64 tiles with three programs per SM are ~3% faster at B = 32 and ~9%
+slower at B = 128; two stages or four programs per SM lose everywhere (`..._run2.json` / `_run3.json`). The
 pointer kernel's configs below are every other arch's, and sm_90's under LARGE_T rows.
 
 Measured on the H200 (`benchmarks/results/linear_tune_2026-12-01_NVIDIA-H200.json`, deit_base's four block
