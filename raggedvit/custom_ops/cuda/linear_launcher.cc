@@ -50,6 +50,17 @@ long PickLinearImage(const LinearLaunch& l, LinearConfig want, int arch) {
 
 std::string Sizes(const LinearLaunch& l);
 
+// Launches im's function over a (programs, 1) grid once the cubin's parameter count matches the launcher's.
+std::string LaunchChecked(const LinearLaunch& l, const LinearImage& im, CUfunction fn, int64_t programs, void** args,
+                          int num_args) {
+  if (im.num_params != num_args) {
+    return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
+           " parameters, launcher passes " + std::to_string(num_args);
+  }
+  return Launch(fn, static_cast<unsigned>(programs), 1, im.num_warps, im.shared_bytes, l.stream, args,
+                im.function_name);
+}
+
 // _ragged_linear_tma: X [T, K], W [N, K], Residual [T, N] (Y's map when absent: never read) and Y [T, N] as 2-D
 // TMA descriptors in boxes of 64 columns (128 bytes, 128-byte swizzle) by BLOCK_M / BLOCK_N rows: the AOT build
 // checks the cubin was compiled for these. Each map is followed by its int32 sizes and int64 strides (Triton's
@@ -100,13 +111,7 @@ std::string LaunchTma(const LinearLaunch& l, const LinearImage& im, CUfunction f
                   &bias,        &cu,           &T,            &N,                  &K,
                   &B,           &has_bias,     &has_res,      &has_live,           &activation,
                   &programs,    &scratch,      &profile_scratch};
-  constexpr int kParams = static_cast<int>(sizeof(args) / sizeof(void*));
-  if (im.num_params != kParams) {
-    return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
-           " parameters, launcher passes " + std::to_string(kParams);
-  }
-  return Launch(fn, static_cast<unsigned>(programs), 1, im.num_warps, im.shared_bytes, l.stream, args,
-                "_ragged_linear_tma");
+  return LaunchChecked(l, im, fn, programs, args, static_cast<int>(sizeof(args) / sizeof(void*)));
 }
 
 std::string Sizes(const LinearLaunch& l) {
@@ -194,13 +199,7 @@ std::string LaunchRaggedLinear(const LinearLaunch& l) {
   if (im.tma) return LaunchTma(l, im, fn, programs, sm_count, bias, cu);
   void* args[] = {&x, &w,        &bias,    &res,      &cu,         &y,       &T,      &N,
                   &K, &B,        &has_bias, &has_res, &has_live,   &activation, &scratch, &profile_scratch};
-  constexpr int kParams = static_cast<int>(sizeof(args) / sizeof(void*));
-  if (im.num_params != kParams) {
-    return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
-           " parameters, launcher passes " + std::to_string(kParams);
-  }
-  return Launch(fn, static_cast<unsigned>(programs), 1, im.num_warps, im.shared_bytes, l.stream, args,
-                "_ragged_linear");
+  return LaunchChecked(l, im, fn, programs, args, static_cast<int>(sizeof(args) / sizeof(void*)));
 }
 
 }  // namespace raggedvit::cuda
