@@ -2,8 +2,7 @@
 // CPU and CUDA kernels (DESIGN.md section 3). No CUDA here.
 //
 //   qkv        [T, 3*H*D] float16 | float | bfloat16 (row t = q heads | k heads | v heads)
-//   cu_seqlens [B+1] int32 | int64, 0 = cu[0] <= ... <= cu[B] <= T (rows >= cu[B] are dead: cls_attn 0, out
-//             unspecified: the CPU kernel writes zeros, the CUDA kernel never writes them)
+//   cu_seqlens [B+1] int32 | int64, 0 = cu[0] <= ... <= cu[B] <= T (rows >= cu[B] are dead: zero outputs)
 //   bias       [3*H*D] qkv's type (optional input): the qkv Linear's bias, added to q, k, v on load
 //   pos_table  [H, R] float (optional input, with token_pos): relative position bias table,
 //              R = (2*grid_h-1)*(2*grid_w-1) + 3 (attributes grid_h, grid_w, num_prefix)
@@ -140,7 +139,7 @@ std::string CheckCuValues(const I* cu, const Dims& d, const Attrs& attrs, const 
              " above attribute max_seqlen = " + std::to_string(attrs.max_seqlen);
     }
   }
-  return "";  // cu[B] <= T: rows [cu[B], T) are dead (the capacity layout: cls_attn 0, out unspecified)
+  return "";  // cu[B] <= T: rows [cu[B], T) are dead (the capacity layout; the kernels zero their outputs)
 }
 
 // An ORT status "<op>: <msg>" (op: the reporting op's name).

@@ -189,8 +189,7 @@ def _ragged_attn_fwd(
     HAS_POS: tl.constexpr,
 ):
     """grid = (T // BLOCK_M + B + 2, H) (room for every tile of `_seq_tile`'s list). Out[rows, h] =
-    softmax(q k^T * scale + pos) v within each row's sequence; dead rows (past cu[B]): Out and Lse never read or
-    written (their values are unspecified: DESIGN.md section 1).
+    softmax(q k^T * scale + pos) v within each row's sequence; dead rows (past cu[B]): 0, Lse -inf.
 
     has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias): q + bq in QKV's dtype, the k bias
     cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias.
@@ -200,8 +199,7 @@ def _ragged_attn_fwd(
     h = tl.program_id(1)
     row0, row_lim, lo, hi = _seq_tile(CU, pid_m, T, B, BLOCK_M)
     rows = row0 + tl.arange(0, BLOCK_M)
-    # row_lim <= T; a tile of dead rows has no keys (lo = hi = 0): no load, no store (its rows are unspecified)
-    row_ok = (rows < row_lim) & (lo < hi)
+    row_ok = rows < row_lim  # row_lim <= T; a tile of dead rows has no keys (lo = hi = 0): its output is zero
 
     qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
     offs_d = tl.arange(0, BLOCK_D)

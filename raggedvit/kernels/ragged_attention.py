@@ -103,8 +103,8 @@ def ragged_attention(
     Args:
         qkv: [T, 3*H*D] float16/bfloat16/float32, timm's qkv Linear output (q | k | v, head-major).
         cu_seqlens: [B+1] int32/int64 on qkv's device, 0 = cu[0] <= ... <= cu[B] <= T. Rows >= cu[B] are
-            dead (the capacity layout): their cls_attn is zero, their out unspecified (CUDA: never written; CPU:
-            zero). Never read on the host for CUDA tensors (checked on CPU).
+            dead (the capacity layout): their out and cls_attn are zero. Never read on the host for CUDA tensors
+            (checked on CPU).
         num_heads: H.
         scale: softmax scale, default 1/sqrt(D).
         max_seqlen: optional hint (unused: the kernel grid depends on T and H only).
