@@ -13,7 +13,7 @@ one BLOCK_M x BLOCK_N tile of Y (grouped ordering over GROUP_M row tiles for L2 
 is at or past `live` returns at once (no load, no store), so the GPU time of a capacity layout follows its live
 rows. Every load is masked: any CU value, T, N, K >= 1 are safe. fp32 inputs use input_precision="ieee" (no tf32).
 Grid: (cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N),). `_ragged_linear_tma` (fp16 / bf16, 16-byte aligned rows): its own
-comment below; grid (min(SMs, cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N)),).
+comment below; grid (min(programs_per_sm * SMs, cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N)),).
 
 GELU of `_bias_gelu` (`gelu_erf`): GELU(x) = x * Phi(x), Phi(x) =
 erfc(-x / sqrt 2) / 2, with e = erfc(|x| / sqrt 2) / 2 from Numerical Recipes' Chebyshev form `erfcc`
