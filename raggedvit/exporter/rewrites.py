@@ -20,8 +20,8 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    replaces kept 10 bits of their mantissas too). The fp16 recipe (float32 stream) keeps the float32 chain.
    `bias_gelu`: Gelu(Add(y, b)) -> BiasGelu(y, b) (exact GELU); `zero_bias_gelu`: the other exact Gelus ->
    BiasGelu(x) without a bias. float16 rows whose static width is a multiple of 16 get com.raggedvit::BiasGelu
-   (raggedvit's kernel: ~765 against ~600 G elements/s for ONNX Runtime's on the H200, benchmarks/results/
-   gelu_2026-12-01_*.json and serving_*_run8.json); the others com.microsoft::BiasGelu (with a zero bias for
+   (raggedvit's kernel: 858-916 against ~600 G elements/s for ONNX Runtime's on the H200, benchmarks/results/
+   gelu_2026-12-02_*.json and serving_*_run8.json); the others com.microsoft::BiasGelu (with a zero bias for
    `zero_bias_gelu`), whose CUDA kernel is vectorised where ONNX Runtime's Gelu kernels are not (twice the time on
    the H200 profile in benchmarks/results/traced_vs_builder_*.json).
 3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->

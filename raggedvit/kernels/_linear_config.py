@@ -97,9 +97,9 @@ def aot_linear_configs() -> list[tuple[str, LinearConfig]]:
 
 
 # ---- the bias + GELU kernel (`_linear_kernel._bias_gelu`), same file for the same reason ----
-# Measured on the H200 (benchmarks/results/gelu_2026-12-01_NVIDIA-H200.json, deit's fc1 outputs): one row per
-# program with 1,024 columns is the fastest at a few hundred rows (197 x 3072: 2.5 us against 3.1-4.3 us), and
-# 8 x 512 tiles on 4 warps at thousands of rows (25,216 x 3072: 101 us, 765 G elements/s; 25,216 x 1536: 54 us).
+# Measured on the H200 (benchmarks/results/gelu_2026-12-02_NVIDIA-H200.json, deit's fc1 outputs): one row per
+# program with 1,024 columns is the fastest at a few hundred rows (197 x 3072: 2.4 us against 2.8-3.7 us), and
+# 8 x 512 tiles on 4 warps at thousands of rows (25,216 x 3072: 84.6 us, 916 G elements/s; 25,216 x 1536: 44.9 us).
 GELU_LARGE_M = 1024  # rows (M = elements / N) from which the large-tile config is used
 
 
