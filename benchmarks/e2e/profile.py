@@ -14,8 +14,8 @@ __all__ = ["count_kernels", "kernel_summary", "section_of", "summarize_ort_profi
 
 _SECTIONS = {
     "attention": ("RaggedAttention", "MultiHeadAttention", "PackedMultiHeadAttention", "Attention"),
-    "gemm": ("MatMul", "Gemm", "FusedMatMul", "Conv"),
-    "norm": ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"),
+    "gemm": ("MatMul", "Gemm", "FusedMatMul", "Conv", "RaggedLinear", "PatchEmbed"),
+    "norm": ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization", "GatherLayerNorm"),
     "activation": ("BiasGelu", "Gelu", "FastGelu", "QuickGelu"),
     "prune_stage": (
         "RaggedSelect",
@@ -156,6 +156,7 @@ def count_kernels(run: Callable[[], None], *, forwards: int = 10, top: int = 25)
 
 
 _CATEGORIES = (
+    ("gemm", ("_ragged_linear", "_patch_embed")),  # raggedvit's GEMM kernels (before "ragged": attention)
     ("ragged_attention", ("ragged",)),
     ("attention_other", ("fmha", "flash", "attention", "softmax")),
     ("gemm", ("gemm", "cutlass", "sm90", "sm80", "xmma", "cublas", "matmul", "ampere", "hopper")),

@@ -82,7 +82,8 @@ def test_section_of_export_names() -> None:
     assert section_of("MatMul") == "gemm" and section_of("Gemm") == "gemm"
     assert section_of("BiasGelu") == "activation"
     assert section_of("TopK") == "prune_stage" and section_of("NonZero") == "prune_stage"
-    assert section_of("SkipLayerNormalization") == "norm"
+    assert section_of("SkipLayerNormalization") == "norm" and section_of("GatherLayerNorm") == "norm"
+    assert section_of("RaggedLinear") == "gemm" and section_of("PatchEmbed") == "gemm"
     assert section_of("Cast") == "other"
 
 
@@ -171,3 +172,12 @@ def test_dead_worker_becomes_error_records(tmp_path, monkeypatch) -> None:
     rest = sink["records"][1:]
     assert len(rest) == len(BASELINES) - 1 + 2 * len(PRUNED)  # the other baselines + every pruned variant x 2 policies
     assert all(r["status"] == "error" and "rc=-11" in r["error"] for r in rest)
+
+
+def test_kernel_categories_of_raggedvit_kernels() -> None:
+    from benchmarks.e2e.profile import _kernel_category
+
+    assert _kernel_category("_ragged_linear_tma") == _kernel_category("_ragged_linear") == "gemm"
+    assert _kernel_category("_patch_embed") == "gemm"
+    assert _kernel_category("_ragged_attn_fwd") == _kernel_category("_ragged_cls_attn") == "ragged_attention"
+    assert _kernel_category("_gather_layer_norm") == "layernorm" and _kernel_category("_bias_gelu") == "gelu"
