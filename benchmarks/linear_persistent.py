@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
-from raggedvit.kernels._linear_config import LinearConfig, linear_config
+from raggedvit.kernels._linear_config import LinearConfig, first_unwritten_row, linear_config
 from raggedvit.kernels._linear_launch import _launch_linear
 from raggedvit.kernels.reference import ragged_linear_reference
 
@@ -74,15 +74,11 @@ def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str,
     fns: dict[str, Callable[[], Any]] = {
         "cublas_capacity": lambda: F.linear(x, w, b),
         "cublas_live": lambda: F.linear(xl, w, b),
-        "pointer": lambda: _launch_linear(
-            x, w, b, res, cu, act, config=linear_config(T, N, arch, True, tma=False), out=y
-        ),  # fmt: skip
-        "shipped": lambda: _launch_linear(x, w, b, res, cu, act, out=y),
     }
-    for c in CANDIDATES:
-        fns[_name(c)] = lambda c=c: _launch_linear(x, w, b, res, cu, act, config=c, out=y)
+    for name, c in configs.items():
+        fns[name] = lambda c=c: _launch_linear(x, w, b, res, cu, act, config=c, out=y)
     base = {"model": model, "gemm": gemm, "T": T, "live": live, "K": K, "N": N,
-            "shipped_config": repr(linear_config(T, N, arch, True))}  # fmt: skip
+            "shipped_config": repr(configs["shipped"])}  # fmt: skip
     records = []
     for impl, fn in fns.items():
         rec: dict[str, Any] = {**base, "impl": impl}
@@ -92,8 +88,7 @@ def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str,
             torch.cuda.synchronize()
             if not impl.startswith("cublas"):
                 err = (y[:live].float() - want).abs().max().item() if live else 0.0
-                c = configs[impl]  # rows past the last live tile (TMA) / past live (pointer) are never written
-                untouched = -(-live // c.block_m) * c.block_m if c.tma else live
+                untouched = first_unwritten_row(configs[impl], live)
                 dead_nan = bool(torch.isnan(y[untouched:]).all().item())
                 rec.update(max_abs_err=err, dead_rows_untouched=dead_nan)
                 if not (err < 0.05 and dead_nan):

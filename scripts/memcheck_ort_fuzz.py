@@ -18,7 +18,7 @@ Then --linear-calls RaggedLinear calls (fp16 / bf16, cu int32 / int64, with and 
 and GELU): random T (0 included; a quarter of the calls from 1,024 rows up, the persistent TMA kernel's launches
 on sm_90), N and K multiples of 16, CuSeqlens[B] anywhere (above T, negative, the dtype's
 extremes: the kernel clamps it), so that row tiles past the live count are exercised; valid calls must give finite
-live rows (dead rows are never written); some calls have K or N not a multiple of 16, a Residual of the wrong shape
+live rows (dead rows are unspecified); some calls have K or N not a multiple of 16, a Residual of the wrong shape
 or a W of the wrong width, which must come back as errors, never faults.
 Then --gelu-calls BiasGelu calls (fp16 / bf16, with and without Bias, M from 0 to past the large-config threshold,
 N multiples of 16): valid calls must match a numpy GELU to the dtype's rounding; N not a multiple of 16 or a Bias

@@ -42,6 +42,7 @@ __all__ = [
     "LinearConfig",
     "aot_gelu_configs",
     "aot_linear_configs",
+    "first_unwritten_row",
     "gelu_config",
     "linear_config",
 ]
@@ -85,6 +86,12 @@ def linear_config(T: int, N: int, arch: int | None = None, has_live: bool = Fals
     if T >= LARGE_T:
         return _XLARGE if arch is not None and arch >= XLARGE_MIN_ARCH else _LARGE
     return _SMALL_NARROW if N <= NARROW_N else _SMALL_WIDE
+
+
+def first_unwritten_row(config: LinearConfig, live: int) -> int:
+    """The first output row a launch under `config` never writes when `live` rows are live: the pointer kernel
+    writes the live rows only, the TMA kernel whole BLOCK_M-row tiles up to the last live one."""
+    return -(-live // config.block_m) * config.block_m if config.tma else live
 
 
 def aot_linear_configs() -> list[tuple[str, LinearConfig]]:

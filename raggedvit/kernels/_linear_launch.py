@@ -39,8 +39,9 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _programs(device: torch.device) -> int:
-    """Streaming multiprocessors of `device` (the persistent TMA grid is a multiple of them)."""
+def _multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (the persistent TMA grid is a multiple of them; the interpreter: a
+    fixed count)."""
     if device.type != "cuda":
         return INTERPRETER_PROGRAMS
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
@@ -92,7 +93,7 @@ def _launch_linear(
     if cfg.tma and tma_ready(x, weight, residual, out):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        programs = min(cfg.programs_per_sm * _programs(x.device), tiles)
+        programs = min(cfg.programs_per_sm * _multiprocessors(x.device), tiles)
         x_desc = TensorDescriptor(x, [T, K], [K, 1], [cfg.block_m, cfg.block_k])
         w_desc = TensorDescriptor(weight, [N, K], [K, 1], [cfg.block_n, cfg.block_k])
         y_desc = TensorDescriptor(out, [T, N], [N, 1], [cfg.block_m, cfg.block_n])

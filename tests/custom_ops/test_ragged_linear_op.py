@@ -12,7 +12,7 @@ import torch
 from onnx import TensorProto
 
 from raggedvit.custom_ops._ort_models import linear_model
-from raggedvit.kernels._linear_config import linear_config
+from raggedvit.kernels._linear_config import first_unwritten_row, linear_config
 from raggedvit.runtime import create_session, run_with_iobinding
 from raggedvit.testing import assert_close
 
@@ -267,7 +267,7 @@ def test_cuda_matches_reference(ort_library, dtype, cu_dtype, T, N, K, activatio
     # rows) none past its last live tile
     major, minor = torch.cuda.get_device_capability()
     config = linear_config(T, N, 10 * major + minor, cu_dtype is not None)
-    untouched = -(-live // config.block_m) * config.block_m if config.tma else live
+    untouched = first_unwritten_row(config, live)
     assert y[untouched:].isnan().all(), f"the CUDA kernel wrote rows past {untouched} (live {live})"
 
 

@@ -31,12 +31,6 @@ TMA_INTERPRETED = [
 ]
 
 
-def first_untouched_row(config, live: int) -> int:
-    """The first output row a launch under `config` (a LinearConfig) never writes when `live` rows are live: the
-    pointer kernel writes only live rows, the TMA kernel whole tiles up to the last live one."""
-    return -(-live // config.block_m) * config.block_m if config.tma else live
-
-
 def make(dtype, T, K, N, live, bias, residual, gen, *, cu_dtype=torch.int64, device="cpu"):
     """(x [T, K], weight [N, K], bias [N] | None, residual [T, N] | None, cu [3] | None): cu = [0, live//2, live]."""
     x = torch.randn(T, K, generator=gen)
@@ -53,7 +47,7 @@ def make(dtype, T, K, N, live, bias, residual, gen, *, cu_dtype=torch.int64, dev
 
 def _run_interpreted() -> dict[str, list[float]]:
     from raggedvit.kernels import _linear_kernel
-    from raggedvit.kernels._linear_config import LinearConfig
+    from raggedvit.kernels._linear_config import LinearConfig, first_unwritten_row
     from raggedvit.kernels._linear_launch import _launch_linear
     from raggedvit.kernels.reference import ragged_linear_reference
     from raggedvit.testing import rel_error
@@ -71,7 +65,7 @@ def _run_interpreted() -> dict[str, list[float]]:
         config = LinearConfig(32, 32, 32, 4, 2, tma=True) if tma else None
         y = _launch_linear(x, w, b, r, cu, act, kernels=_linear_kernel, config=config, out=poison)
         # the pointer kernel never writes a dead row, the TMA kernel none past its last live tile: the poison stays
-        untouched = bool(y[n if config is None else first_untouched_row(config, n) :].isnan().all())
+        untouched = bool(y[n if config is None else first_unwritten_row(config, n) :].isnan().all())
         out[name] = [rel_error(y[:n], ref[:n]) if n else 0.0, float(untouched)]
     return out
 

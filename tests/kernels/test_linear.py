@@ -8,10 +8,17 @@ from __future__ import annotations
 import pytest
 import torch
 from _interpreted import run_cases_interpreted
-from _linear_cases import INTERPRETED, TMA_INTERPRETED, first_untouched_row, make
+from _linear_cases import INTERPRETED, TMA_INTERPRETED, make
 
 from raggedvit.kernels import ragged_linear, ragged_linear_reference
-from raggedvit.kernels._linear_config import CAPACITY_NARROW_N, LARGE_T, NARROW_N, aot_linear_configs, linear_config
+from raggedvit.kernels._linear_config import (
+    CAPACITY_NARROW_N,
+    LARGE_T,
+    NARROW_N,
+    aot_linear_configs,
+    first_unwritten_row,
+    linear_config,
+)
 from raggedvit.kernels._linear_launch import _launch_linear
 from raggedvit.testing import assert_close, default_tolerance
 
@@ -139,7 +146,7 @@ def test_triton_jit_matches_reference(gen, dtype, T, K, N, act):
     poison = torch.full((T, N), float("nan"), dtype=dtype, device="cuda")
     y = _launch_linear(x, w, b, r, cu, act, out=poison)  # dead rows (past the last live tile for TMA) never written
     major, minor = torch.cuda.get_device_capability()
-    untouched = first_untouched_row(linear_config(T, N, 10 * major + minor, True), live)
+    untouched = first_unwritten_row(linear_config(T, N, 10 * major + minor, True), live)
     assert torch.equal(y[:live], ragged_linear(x, w, b, r, cu, act)[:live]) and bool(y[untouched:].isnan().all())
     y_op = torch.ops.raggedvit.ragged_linear(x, w, None, None, None, act)
     assert_close(y_op, _ref(x, w, None, None, None, act).to(dtype), rtol=2 * default_tolerance(dtype))
@@ -164,7 +171,7 @@ def test_tma_kernel_matches_reference(gen, dtype, T, K, N, live, act):
     poison = torch.full((T, N), float("nan"), dtype=dtype, device="cuda")
     y = _launch_linear(x, w, b, r, cu, act, out=poison)
     assert_close(y[:live], ref[:live], rtol=2 * default_tolerance(dtype), name=f"{T}x{K}x{N}")
-    assert bool(y[first_untouched_row(linear_config(T, N, 90, True), live) :].isnan().all())
+    assert bool(y[first_unwritten_row(linear_config(T, N, 90, True), live) :].isnan().all())
     pointer = _launch_linear(x, w, b, r, cu, act, config=linear_config(T, N, 90, True, tma=False))
     assert_close(y[:live], pointer[:live], rtol=2 * default_tolerance(dtype), name="tma vs pointer")
 

@@ -50,6 +50,21 @@ long PickLinearImage(const LinearLaunch& l, LinearConfig want, int arch) {
 
 std::string Sizes(const LinearLaunch& l);
 
+// The kernels' int32 arguments after the data (both kernels take them in this order; CheckLinearSupported bounds
+// the sizes to int32).
+struct LinearScalars {
+  explicit LinearScalars(const LinearLaunch& l)
+      : T(static_cast<int32_t>(l.T)),
+        N(static_cast<int32_t>(l.N)),
+        K(static_cast<int32_t>(l.K)),
+        B(static_cast<int32_t>(l.B)),
+        has_bias(l.bias != nullptr),
+        has_res(l.residual != nullptr),
+        has_live(l.cu != nullptr),
+        activation(l.activation) {}
+  int32_t T, N, K, B, has_bias, has_res, has_live, activation;
+};
+
 // Launches im's function over a (programs, 1) grid once the cubin's parameter count matches the launcher's.
 std::string LaunchChecked(const LinearLaunch& l, const LinearImage& im, CUfunction fn, int64_t programs, void** args,
                           int num_args) {
@@ -97,9 +112,7 @@ std::string LaunchTma(const LinearLaunch& l, const LinearImage& im, CUfunction f
     maps[i].row_stride = specs[i].cols;
     maps[i].col_stride = 1;
   }
-  int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
-  int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
-  int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
+  LinearScalars s(l);
   // sm_count and programs_per_sm are small (a device attribute, the build table): the product cannot overflow
   const int64_t slots = static_cast<int64_t>(sm_count) * (im.programs_per_sm > 0 ? im.programs_per_sm : 1);
   int32_t programs = static_cast<int32_t>(tiles < slots ? tiles : slots);
@@ -108,8 +121,8 @@ std::string LaunchTma(const LinearLaunch& l, const LinearImage& im, CUfunction f
                   &maps[1].map, &maps[1].rows, &maps[1].cols, &maps[1].row_stride, &maps[1].col_stride,
                   &maps[2].map, &maps[2].rows, &maps[2].cols, &maps[2].row_stride, &maps[2].col_stride,
                   &maps[3].map, &maps[3].rows, &maps[3].cols, &maps[3].row_stride, &maps[3].col_stride,
-                  &bias,        &cu,           &T,            &N,                  &K,
-                  &B,           &has_bias,     &has_res,      &has_live,           &activation,
+                  &bias,        &cu,           &s.T,          &s.N,                &s.K,
+                  &s.B,         &s.has_bias,   &s.has_res,    &s.has_live,         &s.activation,
                   &programs,    &scratch,      &profile_scratch};
   return LaunchChecked(l, im, fn, programs, args, static_cast<int>(sizeof(args) / sizeof(void*)));
 }
@@ -193,12 +206,10 @@ std::string LaunchRaggedLinear(const LinearLaunch& l) {
   CUdeviceptr res = reinterpret_cast<CUdeviceptr>(l.residual != nullptr ? l.residual : l.x);
   CUdeviceptr cu = reinterpret_cast<CUdeviceptr>(l.cu != nullptr ? l.cu : l.x);
   CUdeviceptr y = reinterpret_cast<CUdeviceptr>(l.y), scratch = 0, profile_scratch = 0;
-  int32_t T = static_cast<int32_t>(l.T), N = static_cast<int32_t>(l.N), K = static_cast<int32_t>(l.K);
-  int32_t B = static_cast<int32_t>(l.B), activation = l.activation;
-  int32_t has_bias = l.bias != nullptr, has_res = l.residual != nullptr, has_live = l.cu != nullptr;
   if (im.tma) return LaunchTma(l, im, fn, programs, sm_count, bias, cu);
-  void* args[] = {&x, &w,        &bias,    &res,      &cu,         &y,       &T,      &N,
-                  &K, &B,        &has_bias, &has_res, &has_live,   &activation, &scratch, &profile_scratch};
+  LinearScalars s(l);
+  void* args[] = {&x,   &w,   &bias,       &res,       &cu,         &y,            &s.T,     &s.N,
+                  &s.K, &s.B, &s.has_bias, &s.has_res, &s.has_live, &s.activation, &scratch, &profile_scratch};
   return LaunchChecked(l, im, fn, programs, args, static_cast<int>(sizeof(args) / sizeof(void*)));
 }
 
