@@ -5,8 +5,9 @@
 History: the serving profile (benchmarks/results/serving_2026-12-01_NVIDIA-H200_run4.json) had the kernel at 1.7x
 cudnn's flash attention at deit_base B=128, when its query tiles were BLOCK_M consecutive packed rows that could
 straddle sequences. This probe first held a prototype of query tiles owned by one sequence
-(attn_tiles_2026-12-01_NVIDIA-H200.json, commit 21bfc02: rows "per-seq"); that design is now the shipped kernel
-(`raggedvit/kernels/_kernel.py`, `_seq_tile`), so the probe times the shipped kernel only.
+(attn_tiles_2026-12-01_NVIDIA-H200.json, commit 21bfc02: rows "per-seq"); that design became the shipped kernel (its
+tiles found by a scan of CU, later taken straight from the grid: benchmarks/attn_variants.py), so the probe times
+the shipped kernel only.
 
 Times (CUDA-graph replays, benchmarks.kernel.graph_time_us) at deit's shapes (H=12, D=64, fp16, qkv bias):
 B = 1, 4, 32, 128 at L = 197 and 99 (uniform), and cls-mass-like ragged lengths; the shipped kernel with its config

@@ -44,8 +44,8 @@ FALLBACK_CONFIG: dict[str, int] = {
 }
 
 # Kernel parameters in order; "ptr" args get the 16-byte divisibility hint, like D (the launcher checks both).
-_FWD_ARGS = ("QKV", "Bias", "CU", "Out", "Lse", "PosTable", "TokPos", "T", "B", "H", "D", "scale_bits", "store_lse",
-             "has_bias", "grid_h", "grid_w", "num_prefix")  # fmt: skip
+_FWD_ARGS = ("QKV", "Bias", "CU", "Out", "Lse", "PosTable", "TokPos", "T", "B", "J", "H", "D", "scale_bits",
+             "store_lse", "has_bias", "grid_h", "grid_w", "num_prefix")  # fmt: skip
 _CLS_ARGS = ("QKV", "Bias", "CU", "Lse", "ClsAttn", "PosTable", "TokPos", "T", "B", "H", "D", "scale_bits", "has_bias",
              "grid_h", "grid_w", "num_prefix")  # fmt: skip
 HAS_POS = (False, True)  # every kernel without and with the relative position bias

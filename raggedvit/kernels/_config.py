@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["SMALL_T_LIMIT", "KernelConfig", "aot_configs", "block_d", "pick_config"]
+__all__ = ["DEAD_TILES_PER_PROGRAM", "SMALL_T_LIMIT", "KernelConfig", "aot_configs", "block_d", "fwd_grid", "pick_config"]
 
 SMALL_T_LIMIT = 2048  # T below this uses the min_tokens=0 config
 
@@ -96,6 +96,18 @@ def pick_config(T: int, D: int, dtype: torch.dtype | str) -> KernelConfig:
     """Config for T packed rows, head dim D (1..256) and dtype (torch dtype or "fp16"/"bf16"/"fp32")."""
     small, large = _lookup(D, dtype)
     return large if T >= large.min_tokens else small
+
+
+DEAD_TILES_PER_PROGRAM = 4  # dead-row tiles zeroed per program of the forward kernel (at most)
+
+
+def fwd_grid(T: int, B: int, block_m: int) -> tuple[int, int]:
+    """(J, programs along x) of the forward kernel for T >= 1 rows and B sequences: J = cdiv(cdiv(T, B), block_m)
+    programs per sequence (a sequence of at most J * block_m rows gets one tile per program; longer ones loop), then
+    cdiv(T, DEAD_TILES_PER_PROGRAM * block_m) programs for the dead rows. The C++ launcher uses the same rule."""
+    per_seq = -(-T // max(B, 1))
+    J = max(1, -(-per_seq // block_m))
+    return J, B * J + -(-T // (DEAD_TILES_PER_PROGRAM * block_m))
 
 
 def aot_configs(block_ds: tuple[int, ...] = (32, 64, 128)) -> list[KernelConfig]:

@@ -1,11 +1,14 @@
 """Triton kernels of ragged attention (DESIGN.md section 2), shared by the torch op and the AOT build.
 
 Layout: QKV [T, 3*H*D] (q | k | v, head-major), Out [T, H*D], Lse [H, T] fp32, ClsAttn [T] fp32,
-CU [B+1] int32/int64. A query tile of the forward kernel holds up to BLOCK_M rows of one sequence (the
-sequence's rows in BLOCK_M chunks, sequence after sequence, then the dead rows past cu[B]): its key loop runs
-that sequence's keys only. CU is read as f(0) = 0, f(b) = CU[b] clamped to [0, T], made non-decreasing by a
-running max, so every row of [0, T) is in exactly one tile whatever CU holds (a valid CU is unchanged: cu[0] = 0,
-non-decreasing, cu[B] <= T), and every load is masked, so a bad CU never reads out of bounds.
+CU [B+1] int32/int64. A query tile of the forward kernel holds up to BLOCK_M rows of one sequence: the grid has J
+programs per sequence (J = cdiv(cdiv(T, B), BLOCK_M), set by the launchers), program (b, j) runs tiles j, j + J, ...
+of sequence b, whose key loop runs that sequence's keys only; the programs past B * J zero the dead rows past cu[B].
+Sequence b is [f(b), max(f(b), f(b+1))) with f(0) = 0, f(b) = clamp(CU[b], 0, T), and the dead rows are
+[f(B), T): for a valid CU (cu[0] = 0, non-decreasing, cu[B] <= T) that is each sequence's rows exactly; for any other
+CU every row of [0, T) still lies in at least one of them (sequence b ends at or past f(b+1), where b + 1 starts),
+and every load and store is masked to [0, T): a bad CU never reads or writes out of bounds and leaves no row
+unwritten, though rows covered twice then get either value (the CPU kernel rejects such a CU).
 
 Relative position bias (HAS_POS, a constexpr: the kernels without it are unchanged): PosTable [H, R] fp32 and
 TokPos [T] (CU's type) = each row's original token index; the bias of a (query, key) pair is
@@ -90,43 +93,6 @@ def _pos_split(TokPos, idx, ok, grid_h, grid_w, num_prefix):
     return patch.to(tl.int32), y, rel - y * grid_w
 
 
-_CU_CHUNK = tl.constexpr(256)  # cu entries per step of the forward kernel's tile search
-
-
-@triton.jit
-def _seq_tile(CU, pid, T, B, BLOCK_M: tl.constexpr):
-    """Tile `pid` of the forward kernel's list -> (first row, row limit, key start, key end), all in [0, T].
-
-    Sequence b spans [f'(b), f'(b+1)) with f' the running max of f (f(0) = 0, f(b) = CU[b] clamped to [0, T]);
-    its tiles are its rows in BLOCK_M chunks, listed sequence by sequence, then the dead rows [f'(B), T) in chunks
-    (keys: none). A pid past the list gives rows >= T. CU is scanned _CU_CHUNK entries at a time (any B).
-    """
-    offs = tl.arange(0, _CU_CHUNK)
-    tiles_before = pid * 0  # tiles of the chunks already scanned
-    top = pid * 0  # f' at the end of the chunks already scanned
-    first = pid * 0 - 1  # list index of the hit sequence's first tile (-1: no hit)
-    lo_hit = pid * 0
-    hi_hit = pid * 0
-    for c0 in range(0, B, _CU_CHUNK):
-        bb = c0 + offs
-        ok = bb < B
-        f_lo = tl.minimum(tl.maximum(tl.load(CU + bb, mask=ok & (bb > 0), other=0), 0), T).to(tl.int32)
-        f_hi = tl.minimum(tl.maximum(tl.load(CU + bb + 1, mask=ok, other=0), 0), T).to(tl.int32)
-        lo = tl.maximum(tl.associative_scan(f_lo, 0, _max_combine), top)  # f'(b) (the interpreter scans only with this)
-        hi = tl.maximum(lo, f_hi)  # f'(b + 1)
-        tiles = tl.where(ok, (hi - lo + BLOCK_M - 1) // BLOCK_M, 0)
-        incl = tl.associative_scan(tiles, 0, _add_fn) + tiles_before
-        hit = ok & (incl - tiles <= pid) & (pid < incl)
-        first = tl.maximum(first, tl.reduce(tl.where(hit, incl - tiles, -1), 0, _max_fn))
-        lo_hit = tl.maximum(lo_hit, tl.reduce(tl.where(hit, lo, 0), 0, _max_fn))
-        hi_hit = tl.maximum(hi_hit, tl.reduce(tl.where(hit, hi, 0), 0, _max_fn))
-        tiles_before += tl.reduce(tiles, 0, _add_fn)
-        top = tl.maximum(top, tl.reduce(tl.where(ok, hi, 0), 0, _max_fn))
-    live = first >= 0
-    row0 = tl.where(live, lo_hit + (pid - first) * BLOCK_M, top + (pid - tiles_before) * BLOCK_M)
-    return row0, tl.where(live, hi_hit, T), tl.where(live, lo_hit, 0), tl.where(live, hi_hit, 0)
-
-
 @triton.jit
 def _seq_bounds(CU, rows, r_first, r_last, T, B, CHUNK: tl.constexpr, COARSE: tl.constexpr):
     """rows [R] int32 in [r_first, r_last] -> (start, end) [R] int32 of each row's sequence, in [0, T].
@@ -164,56 +130,22 @@ def _seq_bounds(CU, rows, r_first, r_last, T, B, CHUNK: tl.constexpr, COARSE: tl
     return start, end
 
 
-@triton.jit(do_not_specialize=["T", "B", "scale_bits", "store_lse", "has_bias", "grid_h", "grid_w", "num_prefix"])
-def _ragged_attn_fwd(
-    QKV,
-    Bias,
-    CU,
-    Out,
-    Lse,
-    PosTable,
-    TokPos,
-    T,
-    B,
-    H,
-    D,
-    scale_bits,
-    store_lse,
-    has_bias,
-    grid_h,
-    grid_w,
-    num_prefix,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    HAS_POS: tl.constexpr,
-):
-    """grid = (T // BLOCK_M + B + 2, H) (room for every tile of `_seq_tile`'s list). Out[rows, h] =
-    softmax(q k^T * scale + pos) v within each row's sequence; dead rows (past cu[B]): 0, Lse -inf.
-
-    has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias): q + bq in QKV's dtype, the k bias
-    cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias.
-    HAS_POS: pos = PosTable[h, rel(TokPos[q], TokPos[k])] (PosTable, TokPos, grid_h, grid_w, num_prefix unread
-    otherwise); Lse includes it."""
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1)
-    row0, row_lim, lo, hi = _seq_tile(CU, pid_m, T, B, BLOCK_M)
-    rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_lim  # row_lim <= T; a tile of dead rows has no keys (lo = hi = 0): its output is zero
-
-    qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
+@triton.jit
+def _fwd_tile(
+    QKV, Out, Lse, PosTable, TokPos, rows, lo, hi, h, T, H, D, qk_scale, qb, vb, store_lse, grid_h, grid_w,
+    num_prefix, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_POS: tl.constexpr,
+):  # fmt: skip
+    """Out[rows, h] (and Lse[h, rows] if store_lse) of one query tile: rows [BLOCK_M] in [lo, hi) are computed
+    (keys [lo, hi)), the rest of the tile is masked off; qb [BLOCK_D] (q bias, QKV's dtype) and vb [BLOCK_D] fp32
+    (v bias) are zeros without a bias."""
+    row_ok = rows < hi
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     row_stride = 3 * H * D
     head_off = h * D
     q_ptrs = QKV + rows.to(tl.int64)[:, None] * row_stride + head_off + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    # Bias: q gets its bias once; the k bias adds q.kb to every score of a row, which softmax cancels, so it is
-    # never loaded; the v bias comes out of the weighted sum (the weights sum to 1) and is added to the output.
-    # K and V tiles go to the dots exactly as loaded (an add in the key loop cost ~20% on the H200).
-    b_ok = d_ok & (has_bias != 0)  # no bias: masked loads give exact zeros (x + 0 == x), no branch
-    q = q + tl.load(Bias + head_off + offs_d, mask=b_ok, other=0.0)[None, :]
-    vb = tl.load(Bias + 2 * H * D + head_off + offs_d, mask=b_ok, other=0.0).to(tl.float32)
+    q = q + qb[None, :]
 
     if HAS_POS:
         # pair index = q_base - k_off for patch/patch pairs, else R - 1 - q_patch - 2 * k_patch (R-1, R-2, R-3)
@@ -261,6 +193,77 @@ def _ragged_attn_fwd(
     if store_lse != 0:
         lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(Lse + h * T + rows, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["T", "B", "J", "scale_bits", "store_lse", "has_bias", "grid_h", "grid_w", "num_prefix"])
+def _ragged_attn_fwd(
+    QKV,
+    Bias,
+    CU,
+    Out,
+    Lse,
+    PosTable,
+    TokPos,
+    T,
+    B,
+    J,
+    H,
+    D,
+    scale_bits,
+    store_lse,
+    has_bias,
+    grid_h,
+    grid_w,
+    num_prefix,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_POS: tl.constexpr,
+):
+    """grid = (B * J + G, H), J >= 1, G >= 1 (launchers: J = cdiv(cdiv(T, B), BLOCK_M), G = cdiv(T, 4 * BLOCK_M)).
+    Out[rows, h] = softmax(q k^T * scale + pos) v within each row's sequence; dead rows (past cu[B]): 0, Lse -inf.
+
+    Program pid < B * J is (b, j) = divmod(pid, J): tiles j, j + J, ... of sequence b (one for sequences of at most
+    J * BLOCK_M rows). The other G programs zero the dead rows [clamp(cu[B]), T) in BLOCK_M tiles, G apart.
+    has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias): q + bq in QKV's dtype, the k bias
+    cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias.
+    HAS_POS: pos = PosTable[h, rel(TokPos[q], TokPos[k])] (PosTable, TokPos, grid_h, grid_w, num_prefix unread
+    otherwise); Lse includes it."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    n_seq = B * J  # programs of the sequences
+    if pid_m < n_seq:
+        qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
+        offs_d = tl.arange(0, BLOCK_D)
+        # Bias: q gets its bias once; the k bias adds q.kb to every score of a row, which softmax cancels, so it is
+        # never loaded; the v bias comes out of the weighted sum (the weights sum to 1) and is added to the output.
+        # K and V tiles go to the dots exactly as loaded (an add in the key loop cost ~20% on the H200).
+        b_ok = (offs_d < D) & (has_bias != 0)  # no bias: masked loads give exact zeros (x + 0 == x), no branch
+        qb = tl.load(Bias + h * D + offs_d, mask=b_ok, other=0.0)
+        vb = tl.load(Bias + 2 * H * D + h * D + offs_d, mask=b_ok, other=0.0).to(tl.float32)
+        b = pid_m // J
+        j = pid_m - b * J
+        lo = tl.where(b == 0, 0, tl.minimum(tl.maximum(tl.load(CU + b), 0), T)).to(tl.int32)  # f(0) = 0
+        hi = tl.maximum(lo, tl.minimum(tl.maximum(tl.load(CU + b + 1), 0), T).to(tl.int32))
+        first = lo + j * BLOCK_M
+        step = J * BLOCK_M
+        for t in range(0, tl.cdiv(tl.maximum(hi - first, 0), step)):
+            rows = first + t * step + tl.arange(0, BLOCK_M)
+            _fwd_tile(QKV, Out, Lse, PosTable, TokPos, rows, lo, hi, h, T, H, D, qk_scale, qb, vb, store_lse,
+                      grid_h, grid_w, num_prefix, BLOCK_M, BLOCK_N, BLOCK_D, HAS_POS)  # fmt: skip
+    else:
+        g = pid_m - n_seq
+        n_dead = tl.num_programs(0) - n_seq
+        dead = tl.where(B == 0, 0, tl.minimum(tl.maximum(tl.load(CU + B), 0), T)).to(tl.int32)  # f(B)
+        offs_d = tl.arange(0, BLOCK_D)
+        zeros = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=Out.dtype.element_ty)
+        for t in range(0, tl.cdiv(tl.maximum(T - dead - g * BLOCK_M, 0), n_dead * BLOCK_M)):
+            rows = dead + (g + t * n_dead) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < T
+            o_ptrs = Out + rows.to(tl.int64)[:, None] * (H * D) + h * D + offs_d[None, :]
+            tl.store(o_ptrs, zeros, mask=row_ok[:, None] & (offs_d < D)[None, :])
+            if store_lse != 0:
+                tl.store(Lse + h * T + rows, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["T", "B", "scale_bits", "has_bias", "grid_h", "grid_w", "num_prefix"])

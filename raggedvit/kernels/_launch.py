@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from raggedvit.kernels._config import KernelConfig, pick_config
+from raggedvit.kernels._config import KernelConfig, fwd_grid, pick_config
 
 __all__ = ["_launch_triton", "load_interpreted_kernels", "scale_bits"]
 
@@ -150,7 +150,7 @@ def _launch_triton(
     cfg = pick_config(T, D, qkv.dtype) if config is None else config
     bits = scale_bits(scale)
     pos_ints = (int(grid[0]), int(grid[1]), int(num_prefix))  # grid_h, grid_w, num_prefix
-    grid_m = T // cfg.block_m + B + 2  # room for every tile of _kernel._seq_tile's list
+    J, grid_m = fwd_grid(T, B, cfg.block_m)
     fwd_args = (
         qkv,
         bias,
@@ -161,6 +161,7 @@ def _launch_triton(
         token_pos,
         T,
         B,
+        J,
         H,
         D,
         bits,
@@ -193,7 +194,7 @@ def _launch_triton(
                 key = None
     k = _default_kernels() if kernels is None else kernels
     ck_fwd = k._ragged_attn_fwd[(grid_m, H)](
-        *fwd_args[:17], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos,
+        *fwd_args[:18], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     ck_cls = None

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import triton
 
+from raggedvit.kernels._config import fwd_grid
+
 HERE = Path(__file__).resolve().parent
 CUDA_SRC = HERE.parents[1] / "raggedvit" / "custom_ops" / "cuda"
 CUDA_H = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
@@ -101,12 +103,13 @@ def test_launch_parameters_match_the_kernel_signatures(harness, tmp_path):
     fwd, cls = launches(log)
     bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
     assert fwd["name"] == "_ragged_attn_fwd" and fwd["image"].endswith("/sm90/min0")
-    # the tile list of one-sequence tiles: T // 32 + B + 2 programs, H
-    assert fwd["grid"] == "8,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"
+    # J = cdiv(cdiv(100, 3), 32) = 2 programs per sequence, then cdiv(100, 4 * 32) for the dead rows; H
+    assert fwd_grid(100, 3, 32) == (2, 7)
+    assert fwd["grid"] == "7,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"
     # QKV, Bias (no bias: QKV's pointer, never read), CU, Out, Lse, PosTable, TokPos (no pos: QKV's and CU's
-    # pointers, never read), T, B, H, D, scale_bits, store_lse, has_bias, grid_h, grid_w, num_prefix,
+    # pointers, never read), T, B, J, H, D, scale_bits, store_lse, has_bias, grid_h, grid_w, num_prefix,
     # global_scratch, profile_scratch
-    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,a00000,b00000,100,3,12,64,{bits},1,0,0,0,0,0,0"
+    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,a00000,b00000,100,3,2,12,64,{bits},1,0,0,0,0,0,0"
     assert cls["name"] == "_ragged_cls_attn" and cls["grid"] == "1,1,1"  # cdiv(100, 128)
     # QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, T, B, H, D, scale_bits, has_bias, grid_h, grid_w, num_prefix,
     # global_scratch, profile_scratch
@@ -120,7 +123,7 @@ def test_relative_position_images_and_parameters(harness, tmp_path):
     fwd, cls, fwd2 = launches(log)
     assert fwd["image"] == "kForward/kFloat16/kInt32/d64/postrue/sm90/min0" and "/postrue/" in cls["image"]
     bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
-    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,f00000,f80000,100,3,12,64,{bits},1,0,14,14,1,0,0"
+    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,f00000,f80000,100,3,2,12,64,{bits},1,0,14,14,1,0,0"
     assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,f00000,f80000,100,3,12,64,{bits},0,14,14,1,0,0"
     assert fwd2["args"].endswith(",0,0,3,5,0,0,0") and "/postrue/" in fwd2["image"]
     assert fwd["stream"] == cls["stream"] == "5000" and fwd["ctx"] == "0"
@@ -131,7 +134,7 @@ def test_config_follows_T_and_large_shared_memory_is_opted_in_once(harness, tmp_
     assert res == ["OK"] * 3
     images = [x["image"] for x in launches(log)]
     assert images == [f"kForward/kFloat16/kInt32/d64/posfalse/sm90/min{m}" for m in ("0", "2048", "2048")]
-    assert launches(log)[1]["grid"] == "37,12,1"  # 2048 // 64 + B + 2
+    assert [x["grid"] for x in launches(log)] == [f"{fwd_grid(T, 3, m)[1]},12,1" for T, m in ((2047, 32), (2048, 64), (9000, 64))]
     assert [x for x in log if x.startswith("setattr")] == [
         "setattr kForward/kFloat16/kInt32/d64/posfalse/sm90/min2048 attr=8 value=60000"
     ]
@@ -180,8 +183,8 @@ def test_empty_grid_launches_nothing(harness, tmp_path):
         ({"D": 256}, {}, "ERR head dim D = 256 is not supported"),
         ({"misalign": 8}, {}, "ERR device buffer 'qkv' is not 16-byte aligned"),
         ({"T": 3_000_000, "H": 12, "D": 64}, {}, "exceed the int32 indexing"),
-        ({"B": 2**31 - 3}, {}, "ERR T = 100, B = 2147483645: T / 32 + B + 2 query tiles exceed the CUDA grid limit"),
-        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 14 parameters, launcher passes 19"),
+        ({"B": 2**31 - 1}, {}, "ERR T = 100, B = 2147483647: B * 1 + 1 query-tile programs exceed the CUDA grid limit"),
+        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 14 parameters, launcher passes 20"),
         (
             {"pos": (1, 14, 14, 1)},
             {"FAKE_CUDA_ARCH": "80"},

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _kernel_cases import check_against_reference, make_batch, poisoned_outputs, random_lengths, reference
 
-from raggedvit.kernels._config import KernelConfig, block_d, pick_config
+from raggedvit.kernels._config import KernelConfig, block_d, fwd_grid, pick_config
 from raggedvit.kernels._launch import _launch_triton
 from raggedvit.testing import assert_close
 
@@ -43,13 +43,23 @@ def test_random_batches(interpreted, gen, dtype, D, H, max_tokens):
     check_against_reference(out, cls_attn, qkv, cu, H, name=f"lengths={lengths}")
 
 
-def test_small_tiles_straddle_many_sequences(interpreted, gen):
-    """16-row tiles over lengths 1/2/17: most tiles hold several sequences (and empty ones in between)."""
+def test_small_tiles_over_short_and_empty_sequences(interpreted, gen):
+    """16-row tiles over lengths 0..33: partial tiles, empty sequences (programs with no tile) in between."""
     lengths = [1, 2, 17, 0, 1, 33, 2, 0, 16, 1]
     qkv, cu = make_batch(lengths, 2, 16, torch.float16, gen)
     cfg = KernelConfig("fp16", 16, 16, 16, 4, 1, 16, 4)
     out, cls_attn = run(interpreted, qkv, cu, 2, config=cfg, scale=0.3)
     check_against_reference(out, cls_attn, qkv, cu, 2, scale=0.3)
+
+
+def test_sequences_longer_than_their_programs_loop(interpreted, gen):
+    """Skewed lengths: J = cdiv(cdiv(T, B), BLOCK_M) = 2 programs per sequence, so the 70-row sequence (5 tiles of 16)
+    is run by its 2 programs in 3 and 2 tiles, the others in one or none."""
+    qkv, cu = make_batch([70, 1, 0, 2], 2, 16, torch.float16, gen)
+    cfg = KernelConfig("fp16", 16, 16, 16, 4, 1, 16, 4)
+    assert fwd_grid(73, 4, 16) == (2, 4 * 2 + 2)
+    out, cls_attn = run(interpreted, qkv, cu, 2, config=cfg)
+    check_against_reference(out, cls_attn, qkv, cu, 2)
 
 
 def test_head_dim_not_power_of_two(interpreted, gen):
@@ -81,11 +91,14 @@ def test_empty_launches_nothing():
 
 @pytest.mark.parametrize(
     "cu_values",
-    [[0, 40, 20, 64], [0, 30, 500, 64], [0, 10, 64, 30], [5, -3, 64], [0, 1000], [0, 20], [-7, -7]],
-    ids=["decreasing", "beyond-T", "last-below-T", "negative", "huge", "short", "all-negative"],
+    [[0, 40, 20, 64], [0, 30, 500, 64], [0, 10, 64, 30], [5, -3, 64], [0, 1000], [0, 20], [-7, -7], [10, 20, 64],
+     [9], [0, 50, 3, 2, 60]],
+    ids=["decreasing", "beyond-T", "last-below-T", "negative", "huge", "short", "all-negative", "first-nonzero",
+         "no-sequence", "zigzag"],
 )
 def test_bad_cu_stays_in_bounds(interpreted, gen, cu_values):
-    """Bad cu_seqlens: no exception, no read outside qkv (NaN guard rows), no write outside out/cls_attn."""
+    """Bad cu_seqlens: no exception, no read outside qkv (NaN guard rows), no write outside out/cls_attn, and every
+    row of out / cls_attn written (each row lies in at least one sequence or in the dead rows)."""
     T, H, D, G = 64, 2, 32, 16
     width = 3 * H * D
     buf = torch.full((T + 2 * G, width), float("nan"), dtype=torch.float16)

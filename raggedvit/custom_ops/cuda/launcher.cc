@@ -384,21 +384,29 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   std::memcpy(&scale_bits, &a.scale, sizeof(scale_bits));
 
   const KernelImage& f = kKernelImages[fwd_index];
+  // the forward kernel's grid (kernels/_config.py fwd_grid): J = cdiv(cdiv(T, B), BLOCK_M) programs per sequence,
+  // then cdiv(T, kDeadTilesPerProgram * BLOCK_M) for the dead rows; all of it int32 in the kernel (checked)
+  constexpr int64_t kDeadTilesPerProgram = 4;
+  if (f.block_m < 1) return std::string(f.function_name) + ": BLOCK_M must be >= 1";
+  const int64_t per_seq = (a.T + std::max<int64_t>(a.B, 1) - 1) / std::max<int64_t>(a.B, 1);
+  const int64_t tiles_per_seq = std::max<int64_t>(1, (per_seq + f.block_m - 1) / f.block_m);
+  const int64_t dead_programs = (a.T + kDeadTilesPerProgram * f.block_m - 1) / (kDeadTilesPerProgram * f.block_m);
+  int64_t seq_programs = 0, fwd_programs = 0;
+  if (__builtin_mul_overflow(a.B, tiles_per_seq, &seq_programs) ||
+      __builtin_add_overflow(seq_programs, dead_programs, &fwd_programs) || fwd_programs > (int64_t{1} << 31) - 1) {
+    return "T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ": B * " + std::to_string(tiles_per_seq) +
+           " + " + std::to_string(dead_programs) + " query-tile programs exceed the CUDA grid limit 2^31 - 1";
+  }
+  int32_t J = static_cast<int32_t>(tiles_per_seq);
   void* fwd_args[] = {&qkv,        &bias,     &cu,     &out,    &lse,    &pos_table,  &token_pos,
-                      &T,          &B,        &H,      &D,      &scale_bits, &store_lse, &has_bias,
+                      &T,          &B,        &J,      &H,      &D,      &scale_bits, &store_lse, &has_bias,
                       &grid_h,     &grid_w,   &num_prefix, &scratch, &profile_scratch};
   constexpr int kFwdParams = static_cast<int>(sizeof(fwd_args) / sizeof(void*));
   if (f.num_params != kFwdParams) {
     return std::string(f.function_name) + ": cubin expects " + std::to_string(f.num_params) +
            " parameters, launcher passes " + std::to_string(kFwdParams);
   }
-  // the forward kernel's tile list (_kernel._seq_tile): at most T / BLOCK_M + B + 2 tiles, B < 2^31 (checked)
-  const int64_t fwd_tiles = a.T / f.block_m + a.B + 2;
-  if (f.block_m < 1 || fwd_tiles > (int64_t{1} << 31) - 1) {
-    return "T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ": T / " + std::to_string(f.block_m) +
-           " + B + 2 query tiles exceed the CUDA grid limit 2^31 - 1";
-  }
-  const unsigned fwd_grid = static_cast<unsigned>(fwd_tiles);
+  const unsigned fwd_grid = static_cast<unsigned>(fwd_programs);
   err = Launch(fwd, fwd_grid, static_cast<unsigned>(a.H), f.num_warps, f.shared_bytes, a.stream, fwd_args,
                "_ragged_attn_fwd");
   if (!err.empty()) return err;

@@ -169,7 +169,7 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
      R, D, B, eps (fp32 bits), has_skip, has_bias, has_live; patch embed: 5 pointers (Img, W, Prefix, Pos, Out), then 10 int32s; then
      Triton's 2 scratch pointers */
   int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 9 : (embed ? 5 : 7)));
-  int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd ? 10 : 9))))));
+  int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd ? 11 : 9))))));
   char args[1024];
   int pos = 0;
   if (strcmp(fn->name, "_ragged_linear_tma") == 0) {

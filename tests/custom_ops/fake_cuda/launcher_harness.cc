@@ -29,20 +29,20 @@ namespace {
 }  // namespace
 
 const KernelImage kKernelImages[] = {
-    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 19),
-    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 19),
-    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 19),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 19),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 19),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 20),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 20),
+    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 20),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 20),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 20),
     IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
     IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
     IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
-    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 19),
+    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 20),
     IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 18),
     IMG(kForward, kBFloat16, kInt32, 32, 90, 0, "_ragged_attn_fwd", 8192, 64, 64, 14),  // wrong param count
     IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
     // relative position bias variants (fp16/int32/d64 on sm_90 only)
-    IMGP(kForward, kFloat16, kInt32, 64, true, 90, 0, "_ragged_attn_fwd", 20480, 32, 64, 19),
+    IMGP(kForward, kFloat16, kInt32, 64, true, 90, 0, "_ragged_attn_fwd", 20480, 32, 64, 20),
     IMGP(kClsAttn, kFloat16, kInt32, 64, true, 90, 0, "_ragged_cls_attn", 2048, 0, 128, 18),
 };
 const size_t kNumKernelImages = sizeof(kKernelImages) / sizeof(kKernelImages[0]);
