@@ -202,7 +202,8 @@ def _proto(qkv, bias, cu, out, B: int, map_: int, bm: int, bn: int, warps: int, 
 
 
 VARIANTS = [(1, 64, bn, 4, st, opt) for opt in (0, 1) for bn, st in ((32, 3), (32, 2), (64, 2), (64, 3), (128, 2))] + [
-    (0, 64, 32, 4, 3, 0)]
+    (0, 64, 32, 4, 3, 0)
+]
 QUICK = [(m, 64, bn, 4, st) for m in (0, 1) for bn, st in ((32, 3), (64, 3), (128, 2))]
 
 
@@ -247,6 +248,7 @@ def _case(B: int, kind: str, variants) -> list[dict[str, Any]]:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         for name, backend in (("sdpa-cudnn", "CUDNN_ATTENTION"), ("sdpa-flash", "FLASH_ATTENTION")):
+
             def sdpa(backend=backend) -> None:
                 with sdpa_kernel(getattr(SDPBackend, backend)):
                     F.scaled_dot_product_attention(q, k, v)

@@ -14,7 +14,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["DEAD_TILES_PER_PROGRAM", "SMALL_T_LIMIT", "KernelConfig", "aot_configs", "block_d", "fwd_grid", "pick_config"]
+__all__ = [
+    "DEAD_TILES_PER_PROGRAM",
+    "SMALL_T_LIMIT",
+    "KernelConfig",
+    "aot_configs",
+    "block_d",
+    "fwd_grid",
+    "pick_config",
+]
 
 SMALL_T_LIMIT = 2048  # T below this uses the min_tokens=0 config
 

@@ -247,7 +247,7 @@ def _ragged_attn_fwd(
         hi = tl.maximum(lo, tl.minimum(tl.maximum(tl.load(CU + b + 1), 0), T).to(tl.int32))
         first = lo + j * BLOCK_M
         step = J * BLOCK_M
-        for t in range(0, tl.cdiv(tl.maximum(hi - first, 0), step)):
+        for t in range(0, (tl.maximum(hi - first, 0) + step - 1) // step):  # no tl.cdiv: see the reductions above
             rows = first + t * step + tl.arange(0, BLOCK_M)
             _fwd_tile(QKV, Out, Lse, PosTable, TokPos, rows, lo, hi, h, T, H, D, qk_scale, qb, vb, store_lse,
                       grid_h, grid_w, num_prefix, BLOCK_M, BLOCK_N, BLOCK_D, HAS_POS)  # fmt: skip
@@ -257,7 +257,8 @@ def _ragged_attn_fwd(
         dead = tl.where(B == 0, 0, tl.minimum(tl.maximum(tl.load(CU + B), 0), T)).to(tl.int32)  # f(B)
         offs_d = tl.arange(0, BLOCK_D)
         zeros = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=Out.dtype.element_ty)
-        for t in range(0, tl.cdiv(tl.maximum(T - dead - g * BLOCK_M, 0), n_dead * BLOCK_M)):
+        step = n_dead * BLOCK_M
+        for t in range(0, (tl.maximum(T - dead - g * BLOCK_M, 0) + step - 1) // step):
             rows = dead + (g + t * n_dead) * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok = rows < T
             o_ptrs = Out + rows.to(tl.int64)[:, None] * (H * D) + h * D + offs_d[None, :]

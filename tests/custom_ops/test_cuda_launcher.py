@@ -134,7 +134,8 @@ def test_config_follows_T_and_large_shared_memory_is_opted_in_once(harness, tmp_
     assert res == ["OK"] * 3
     images = [x["image"] for x in launches(log)]
     assert images == [f"kForward/kFloat16/kInt32/d64/posfalse/sm90/min{m}" for m in ("0", "2048", "2048")]
-    assert [x["grid"] for x in launches(log)] == [f"{fwd_grid(T, 3, m)[1]},12,1" for T, m in ((2047, 32), (2048, 64), (9000, 64))]
+    grids = [f"{fwd_grid(T, 3, m)[1]},12,1" for T, m in ((2047, 32), (2048, 64), (9000, 64))]
+    assert [x["grid"] for x in launches(log)] == grids
     assert [x for x in log if x.startswith("setattr")] == [
         "setattr kForward/kFloat16/kInt32/d64/posfalse/sm90/min2048 attr=8 value=60000"
     ]
