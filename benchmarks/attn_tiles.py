@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,21 +42,27 @@ def _lengths(B: int, kind: str, gen: torch.Generator) -> list[int]:
     return [int(kind)] * B
 
 
-def _case(B: int, kind: str) -> list[dict[str, Any]]:
+Candidate = tuple[str, Callable[[], Any], Any, "torch.Tensor | None"]  # impl, call, config, its output (checked)
+
+
+def time_case(
+    B: int, kind: str, candidates: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], list[Candidate]]
+) -> list[dict[str, Any]]:
+    """Records of one (B, lengths kind) case: qkv [T, 3*H*D] fp16, bias [3*H*D], cu [B+1] int64 drawn from a seed of
+    (B, kind); `candidates(qkv, bias, cu, ref)` (ref = the shipped kernel's output) lists the calls to time, each
+    checked against ref first when it names its output; then torch SDPA on the padded batch (cudnn, flash) for
+    uniform lengths. Errors (e.g. out of shared memory) are recorded, not raised."""
     gen = torch.Generator().manual_seed(B * 31 + len(kind))
     lengths = _lengths(B, kind, gen)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device="cuda")
     T = int(cu[-1])
     qkv = torch.randn(T, 3 * H * D, generator=gen).to(torch.float16).cuda()
     bias = (torch.randn(3 * H * D, generator=gen) * 0.1).to(torch.float16).cuda()
-    scale = D**-0.5
-    ref, _ = _launch_triton(qkv, cu, H, scale, False, bias=bias)
+    ref, _ = _launch_triton(qkv, cu, H, D**-0.5, False, bias=bias)
     recs: list[dict[str, Any]] = []
-    base = {"B": B, "lengths": kind, "T": T}
-    shipped = pick_config(T, D, torch.float16)
 
-    def add(impl: str, fn, cfg: tuple[int, ...] | None, out: torch.Tensor | None) -> None:
-        rec = {**base, "impl": impl, "config": cfg}
+    def add(impl: str, fn: Callable[[], Any], cfg: Any, out: torch.Tensor | None) -> None:
+        rec = {"B": B, "lengths": kind, "T": T, "impl": impl, "config": cfg}
         try:
             if out is not None:
                 fn()
@@ -65,13 +72,8 @@ def _case(B: int, kind: str) -> list[dict[str, Any]]:
             rec["error"] = repr(exc)[:200]
         recs.append(rec)
 
-    add("shipped", lambda: _launch_triton(qkv, cu, H, scale, False, bias=bias),
-        (shipped.block_m, shipped.block_n, shipped.num_warps, shipped.num_stages), None)  # fmt: skip
-    for bm, bn, w, st in SHIPPED_VARIANTS:
-        cfg = dataclasses.replace(shipped, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
-        out = torch.empty_like(ref)
-        add("shipped-kernel", lambda cfg=cfg, out=out: _launch_triton(qkv, cu, H, scale, False, bias=bias, config=cfg,
-            out=out), (bm, bn, w, st), out)  # fmt: skip
+    for impl, fn, cfg, out in candidates(qkv, bias, cu, ref):
+        add(impl, fn, cfg, out)
     if kind != "ragged":
         L = lengths[0]
         q, k, v = (qkv + bias).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
@@ -87,6 +89,20 @@ def _case(B: int, kind: str) -> list[dict[str, Any]]:
     return recs
 
 
+def _shipped_configs(qkv, bias, cu, ref) -> list[Candidate]:
+    """The shipped kernel with its config, then over SHIPPED_VARIANTS."""
+    scale = D**-0.5
+    shipped = pick_config(qkv.shape[0], D, torch.float16)
+    cfg0 = (shipped.block_m, shipped.block_n, shipped.num_warps, shipped.num_stages)
+    out: list[Candidate] = [("shipped", lambda: _launch_triton(qkv, cu, H, scale, False, bias=bias), cfg0, None)]
+    for bm, bn, w, st in SHIPPED_VARIANTS:
+        cfg = dataclasses.replace(shipped, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+        y = torch.empty_like(ref)
+        out.append(("shipped-kernel", lambda cfg=cfg, y=y: _launch_triton(qkv, cu, H, scale, False, bias=bias,
+                    config=cfg, out=y), (bm, bn, w, st), y))  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
@@ -96,7 +112,7 @@ def main() -> None:
     data = {"benchmark": "attn_tiles", "env": environment(), "H": H, "D": D, "records": records}
     for kind in ("197", "99", "ragged"):
         for B in (1, 4, 32, 128):
-            recs = _case(B, kind)
+            recs = time_case(B, kind, _shipped_configs)
             records += recs
             cells = " ".join(
                 f"{r['impl'][:8]}{r['config'] or ''}="

@@ -25,17 +25,13 @@ import json
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from benchmarks.attn_tiles import Candidate, D, H, time_case
 from benchmarks.env import environment, probe_result_path
-from benchmarks.kernel import graph_time_us
 from raggedvit.kernels._kernel import _add_fn, _dot, _max_combine, _max_fn
 from raggedvit.kernels._launch import _launch_triton, scale_bits
-
-H, D = 12, 64
-
 
 _CU_CHUNK = tl.constexpr(256)  # cu entries per step of the tile search
 
@@ -207,54 +203,18 @@ VARIANTS = [(1, 64, bn, 4, st, opt) for opt in (0, 1) for bn, st in ((32, 3), (3
 QUICK = [(m, 64, bn, 4, st) for m in (0, 1) for bn, st in ((32, 3), (64, 3), (128, 2))]
 
 
-def _lengths(B: int, kind: str, gen: torch.Generator) -> list[int]:
-    if kind == "ragged":  # cls-mass-like: 45% .. 14% of 196 patches kept, + the class token
-        return (torch.randint(20, 120, (B,), generator=gen) + 1).tolist()
-    return [int(kind)] * B
+def _prototypes(variants):
+    """`time_case` candidates: the shipped kernel, then the prototype over `variants`."""
 
+    def candidates(qkv, bias, cu, ref) -> list[Candidate]:
+        B = cu.shape[0] - 1
+        out: list[Candidate] = [("shipped", lambda: _launch_triton(qkv, cu, H, D**-0.5, False, bias=bias), None, None)]
+        for v in variants:
+            y = torch.empty_like(ref)
+            out.append(("proto", lambda v=v, y=y: _proto(qkv, bias, cu, y, B, *v), list(v), y))
+        return out
 
-def _case(B: int, kind: str, variants) -> list[dict[str, Any]]:
-    gen = torch.Generator().manual_seed(B * 31 + len(kind))
-    lengths = _lengths(B, kind, gen)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device="cuda")
-    T = int(cu[-1])
-    qkv = torch.randn(T, 3 * H * D, generator=gen).to(torch.float16).cuda()
-    bias = (torch.randn(3 * H * D, generator=gen) * 0.1).to(torch.float16).cuda()
-    scale = D**-0.5
-    ref, _ = _launch_triton(qkv, cu, H, scale, False, bias=bias)
-    recs: list[dict[str, Any]] = []
-    base = {"B": B, "lengths": kind, "T": T}
-
-    def add(impl: str, fn, cfg, out: torch.Tensor | None) -> None:
-        rec = {**base, "impl": impl, "config": cfg}
-        try:
-            if out is not None:
-                fn()
-                torch.cuda.synchronize()
-                rec["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
-            rec["gpu_us"] = graph_time_us(fn, inner=20, reps=9)[0]
-        except Exception as exc:  # noqa: BLE001 - recorded (e.g. out of shared memory)
-            rec["error"] = repr(exc)[:200]
-        recs.append(rec)
-
-    add("shipped", lambda: _launch_triton(qkv, cu, H, scale, False, bias=bias), None, None)
-    for v in variants:
-        out = torch.empty_like(ref)
-        add("proto", lambda v=v, out=out: _proto(qkv, bias, cu, out, B, *v), list(v), out)
-    if kind != "ragged":
-        L = lengths[0]
-        q, k, v = (qkv + bias).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        for name, backend in (("sdpa-cudnn", "CUDNN_ATTENTION"), ("sdpa-flash", "FLASH_ATTENTION")):
-
-            def sdpa(backend=backend) -> None:
-                with sdpa_kernel(getattr(SDPBackend, backend)):
-                    F.scaled_dot_product_attention(q, k, v)
-
-            add(name, sdpa, None, None)
-    return recs
+    return candidates
 
 
 def main() -> None:
@@ -269,7 +229,7 @@ def main() -> None:
     variants = QUICK if args.quick else VARIANTS
     for kind in ("197", "99", "ragged"):
         for B in (1, 4, 32, 128):
-            recs = _case(B, kind, variants)
+            recs = time_case(B, kind, _prototypes(variants))
             records += recs
             best = sorted((r for r in recs if "gpu_us" in r), key=lambda r: r["gpu_us"])[:4]
             bad = [r["config"] for r in recs if r.get("max_abs_diff", 0) > 2e-2 or "error" in r]
