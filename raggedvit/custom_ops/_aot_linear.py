@@ -58,6 +58,7 @@ class LinearJob:
     kernel: str = "linear"
     tma: bool = False  # `_ragged_linear_tma` (config "tma")
     programs_per_sm: int = 1  # TMA: the launcher's persistent grid is min(programs_per_sm x SMs, tiles)
+    epilogue_split: int = 1  # TMA: the epilogue's Res / Y blocks are BLOCK_N / epilogue_split columns wide
 
     @property
     def function(self) -> str:
@@ -80,8 +81,10 @@ class LinearJob:
             sig["X_desc"] = f"tensordesc<{self.dtype}[{self.block_m}, {self.block_k}]>"
             sig["W_desc"] = f"tensordesc<{self.dtype}[{self.block_n}, {self.block_k}]>"
             for name in ("Res_desc", "Y_desc"):
-                sig[name] = f"tensordesc<{self.dtype}[{self.block_m}, {self.block_n}]>"
+                sig[name] = f"tensordesc<{self.dtype}[{self.block_m}, {self.block_n // self.epilogue_split}]>"
         consts = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
+        if self.tma:
+            consts["EPI_SPLIT"] = self.epilogue_split
         sig.update({k: "constexpr" for k in consts})
         return sig, consts
 
@@ -116,6 +119,7 @@ def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
             c.num_stages,
             tma=c.tma,
             programs_per_sm=c.programs_per_sm,
+            epilogue_split=c.epilogue_split,
         )
         for arch in archs
         for dt in LINEAR_DTYPES
@@ -125,9 +129,11 @@ def make_linear_plan(archs: tuple[int, ...] = ARCHS) -> list[LinearJob]:
         and (not c.tma or arch >= module.TMA_MIN_ARCH)  # TMA: Hopper and newer
     ]
     for j in jobs:
-        if j.tma and (j.block_k * 2 != TMA_INNER_BYTES or j.block_n * 2 % TMA_INNER_BYTES):  # fp16 / bf16: 2 bytes
+        slice_n = j.block_n // j.epilogue_split
+        if j.tma and (j.block_k * 2 != TMA_INNER_BYTES or slice_n * 2 % TMA_INNER_BYTES):  # fp16 / bf16: 2 bytes
             raise ValueError(
-                f"{j}: the launcher's TMA boxes are {TMA_INNER_BYTES} bytes wide (BLOCK_K 64, BLOCK_N % 64)"
+                f"{j}: the launcher's TMA boxes are {TMA_INNER_BYTES} bytes wide (BLOCK_K 64, BLOCK_N / epilogue_split "
+                "% 64)"
             )
     return jobs
 

@@ -34,7 +34,8 @@ def linear_info(linear: Sequence[AotResult], skipped: Sequence[AotResult], rule:
     """The ragged linear part of the build info: cubins, configs, shared memory, configs skipped per arch."""
     configs = {
         r.job.config: {k: getattr(r.job, k) for k in ("block_m", "block_n", "block_k", "group_m", "num_warps",
-                                                        "num_stages", "tma", "programs_per_sm")}
+                                                        "num_stages", "tma", "programs_per_sm",
+                                                        "epilogue_split")}
         for r in (*linear, *skipped)
     }  # fmt: skip
     return {

@@ -1,16 +1,28 @@
 """Launch configs of the ragged linear kernels (`_linear_kernel._ragged_linear`, `_ragged_linear_tma`): one table for
 the torch op's JIT launch and the AOT build (which loads this file without torch or raggedvit, like `_config.py`).
 
-On sm_90 every launch from LARGE_T rows takes the persistent TMA kernel with 64 x 128 x 64 tiles on 4 warps, 3
-stages and two programs per SM ("tma": 106.5 KiB of shared memory each, so two fit an SM and one's epilogue
-overlaps the other's K loop). Measured with `benchmarks.linear_persistent` (`benchmarks/results/
-linear_persistent_2026-12-03_NVIDIA-H200_run3.json`; the four block GEMMs of deit_base and deit_small over the
-capacity layouts of B = 32 and 128 at their kept fractions, Triton 3.6 JIT), the nine ragged blocks' GEMMs per
-forward: deit_base B = 128 2,479 us (128 x 128 tiles, one program per SM: 2,604; the pointer kernel's configs
-below: 2,829; cuBLAS over the live rows alone, a floor: 1,422), B = 32 858 (933, 955, 443); deit_small 1,189 and
-444 us (1,248 and 492; 1,617 and 509). 64 x 64 tiles with three programs per SM are ~3% faster at B = 32 and ~9%
-slower at B = 128; two stages or four programs per SM lose everywhere (`..._run2.json` / `_run3.json`). The
-pointer kernel's configs below are every other arch's, and sm_90's under LARGE_T rows.
+On sm_90 every launch from LARGE_T rows takes the persistent TMA kernel with 64 x 128 x 64 tiles on 4 warps, 4
+stages, two programs per SM and the epilogue in two 64-column slices ("tma": ~104 KiB of shared memory each, so two
+fit an SM and one's epilogue overlaps the other's K loop). Measured as shipped, the AOT cubins of the package build's
+Triton through ONNX Runtime (`benchmarks.linear_aot`, `benchmarks/results/linear_aot_2026-12-03_NVIDIA-H200.json`:
+one op library per candidate; the four block GEMMs of deit_base and deit_small over the capacity layouts of B = 32
+and 128 at cls-mass's kept fractions, the op's epilogues included), the nine ragged blocks' GEMMs per forward:
+
+    candidate (tiles, stages, programs per SM, epilogue slices)   base B=32  base B=128  small B=32  small B=128
+    64 x 128, 3 stages, 2 per SM, 1 slice (before)                     849      2,489        442       1,194
+    64 x 128, 4 stages, 2 per SM, 2 slices (shipped)                   670      2,002        385       1,024
+    128 x 128 on 8 warps, 4 stages, 1 per SM, 2 slices                 714      2,045        405       1,073
+    128 x 256 on 8 warps, 3 stages, 1 per SM, 2 slices                 915      2,234        583       1,306
+    64 x 256, 3 stages, 1 per SM, 2 slices                             881      2,692        593       1,789
+    cuBLAS over the live rows alone, bias only (a floor)               438      1,397        264         700
+
+The shipped tiles are the fastest or within 5% of the fastest in 46 of the 48 GEMMs (within 10% in all). What
+remains against the floor is mostly fc1's GELU: its erf epilogue costs about as much as its K loop (deit_base B=128:
+137 us against 84 us for cuBLAS without GELU; qkv, the same K and 3/4 of the columns: 73 against 63 us). Earlier,
+under the GPU machine's own Triton JIT (`benchmarks.linear_persistent`,
+`linear_persistent_2026-12-03_NVIDIA-H200_run3.json`), the 64 x 128 tiles with 3 stages had beaten 128 x 128 tiles
+with one program per SM and the pointer kernel. The pointer kernel's configs below are every other arch's, and
+sm_90's under LARGE_T rows.
 
 Measured on the H200 (`benchmarks/results/linear_tune_2026-12-01_NVIDIA-H200.json`, deit_base's four block
 GEMMs): below ~1k rows 64-row tiles win, with 32-column tiles for narrow outputs (proj, fc2: N <= 1024); from
@@ -65,13 +77,14 @@ class LinearConfig:
     group_m: int = GROUP_M
     tma: bool = False  # the persistent TMA kernel `_ragged_linear_tma` (sm_90 and newer, fp16 / bf16)
     programs_per_sm: int = 1  # TMA: the persistent grid is min(programs_per_sm x SMs, tiles)
+    epilogue_split: int = 1  # TMA: the epilogue stores BLOCK_N / epilogue_split columns at a time (1 or 2)
 
 
 _SMALL_NARROW = LinearConfig(64, 32, 64, 4, 4)
 _SMALL_WIDE = LinearConfig(64, 64, 64, 4, 4)
 _LARGE = LinearConfig(128, 128, 64, 8, 3)
 _XLARGE = LinearConfig(128, 256, 64, 8, 4)
-_TMA = LinearConfig(64, 128, 64, 4, 3, tma=True, programs_per_sm=2)
+_TMA = LinearConfig(64, 128, 64, 4, 4, tma=True, programs_per_sm=2, epilogue_split=2)
 
 
 def linear_config(T: int, N: int, arch: int | None = None, has_live: bool = False, tma: bool = True) -> LinearConfig:

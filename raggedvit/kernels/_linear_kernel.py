@@ -52,7 +52,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["_bias_gelu", "_ragged_linear", "_ragged_linear_tma", "gelu_erf"]
+__all__ = ["_bias_gelu", "_ragged_linear", "_ragged_linear_tma", "_tma_epilogue", "gelu_erf"]
 
 
 # True in a process started with TRITON_INTERPRET (the interpreter runs no inline PTX: `_rcp` divides there)
@@ -210,6 +210,7 @@ def _ragged_linear_tma(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr = 1,
 ):
     # The same layer as `_ragged_linear` on Hopper's tensor memory accelerator: X_desc, W_desc, Res_desc, Y_desc
     # are TMA descriptors of X [T, K], W [N, K], Res [T, N] (Y's when has_res = 0: never read) and Y [T, N] with
@@ -218,7 +219,9 @@ def _ragged_linear_tma(
     # by GROUP_M row tiles), so the dead row tiles of a capacity layout cost no program and are never written. TMA
     # reads rows past T / columns past K as zeros and clips stores at T and N; the last live tile's rows in
     # [live, T) are computed from whatever X holds there (a row's products stay in its own row) and stored:
-    # their values are unspecified, as every dead row's.
+    # their values are unspecified, as every dead row's. EPI_SPLIT (1 or 2): the epilogue runs on column slices of
+    # BLOCK_N / EPI_SPLIT (Res_desc and Y_desc blocks [BLOCK_M, BLOCK_N / EPI_SPLIT]), which halves the shared
+    # memory of its store buffer and the registers live in it for large tiles.
     pid = tl.program_id(0)
     live = T
     if has_live != 0:
@@ -239,11 +242,25 @@ def _ragged_linear_tma(
             a = X_desc.load([row0, kk * BLOCK_K])
             b = W_desc.load([col0, kk * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
-        if has_bias != 0:
-            cols = col0 + tl.arange(0, BLOCK_N)
-            acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        if activation == 1:
-            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # as `_ragged_linear`
-        if has_res != 0:
-            acc += Res_desc.load([row0, col0]).to(tl.float32)
-        Y_desc.store([row0, col0], acc.to(Y_desc.dtype))
+        if EPI_SPLIT == 2:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            _tma_epilogue(left, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activation, BLOCK_N // 2)
+            _tma_epilogue(
+                right, Res_desc, Y_desc, Bias, N, row0, col0 + BLOCK_N // 2, has_bias, has_res, activation, BLOCK_N // 2
+            )
+        else:
+            _tma_epilogue(acc, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activation, BLOCK_N)
+
+
+@triton.jit
+def _tma_epilogue(acc, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activation, WIDTH: tl.constexpr):
+    """Y[row0:, col0:col0 + WIDTH] = act(acc + Bias) + Res of one [BLOCK_M, WIDTH] fp32 slice of a tile."""
+    if has_bias != 0:
+        cols = col0 + tl.arange(0, WIDTH)
+        acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    if activation == 1:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # as `_ragged_linear`
+    if has_res != 0:
+        acc += Res_desc.load([row0, col0]).to(tl.float32)
+    Y_desc.store([row0, col0], acc.to(Y_desc.dtype))

@@ -96,14 +96,15 @@ def _launch_linear(
         programs = min(cfg.programs_per_sm * _multiprocessors(x.device), tiles)
         x_desc = TensorDescriptor(x, [T, K], [K, 1], [cfg.block_m, cfg.block_k])
         w_desc = TensorDescriptor(weight, [N, K], [K, 1], [cfg.block_n, cfg.block_k])
-        y_desc = TensorDescriptor(out, [T, N], [N, 1], [cfg.block_m, cfg.block_n])
+        slice_n = cfg.block_n // cfg.epilogue_split  # the epilogue's store width
+        y_desc = TensorDescriptor(out, [T, N], [N, 1], [cfg.block_m, slice_n])
         res = residual if residual is not None else out  # never read when has_res = 0
-        res_desc = TensorDescriptor(res, [T, N], [N, 1], [cfg.block_m, cfg.block_n])
+        res_desc = TensorDescriptor(res, [T, N], [N, 1], [cfg.block_m, slice_n])
         k._ragged_linear_tma[(programs,)](
             x_desc, w_desc, res_desc, y_desc, x if bias is None else bias, cu,
             T, N, K, B, int(bias is not None), int(residual is not None), int(has_live), int(activation), programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            EPI_SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
     if cfg.tma:  # operands TMA cannot address: the pointer kernel with the same tiles

@@ -19,7 +19,7 @@ INTERPRETED = [
     ("fp32_bias_res", torch.float32, 33, 24, 20, 20, 0, True, True),
     ("fp32_odd_sizes", torch.float32, 17, 7, 5, 9, 1, True, True),
 ]
-# The persistent TMA kernel (`_ragged_linear_tma`, config TMA_CONFIG: 32-row tiles, 3 programs in the
+# The persistent TMA kernel (`_ragged_linear_tma`, 32 x 32 x 32 tiles, 3 programs in the
 # interpreter), its X's dead rows NaN-poisoned (TMA loads them into the last live tile): K past BLOCK_K's
 # multiples, a live count mid-tile, at 0 and past T.
 TMA_INTERPRETED = [
@@ -28,6 +28,11 @@ TMA_INTERPRETED = [
     ("tma_fp16_live_mid_tile", torch.float16, 130, 80, 72, 77, 1, True, False),
     ("tma_fp16_live_zero", torch.float16, 64, 32, 16, 0, 0, True, True),
     ("tma_fp16_live_past_t", torch.float16, 70, 64, 48, 90, 0, False, True),
+    # the epilogue in two column slices (epilogue_split 2, 32 x 64 x 32 tiles): a slice wholly past
+    # N (N = 40), the second tile's right slice past N (N = 72), both slices live (N = 128)
+    ("tma_split_fp16_gelu_bias_res", torch.float16, 70, 48, 40, 65, 1, True, True),
+    ("tma_split_fp16_live_mid_tile", torch.float16, 130, 80, 72, 77, 1, True, True),
+    ("tma_split_fp16_two_tiles", torch.float16, 70, 48, 128, None, 0, True, True),
 ]
 
 
@@ -62,7 +67,10 @@ def _run_interpreted() -> dict[str, list[float]]:
         if tma:
             x[n:] = float("nan")  # dead rows: whatever the buffer held (read by TMA, reaching no live row)
         poison = torch.full((T, N), float("nan"), dtype=dtype)
-        config = LinearConfig(32, 32, 32, 4, 2, tma=True) if tma else None
+        config = None
+        if tma:
+            split = name.startswith("tma_split_")
+            config = LinearConfig(32, 64 if split else 32, 32, 4, 2, tma=True, epilogue_split=2 if split else 1)
         y = _launch_linear(x, w, b, r, cu, act, kernels=_linear_kernel, config=config, out=poison)
         # the pointer kernel never writes a dead row, the TMA kernel none past its last live tile: the poison stays
         untouched = bool(y[n if config is None else first_unwritten_row(config, n) :].isnan().all())

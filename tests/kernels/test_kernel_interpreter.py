@@ -91,10 +91,30 @@ def test_empty_launches_nothing():
 
 @pytest.mark.parametrize(
     "cu_values",
-    [[0, 40, 20, 64], [0, 30, 500, 64], [0, 10, 64, 30], [5, -3, 64], [0, 1000], [0, 20], [-7, -7], [10, 20, 64],
-     [9], [0, 50, 3, 2, 60]],
-    ids=["decreasing", "beyond-T", "last-below-T", "negative", "huge", "short", "all-negative", "first-nonzero",
-         "no-sequence", "zigzag"],
+    [
+        [0, 40, 20, 64],
+        [0, 30, 500, 64],
+        [0, 10, 64, 30],
+        [5, -3, 64],
+        [0, 1000],
+        [0, 20],
+        [-7, -7],
+        [10, 20, 64],
+        [9],
+        [0, 50, 3, 2, 60],
+    ],
+    ids=[
+        "decreasing",
+        "beyond-T",
+        "last-below-T",
+        "negative",
+        "huge",
+        "short",
+        "all-negative",
+        "first-nonzero",
+        "no-sequence",
+        "zigzag",
+    ],
 )
 def test_bad_cu_stays_in_bounds(interpreted, gen, cu_values):
     """Bad cu_seqlens: no exception, no read outside qkv (NaN guard rows), no write outside out/cls_attn, and every
