@@ -116,7 +116,10 @@ def test_linear_plan_and_signature():
     sig, consts = tma.signature()
     assert tma.function == "_ragged_linear_tma" and list(sig)[:6] == ["X_desc", "W_desc", "Res_desc", "Y_desc", "Bias",
                                                                        "CU"]  # fmt: skip
-    assert sig["Y_desc"] == sig["Res_desc"] == f"tensordesc<bf16[{tma.block_m}, {tma.block_n}]>"
+    # the epilogue stores BLOCK_N / epilogue_split columns at a time: Res / Y descriptors of that width
+    width = tma.block_n // tma.epilogue_split
+    assert sig["Y_desc"] == sig["Res_desc"] == f"tensordesc<bf16[{tma.block_m}, {width}]>"
+    assert consts["EPI_SPLIT"] == tma.epilogue_split and width % 64 == 0
     assert sig["X_desc"] == f"tensordesc<bf16[{tma.block_m}, 64]>"
     assert sig["W_desc"] == f"tensordesc<bf16[{tma.block_n}, 64]>"
     assert sig["num_programs"] == "i32" and tma.block_k * 2 == _aot_linear.TMA_INNER_BYTES
