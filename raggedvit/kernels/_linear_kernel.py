@@ -31,11 +31,13 @@ cancellation); over every finite fp16 x its fp16-rounded result is the exactly r
 inputs (1 ulp off), where the fp32 erf form misses hundreds (tests/kernels/test_bias_gelu.py); and the kernel below
 runs 1.29-1.32x faster with it than with libdevice's erff at the shipped 8 x 512 config (25,216 x 3,072: 84.6
 against 112.0 us; benchmarks/results/gelu_2026-12-02_NVIDIA-H200.json).
-`_ragged_linear`'s GELU epilogue keeps the erf form the exports were validated with: with gelu_erf there, the
+`_ragged_linear_tma`'s GELU epilogue is gelu_erf: it is the kernel of launches from LARGE_T rows on sm_90, where fc1's
+GELU costs about as much as its K loop (`_linear_config.py`). `_ragged_linear`'s keeps the erf form the exports were
+validated with (`raggedvit validate` runs one image at a time, 197 rows: the pointer kernel): with gelu_erf there, the
 fp16-all cls-mass capacity export with the dead-row RaggedLinear (deit_base, seeded) swapped one token of the
 astronaut sample photo at block 9, where the reference's score gap is 7.0e-4 (under 4 fp16 ulps), and `raggedvit
-validate --device cuda` failed on it (max |dlogit| 0.148 against 7.8e-3 with the erf form, H200): the validator
-judges a same-count token swap by its logits (DESIGN.md section 6). Either GELU is within rounding of the exact one.
+validate --device cuda` failed on it (max |dlogit| 0.148 against 7.8e-3 with the erf form, H200): the validator judges
+a same-count token swap by its logits (DESIGN.md section 6). Either GELU is within rounding of the exact one.
 
 `_bias_gelu` (com.raggedvit::BiasGelu): Y[m, n] = GELU(X[m, n] + Bias[n]) (Bias optional), X / Y [M, N] row-major
 contiguous in one dtype (fp16 / bf16 / fp32), Bias [N] in that dtype; the sum and GELU in fp32, one rounding. A
@@ -260,7 +262,7 @@ def _tma_epilogue(acc, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res,
         cols = col0 + tl.arange(0, WIDTH)
         acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if activation == 1:
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # as `_ragged_linear`
+        acc = gelu_erf(acc)  # not `_ragged_linear`'s erf form: module docstring
     if has_res != 0:
         acc += Res_desc.load([row0, col0]).to(tl.float32)
     Y_desc.store([row0, col0], acc.to(Y_desc.dtype))
