@@ -17,12 +17,14 @@ and 128 at cls-mass's kept fractions, the op's epilogues included), the nine rag
     cuBLAS over the live rows alone, bias only (a floor)               438      1,397        264         700
 
 The shipped tiles are the fastest or within 5% of the fastest in 46 of the 48 GEMMs (within 10% in all). What
-remains against the floor is mostly fc1's GELU: its erf epilogue costs about as much as its K loop (deit_base B=128:
-137 us against 84 us for cuBLAS without GELU; qkv, the same K and 3/4 of the columns: 73 against 63 us). Earlier,
-under the GPU machine's own Triton JIT (`benchmarks.linear_persistent`,
-`linear_persistent_2026-12-03_NVIDIA-H200_run3.json`), the 64 x 128 tiles with 3 stages had beaten 128 x 128 tiles
-with one program per SM and the pointer kernel. The pointer kernel's configs below are every other arch's, and
-sm_90's under LARGE_T rows.
+remained against the floor was mostly fc1's GELU: with libdevice's erf its epilogue cost about as much as its K loop
+(deit_base B=128: 140 us against 85 us for cuBLAS without GELU; qkv, the same K and 3/4 of the columns: 73 against
+63 us). The TMA kernel's epilogue now uses gelu_erf (`_linear_kernel.py`): fc1 140 -> 122 us there, and the nine
+blocks' GEMMs per forward (deit_base B=32 / 128, deit_small B=32 / 128) 670 -> 624 / 2,037 -> 1,914 / 392 -> 358 /
+1,026 -> 950 us (`linear_aot_2026-12-03_NVIDIA-H200_geluerf.json`, both libraries in one run). Earlier, under the
+GPU machine's own Triton JIT (`benchmarks.linear_persistent`, `linear_persistent_2026-12-03_NVIDIA-H200_run3.json`),
+the 64 x 128 tiles with 3 stages had beaten 128 x 128 tiles with one program per SM and the pointer kernel. The
+pointer kernel's configs below are every other arch's, and sm_90's under LARGE_T rows.
 
 Measured on the H200 (`benchmarks/results/linear_tune_2026-12-01_NVIDIA-H200.json`, deit_base's four block
 GEMMs): below ~1k rows 64-row tiles win, with 32-column tiles for narrow outputs (proj, fc2: N <= 1024); from
