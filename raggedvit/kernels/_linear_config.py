@@ -81,6 +81,12 @@ class LinearConfig:
     programs_per_sm: int = 1  # TMA: the persistent grid is min(programs_per_sm x SMs, tiles)
     epilogue_split: int = 1  # TMA: the epilogue stores BLOCK_N / epilogue_split columns at a time (1 or 2)
 
+    def __post_init__(self) -> None:
+        # `_ragged_linear_tma` has exactly these two epilogues; the launchers size the Res / Y blocks by the split
+        if self.epilogue_split not in (1, 2) or self.block_n % self.epilogue_split:
+            raise ValueError(f"epilogue_split must be 1 or 2 and divide block_n = {self.block_n}, "
+                             f"got {self.epilogue_split}")  # fmt: skip
+
 
 _SMALL_NARROW = LinearConfig(64, 32, 64, 4, 4)
 _SMALL_WIDE = LinearConfig(64, 64, 64, 4, 4)

@@ -15,6 +15,7 @@ from raggedvit.kernels._linear_config import (
     CAPACITY_NARROW_N,
     LARGE_T,
     NARROW_N,
+    LinearConfig,
     aot_linear_configs,
     first_unwritten_row,
     linear_config,
@@ -109,6 +110,12 @@ def test_triton_kernel_in_interpreter(interpreted_errors, case):
     err, untouched = interpreted_errors[name]
     assert err <= default_tolerance(dtype), f"{name}: relative error {err}"
     assert untouched == 1.0, f"{name}: the kernel wrote a dead row"
+
+
+@pytest.mark.parametrize("split", [0, 3, 4])
+def test_config_epilogue_split_is_one_or_two(split):
+    with pytest.raises(ValueError, match="epilogue_split must be 1 or 2"):
+        LinearConfig(64, 128, 64, 4, 4, tma=True, epilogue_split=split)
 
 
 def test_config_rule():
