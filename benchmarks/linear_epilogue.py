@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +35,10 @@ import triton.language as tl
 
 from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
-from benchmarks.linear_persistent import GEMMS, MODELS, TOKENS
+from benchmarks.linear_persistent import GEMMS, MODELS, TOKENS, draw
 from raggedvit.kernels._linear_config import linear_config
 from raggedvit.kernels._linear_kernel import _tma_epilogue, gelu_erf
 from raggedvit.kernels._linear_launch import _launch_linear, _multiprocessors
-from raggedvit.kernels.reference import ragged_linear_reference
 
 
 @triton.jit
@@ -194,18 +192,8 @@ def _variant(kernel: Any, x, w, b, res, cu, act, y) -> Callable[[], Any]:
 
 
 def _case(model: str, gemm: str, T: int, live: int) -> list[dict[str, Any]]:
-    D = MODELS[model][0]
-    k_mul, n_mul, act, has_res = GEMMS[gemm]
-    K, N = k_mul * D, n_mul * D
-    dev = torch.device("cuda")
-    w = (torch.randn(N, K, device=dev) / math.sqrt(K)).half()
-    b = (torch.randn(N, device=dev) * 0.1).half()
-    x = torch.randn(T, K, device=dev).half()
-    x[live:] = float("nan")
-    res = torch.randn(T, N, device=dev).half() if has_res else None
-    cu = torch.tensor([0, live], device=dev, dtype=torch.int32)
-    y = torch.empty(T, N, device=dev, dtype=torch.float16)
-    want = ragged_linear_reference(x[:live], w, b, None if res is None else res[:live], cu, act).float()
+    x, w, b, res, cu, y, act, want = draw(model, gemm, T, live)
+    K, N = x.shape[1], w.shape[0]
     xl = x[:live]
     fns: dict[str, Callable[[], Any]] = {
         "cublas_live": lambda: F.linear(xl, w, b),

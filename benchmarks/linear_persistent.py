@@ -24,7 +24,7 @@ import argparse
 import json
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +55,23 @@ def _name(c: LinearConfig) -> str:
     return f"tma_{c.block_m}x{c.block_n}x{c.block_k}_w{c.num_warps}_s{c.num_stages}_p{c.programs_per_sm}"
 
 
-def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str, Any]]:
+class Draw(NamedTuple):
+    """Operands of one block GEMM over T capacity rows (the first `live` live; dead rows of x are NaN): x [T, K],
+    w [N, K], b [N], res [T, N] or None, cu [0, live] int32, y [T, N] (the output buffer), act, and want [live, N]
+    float32 (`ragged_linear_reference` over the live rows)."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    b: torch.Tensor
+    res: torch.Tensor | None
+    cu: torch.Tensor
+    y: torch.Tensor
+    act: int
+    want: torch.Tensor
+
+
+def draw(model: str, gemm: str, T: int, live: int) -> Draw:
+    """The operands of GEMMS[gemm] of MODELS[model] from torch's global generator (the probes' recorded draws)."""
     D = MODELS[model][0]
     k_mul, n_mul, act, has_res = GEMMS[gemm]
     K, N = k_mul * D, n_mul * D
@@ -68,6 +84,12 @@ def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str,
     cu = torch.tensor([0, live], device=dev, dtype=torch.int32)
     y = torch.empty(T, N, device=dev, dtype=torch.float16)
     want = ragged_linear_reference(x[:live], w, b, None if res is None else res[:live], cu, act).float()
+    return Draw(x, w, b, res, cu, y, act, want)
+
+
+def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str, Any]]:
+    x, w, b, res, cu, y, act, want = draw(model, gemm, T, live)
+    K, N = x.shape[1], w.shape[0]
     xl = x[:live]
     configs = {"pointer": linear_config(T, N, arch, True, tma=False), "shipped": linear_config(T, N, arch, True)}
     configs.update({_name(c): c for c in CANDIDATES})

@@ -18,7 +18,6 @@ before it is timed (CUDA-graph replays, benchmarks.kernel.graph_time_us). Writes
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from typing import Any
 
@@ -83,7 +82,6 @@ def _cls_case(model: str, B: int, frac: float, gen: torch.Generator) -> list[dic
         print(f"cls  {model:10s} B={B:3d} live={live:6d} bn={bn:2d} w={warps} {us:7.2f} us  err={err:.1e} "
               f"dead0={dead_ok}{'  (shipped)' if rec['shipped'] else ''}", flush=True)  # fmt: skip
     return out
-
 
 
 def _norm_case(model: str, B: int, frac: float, gen: torch.Generator) -> list[dict[str, Any]]:
