@@ -84,7 +84,7 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
     # From SMALL_T_LIMIT rows fp16 / bf16 take 8 columns a program, half the programs, each waiting once on its chain
     # of dependent loads (CU, then the sequence's first row and its Lse): on the H200 at deit's H = 6 / 12, D = 64
     # over B x 197 capacity rows, 21.2-23.5 against 29.3-30.4 us at B = 128 and 7.2-8.0 against 9.2-9.5 us at B = 32
-    # (all or ~40% live); at B = 1 (197 rows) 4 columns stay within 0.2 us of the best
+    # (all or ~40% live); at B = 1 (197 rows) 4 columns stay within 0.3 us of the best
     # (benchmarks/results/norm_cls_tune_2026-12-03_NVIDIA-H200.json).
     cls_bn = 8 if not small and dtype != "fp32" else 4
     return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT)
