@@ -7,7 +7,9 @@ CUDA-EP kernels, run under compute-sanitizer.
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
-call draws T and cu_seqlens afresh, valid or invalid (decreasing, above T, negative, last != T), and every tenth
+call draws T (a tenth of the calls, --large-t-share, from LARGE_ATTENTION_T: 2,048-6,000 rows, the large launch
+config's fwd and cls cubins; the others up to --max-t) and cu_seqlens afresh, valid or invalid (decreasing, above T,
+negative, last != T), and every tenth
 call also passes a qkv bias, of the right or a wrong shape or type; every fifth call (and its neighbour's) passes the
 relative position bias (pos_table, token_pos with out-of-range values: class rows), sometimes a pos_table or
 token_pos of the wrong shape. Invalid device data must not fault (the kernel clamps; token_pos values never index
@@ -146,6 +148,11 @@ def host_float32(value, elem: int) -> np.ndarray:
         return np.zeros(shape, np.float32)
     words = np.ctypeslib.as_array((ctypes.c_uint16 * count).from_address(value.data_ptr())).copy()
     return (words.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+
+
+# RaggedAttention's large launch config starts at SMALL_T_LIMIT rows (raggedvit/kernels/_config.py, which imports
+# torch; tests/custom_ops/test_memcheck_fuzz_ranges.py ties the two): a share of the attention calls draws T here
+LARGE_ATTENTION_T = (2048, 6000)
 
 
 def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[str, int], int]:
@@ -546,6 +553,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=1000, help="attention and (every fifth) RaggedSelect calls")
     ap.add_argument("--max-t", type=int, default=300)
+    ap.add_argument("--large-t-share", type=float, default=0.1, help="attention calls with T in LARGE_ATTENTION_T")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--linear-calls", type=int, default=300, help="RaggedLinear calls after the attention ones")
     ap.add_argument("--gelu-calls", type=int, default=1000, help="BiasGelu calls after the RaggedLinear ones")
@@ -582,7 +590,8 @@ def main() -> int:
         elif not cuda:
             continue
         else:
-            kind, failed = attention_call(rng, call, sessions[call % len(sessions)], kinds, args.max_t)
+            large = rng.random() < args.large_t_share
+            kind, failed = attention_call(rng, call, sessions[call % len(sessions)], kinds, args.max_t, large)
             errors += failed
         counts[kind] = counts.get(kind, 0) + 1
         if (call + 1) % 100 == 0:
@@ -607,11 +616,13 @@ def main() -> int:
 
 
 def attention_call(
-    rng: np.random.Generator, call: int, session: tuple, kinds: list[str], max_t: int
+    rng: np.random.Generator, call: int, session: tuple, kinds: list[str], max_t: int, large: bool = False
 ) -> tuple[str, int]:
-    """One RaggedAttention call on the CUDA EP: (kind, 1 on an unexpected error else 0)."""
+    """One RaggedAttention call on the CUDA EP: (kind, 1 on an unexpected error else 0); T in LARGE_ATTENTION_T
+    when `large`, else up to max_t."""
     sess, sess_bias, sess_pos, npt, cut, heads, dim = session
-    T = int(rng.integers(0, max_t + 1))
+    lo, hi = LARGE_ATTENTION_T if large else (0, max_t)
+    T = int(rng.integers(lo, hi + 1))
     kind = kinds[int(rng.integers(0, len(kinds)))]
     cu = draw_cu(rng, T, kind).astype(cut)
     qkv = rng.standard_normal((T, 3 * heads * dim)).astype(npt)
