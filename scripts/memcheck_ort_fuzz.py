@@ -8,11 +8,10 @@ CUDA-EP kernels, run under compute-sanitizer.
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
 call draws T (a tenth of the calls, --large-t-share, from LARGE_ATTENTION_T: 2,048-6,000 rows, the large launch
-config's fwd and cls cubins; the others up to --max-t) and cu_seqlens afresh, valid or invalid (decreasing, above T,
-negative, last != T), and every tenth
-call also passes a qkv bias, of the right or a wrong shape or type; every fifth call (and its neighbour's) passes the
-relative position bias (pos_table, token_pos with out-of-range values: class rows), sometimes a pos_table or
-token_pos of the wrong shape. Invalid device data must not fault (the kernel clamps; token_pos values never index
+config's fwd and cls cubins; the others up to --max-t) and cu_seqlens afresh, valid or invalid (decreasing, above
+T, negative, last != T), and every tenth call also passes a qkv bias, of the right or a wrong shape or type; every
+fifth call (and its neighbour's) passes the relative position bias (pos_table, token_pos with out-of-range values:
+class rows), sometimes a pos_table or token_pos of the wrong shape. Invalid device data must not fault (the kernel clamps; token_pos values never index
 outside pos_table); the outputs of valid calls are checked for finiteness. Before them, sessions with crafted attributes
 (num_heads 0x5555555555555555, 2**62, INT64_MAX, 0, -1, a width that is not a multiple of 3*num_heads) must be
 refused with an error, never a crash; they count as calls.
