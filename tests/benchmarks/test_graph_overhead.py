@@ -1,0 +1,15 @@
+"""benchmarks.graph_overhead's split of CUPTI kernel records into calls (the GPU parts need CUDA)."""
+
+from __future__ import annotations
+
+from benchmarks.graph_overhead import call_spans
+
+
+def test_call_spans_groups_calls_by_gaps() -> None:
+    one = [(0.0, 3.0), (3.5, 6.0), (4.0, 5.0), (6.2, 10.0)]  # 10 us span; busy sums durations (overlaps twice)
+    kernels = one + [(s + 2000.0, e + 2000.0) for s, e in one] + [(s + 4000.0, e + 4000.0) for s, e in one[:3]]
+    out = call_spans(list(reversed(kernels)))  # any order
+    assert out["calls_seen"] == 3
+    assert out["kernels_per_call"] == 4 and out["span_us"] == 10.0 and out["busy_us"] == 10.3
+    assert call_spans([]) == {"calls_seen": 0}
+    assert call_spans(one, gap_us=0.1)["calls_seen"] == 2  # the 0.2 us gap before the last record splits
