@@ -12,4 +12,4 @@ def test_call_spans_groups_calls_by_gaps() -> None:
     assert out["calls_seen"] == 3
     assert out["kernels_per_call"] == 4 and out["span_us"] == 10.0 and out["busy_us"] == 10.3
     assert call_spans([]) == {"calls_seen": 0}
-    assert call_spans(one, gap_us=0.1)["calls_seen"] == 2  # the 0.2 us gap before the last record splits
+    assert call_spans(one, gap_us=0.3)["calls_seen"] == 2  # the 0.5 us gap after the first record splits
