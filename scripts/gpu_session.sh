@@ -28,6 +28,7 @@
 #             with --ragged-linear-blocks dead-rows)
 #   vckpt     the same from a checkpoint with random biases / norm shifts (scripts/perturbed_checkpoint.py), CKDTYPES
 #   serving   python3 -m benchmarks.serving: timm eager, torch.compile, ORT CUDA graphs vs raggedvit (SERVING_FLAGS)
+#   overhead  python3 -m benchmarks.graph_overhead: wall vs GPU span of CUDA-graph runs at B = 1, 4, 32 (OVH_FLAGS)
 #   families  issue 12: an EVA02 and a BEiT export, topk-l2 vs the same model unpruned, ORT fp16 CUDA graphs
 #   speed     python3 -m benchmarks.traced_vs_builder: traced exports vs the graph builder's (BUILDER_TGZ)
 #   wheel     the wheel in dist/ installed outside the tree: info, export, validate --device cuda, bench --cuda-graph
@@ -80,6 +81,9 @@ for stage in "$@"; do
       timeout ${SVT:-300} python3 -m benchmarks.serving --out "$RES" --work "$WORK/serving" ${SERVING_FLAGS:---policies \
         topk-l2:keep=0.5:at=4 cls-mass:mass=0.9:at=3,6,9 cls-mass:mass=0.9:at=3,6,9:dead-linear} \
         > "$RES/serving.log" 2>&1; rc=$?; tail -45 "$RES/serving.log";;
+    overhead)  # issue 13: host time of a CUDA-graph run beside its GPU span (ORT replay, torch-captured export)
+      timeout ${OVT:-300} python3 -m benchmarks.graph_overhead --out "$RES" --work "$WORK/overhead" ${OVH_FLAGS:-} \
+        > "$RES/overhead.log" 2>&1; rc=$?; tail -14 "$RES/overhead.log" | cut -c1-400;;
     families)  # issue 12: pruned speed of an EVA02 and a BEiT export against the same model unpruned in ORT fp16
       timeout ${FMT:-280} python3 -m benchmarks.serving --out "$RES/families" --work "$WORK/families" \
         --models eva02_small_patch14_224,beit_base_patch16_224 --batches 1,32,128 --policies topk-l2:keep=0.5:at=4 \
