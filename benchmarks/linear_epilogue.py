@@ -24,29 +24,39 @@ replays). The variant kernels live only here. Writes linear_epilogue_<date>_<gpu
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from benchmarks.env import environment, probe_result_path
-from benchmarks.kernel import graph_time_us
-from benchmarks.linear_persistent import GEMMS, MODELS, TOKENS, draw
+from benchmarks.linear_persistent import draw, run_cases, time_checked
+from benchmarks.linear_tma import _tile_of
 from raggedvit.kernels._linear_config import linear_config
 from raggedvit.kernels._linear_kernel import _tma_epilogue, gelu_erf
 from raggedvit.kernels._linear_launch import _launch_linear, _multiprocessors
 
 
 @triton.jit
-def _tile_index(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    group = GROUP_M * num_n
-    first_m = (tile // group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (tile % group) % size_m, (tile % group) // size_m
+def _live_tiles(CU, T, N, K, B, has_live, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(row tiles up to the live count, column tiles, K tiles), as the shipped kernel counts them."""
+    live = T
+    if has_live != 0:
+        live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T).to(tl.int32)
+    return tl.cdiv(live, BLOCK_M), tl.cdiv(N, BLOCK_N), tl.cdiv(K, BLOCK_K)
+
+
+@triton.jit
+def _tile_acc(X_desc, W_desc, row0, col0, k_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):  # fmt: skip
+    """The shipped kernel's K loop of one tile, split into its two [BLOCK_M, BLOCK_N / 2] epilogue slices."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(k_tiles):
+        a = X_desc.load([row0, kk * BLOCK_K])
+        b = W_desc.load([col0, kk * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
 
 @triton.jit
@@ -68,14 +78,9 @@ def _tma_res_ptr(
     """Two epilogue slices; the residual / bias of a tile by pointer before its K loop."""
     HALF: tl.constexpr = BLOCK_N // 2
     pid = tl.program_id(0)
-    live = T
-    if has_live != 0:
-        live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T).to(tl.int32)
-    num_m = tl.cdiv(live, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_m, num_n, k_tiles = _live_tiles(CU, T, N, K, B, has_live, BLOCK_M, BLOCK_N, BLOCK_K)
     for tile in tl.range(pid, num_m * num_n, num_programs, flatten=True):
-        pid_m, pid_n = _tile_index(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = _tile_of(tile, num_n, num_m, GROUP_M)
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
         rows = row0 + tl.arange(0, BLOCK_M)
@@ -87,12 +92,7 @@ def _tma_res_ptr(
         res_hi = tl.load(base + c_hi[None, :], mask=r_ok & (c_hi < N)[None, :], other=0.0)
         b_lo = tl.load(Bias + c_lo, mask=(c_lo < N) & (has_bias != 0), other=0.0)
         b_hi = tl.load(Bias + c_hi, mask=(c_hi < N) & (has_bias != 0), other=0.0)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
-            a = X_desc.load([row0, kk * BLOCK_K])
-            b = W_desc.load([col0, kk * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
-        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        left, right = _tile_acc(X_desc, W_desc, row0, col0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         _slice_out(left, b_lo.to(tl.float32), res_lo.to(tl.float32), has_bias, has_res, activation, Y_desc, row0,
                    col0)  # fmt: skip
         _slice_out(right, b_hi.to(tl.float32), res_hi.to(tl.float32), has_bias, has_res, activation, Y_desc, row0,
@@ -107,14 +107,9 @@ def _tma_res_early(
     """Two epilogue slices; the residual's TMA loads issued before the K loop."""
     HALF: tl.constexpr = BLOCK_N // 2
     pid = tl.program_id(0)
-    live = T
-    if has_live != 0:
-        live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T).to(tl.int32)
-    num_m = tl.cdiv(live, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_m, num_n, k_tiles = _live_tiles(CU, T, N, K, B, has_live, BLOCK_M, BLOCK_N, BLOCK_K)
     for tile in tl.range(pid, num_m * num_n, num_programs, flatten=True):
-        pid_m, pid_n = _tile_index(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = _tile_of(tile, num_n, num_m, GROUP_M)
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
         res_lo = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
@@ -125,12 +120,7 @@ def _tma_res_early(
         c_lo = col0 + tl.arange(0, HALF)
         b_lo = tl.load(Bias + c_lo, mask=(c_lo < N) & (has_bias != 0), other=0.0).to(tl.float32)
         b_hi = tl.load(Bias + c_lo + HALF, mask=(c_lo + HALF < N) & (has_bias != 0), other=0.0).to(tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
-            a = X_desc.load([row0, kk * BLOCK_K])
-            b = W_desc.load([col0, kk * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
-        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        left, right = _tile_acc(X_desc, W_desc, row0, col0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         _slice_out(left, b_lo, res_lo, has_bias, has_res, activation, Y_desc, row0, col0)
         _slice_out(right, b_hi, res_hi, has_bias, has_res, activation, Y_desc, row0, col0 + HALF)
 
@@ -143,22 +133,12 @@ def _tma_ws(
     """The shipped kernel's body with warp_specialize=True on the tile loop."""
     HALF: tl.constexpr = BLOCK_N // 2
     pid = tl.program_id(0)
-    live = T
-    if has_live != 0:
-        live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T).to(tl.int32)
-    num_m = tl.cdiv(live, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_m, num_n, k_tiles = _live_tiles(CU, T, N, K, B, has_live, BLOCK_M, BLOCK_N, BLOCK_K)
     for tile in tl.range(pid, num_m * num_n, num_programs, flatten=True, warp_specialize=True):
-        pid_m, pid_n = _tile_index(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = _tile_of(tile, num_n, num_m, GROUP_M)
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
-            a = X_desc.load([row0, kk * BLOCK_K])
-            b = W_desc.load([col0, kk * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
-        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        left, right = _tile_acc(X_desc, W_desc, row0, col0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         _tma_epilogue(left, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activation, HALF)
         _tma_epilogue(right, Res_desc, Y_desc, Bias, N, row0, col0 + HALF, has_bias, has_res, activation, HALF)
 
@@ -205,25 +185,7 @@ def _case(model: str, gemm: str, T: int, live: int) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - recorded
             fns[name] = lambda exc=exc: (_ for _ in ()).throw(exc)
     base = {"model": model, "gemm": gemm, "T": T, "live": live, "K": K, "N": N}
-    records = []
-    for impl, fn in fns.items():
-        rec: dict[str, Any] = {**base, "impl": impl}
-        try:
-            y.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            if impl != "cublas_live":
-                err = (y[:live].float() - want).abs().max().item() if live else 0.0
-                rec["max_abs_err"] = err
-                if not err < 0.05:
-                    rec["error"] = f"wrong result: max abs err {err}"
-                    records.append(rec)
-                    continue
-            rec["gpu_us"] = graph_time_us(fn, inner=10, reps=7)[0]
-        except Exception as exc:  # noqa: BLE001 - recorded
-            rec["error"] = repr(exc)[:400]
-        records.append(rec)
-    return records
+    return time_checked(fns, base, y, live, want)
 
 
 def main() -> None:
@@ -231,33 +193,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--batches", default="32,128")
     args = ap.parse_args()
-    path = probe_result_path(args.out, "linear_epilogue")
-    torch.manual_seed(0)
-    records: list[dict[str, Any]] = []
-    data = {"benchmark": "linear_epilogue", "env": environment(), "records": records}
-    totals: dict[tuple[str, int], dict[str, float]] = {}
-    for model, (_, fractions) in MODELS.items():
-        for batch in (int(b) for b in args.batches.split(",")):
-            T = batch * TOKENS
-            for frac in fractions:
-                live = max(1, round(frac * T))
-                for gemm in GEMMS:
-                    recs = _case(model, gemm, T, live)
-                    records += recs
-                    ok = {r["impl"]: r["gpu_us"] for r in recs if "gpu_us" in r}
-                    tot = totals.setdefault((model, batch), {})
-                    for impl, us in ok.items():
-                        tot[impl] = tot.get(impl, 0.0) + 3 * us  # three blocks per stage
-                    errs = {r["impl"]: r["error"][:120] for r in recs if "error" in r}
-                    print(f"{model} {gemm} T={T} live={live}: {({k: round(v, 1) for k, v in ok.items()})} "
-                          f"errors {errs}", flush=True)  # fmt: skip
-                    path.write_text(json.dumps(data, indent=1))
-    data["per_forward_us"] = [{"model": m, "batch": b, **{k: round(v, 1) for k, v in t.items()}}
-                              for (m, b), t in totals.items()]  # fmt: skip
-    for row in data["per_forward_us"]:
-        print("per forward (9 ragged blocks):", row)
-    path.write_text(json.dumps(data, indent=1))
-    print(f"wrote {path}")
+    run_cases("linear_epilogue", _case, args.batches, args.out)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,20 @@ def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str,
         fns[name] = lambda c=c: _launch_linear(x, w, b, res, cu, act, config=c, out=y)
     base = {"model": model, "gemm": gemm, "T": T, "live": live, "K": K, "N": N,
             "shipped_config": repr(configs["shipped"])}  # fmt: skip
+    return time_checked(fns, base, y, live, want, lambda impl: first_unwritten_row(configs[impl], live))
+
+
+def time_checked(
+    fns: dict[str, Callable[[], Any]],
+    base: dict[str, Any],
+    y: torch.Tensor,
+    live: int,
+    want: torch.Tensor,
+    unwritten_from: Callable[[str], int] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per implementation: each writes into y [T, N] (NaN-poisoned first); all but the cuBLAS peers
+    (names "cublas*", not checked) must match `want` over the live rows (max abs error < 0.05) and, with
+    `unwritten_from(impl)`, leave every row from there on NaN; then CUDA-graph replays time it (gpu_us)."""
     records = []
     for impl, fn in fns.items():
         rec: dict[str, Any] = {**base, "impl": impl}
@@ -110,48 +124,53 @@ def _case(model: str, gemm: str, T: int, live: int, arch: int) -> list[dict[str,
             torch.cuda.synchronize()
             if not impl.startswith("cublas"):
                 err = (y[:live].float() - want).abs().max().item() if live else 0.0
-                untouched = first_unwritten_row(configs[impl], live)
-                dead_nan = bool(torch.isnan(y[untouched:]).all().item())
-                rec.update(max_abs_err=err, dead_rows_untouched=dead_nan)
-                if not (err < 0.05 and dead_nan):
-                    rec["error"] = f"wrong result: max abs err {err}, dead rows untouched {dead_nan}"
+                rec["max_abs_err"] = err
+                ok, why = err < 0.05, f"max abs err {err}"
+                if unwritten_from is not None:
+                    dead_nan = bool(torch.isnan(y[unwritten_from(impl) :]).all().item())
+                    rec["dead_rows_untouched"] = dead_nan
+                    ok, why = ok and dead_nan, f"{why}, dead rows untouched {dead_nan}"
+                if not ok:
+                    rec["error"] = f"wrong result: {why}"
                     records.append(rec)
                     continue
             rec["gpu_us"] = graph_time_us(fn, inner=10, reps=7)[0]
         except Exception as exc:  # noqa: BLE001 - recorded
-            rec["error"] = repr(exc)[:300]
+            rec["error"] = repr(exc)[:400]
         records.append(rec)
     return records
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--batches", default="32,128")
-    args = ap.parse_args()
-    path = probe_result_path(args.out, "linear_persistent")
-    major, minor = torch.cuda.get_device_capability()
-    arch = 10 * major + minor
+def run_cases(
+    name: str, case: Callable[[str, str, int, int], list[dict[str, Any]]], batches: str, out: str,
+    best_of: str | None = None,
+) -> None:  # fmt: skip
+    """Every (model, batch, stage's live fraction, GEMM) case of MODELS x GEMMS through `case(model, gemm, T, live)`
+    after torch.manual_seed(0) (the operands of `draw`, in this order); prints each case and writes
+    <name>_<date>_<gpu>.json under `out` as it goes, with per_forward_us (3 blocks per stage) at the end. best_of: a
+    name prefix whose fastest implementation each printed case names."""
+    path = probe_result_path(out, name)
     torch.manual_seed(0)
     records: list[dict[str, Any]] = []
-    data = {"benchmark": "linear_persistent", "env": environment(), "models": MODELS, "records": records}
+    data = {"benchmark": name, "env": environment(), "models": MODELS, "records": records}
     totals: dict[tuple[str, int], dict[str, float]] = {}
     for model, (_, fractions) in MODELS.items():
-        for batch in (int(b) for b in args.batches.split(",")):
+        for batch in (int(b) for b in batches.split(",")):
             T = batch * TOKENS
             for frac in fractions:
                 live = max(1, round(frac * T))
                 for gemm in GEMMS:
-                    recs = _case(model, gemm, T, live, arch)
+                    recs = case(model, gemm, T, live)
                     records += recs
                     ok = {r["impl"]: r["gpu_us"] for r in recs if "gpu_us" in r}
                     tot = totals.setdefault((model, batch), {})
                     for impl, us in ok.items():
                         tot[impl] = tot.get(impl, 0.0) + 3 * us  # three blocks per stage
-                    best = min((v, k) for k, v in ok.items() if k.startswith("tma_"))
-                    errs = [r["impl"] for r in recs if "error" in r]
+                    ranked = sorted((v, k) for k, v in ok.items() if best_of is not None and k.startswith(best_of))
+                    best = f" best {ranked[0][1]}" if ranked else ""
+                    errs = {r["impl"]: r["error"][:120] for r in recs if "error" in r}
                     us = {k: f"{v:.1f}" for k, v in ok.items()}
-                    print(f"{model} {gemm} T={T} live={live}: {us} best {best[1]} errors {errs}", flush=True)
+                    print(f"{model} {gemm} T={T} live={live}: {us}{best} errors {errs}", flush=True)
                     path.write_text(json.dumps(data, indent=1))
     data["per_forward_us"] = [{"model": m, "batch": b, **{k: round(v, 1) for k, v in t.items()}}
                               for (m, b), t in totals.items()]  # fmt: skip
@@ -159,6 +178,16 @@ def main() -> None:
         print("per forward (9 ragged blocks):", row)
     path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--batches", default="32,128")
+    args = ap.parse_args()
+    major, minor = torch.cuda.get_device_capability()
+    arch = 10 * major + minor
+    run_cases("linear_persistent", lambda m, g, T, live: _case(m, g, T, live, arch), args.batches, args.out, "tma_")
 
 
 if __name__ == "__main__":
