@@ -17,16 +17,29 @@ batch this times, in one process and interleaved over `--rounds` rounds:
 
 and, with CUPTI (torch.profiler) over a few calls of each: the GPU span of one call (first kernel start to last
 kernel end) and its busy time (the kernels' summed durations). wall - span is host time (Run's work, the graph
-launch, the sync); span - busy the gaps between the graph's kernels. Writes graph_overhead_<date>_<gpu>.json.
+launch, the sync); span - busy the gaps between the graph's kernels.
+
+Whether a call is bound by its graph's host launch (the driver submitting ~120 nodes) rather than by the GPU:
+
+- per export and batch, unprofiled: the host time of `torch.cuda.CUDAGraph.replay()` alone (no sync) of the
+  torch-captured export, and the time per call of 20 back-to-back calls with one sync, for both ONNX Runtime's
+  replay and the torch-captured graph (a launch-bound call gains nothing from queueing: the GPU waits for the
+  submission), and the captured graph's nodes by kind (`node_kinds` of its debug dump);
+- `--synthetic`: the same three times for graphs of N = 1, 50, 120 tiny nodes of one kind (a torch elementwise
+  kernel, a cuBLAS GEMM, a Triton kernel, a device-to-device copy), the machine's cost per node of a graph launch.
+
+Writes graph_overhead_<date>_<gpu>.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +52,35 @@ from benchmarks.serving.names import timm_name
 from raggedvit.timing import measure
 
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
+
+
+def node_kinds(dot: str) -> dict[str, int]:
+    """The nodes of a CUDA graph's debug dump (DOT text of `CUDAGraph.debug_dump`) by kind: KERNEL, MEMCPY, MEMSET,
+    EVENT_RECORD, ... (each node's label starts with its kind, optionally inside a record brace)."""
+    return dict(Counter(re.findall(r'label="\{?([A-Z][A-Z_]+)', dot)))
+
+
+def host_us(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 200) -> float:
+    """Median host time (us) of `fn()` alone, each call after a sync (unprofiled)."""
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    sync()
+    return round(statistics.median(times) * 1e6, 1)
+
+
+def queued_us(fn: Callable[[], Any], sync: Callable[[], None], depth: int = 20, calls: int = 30) -> float:
+    """Median time per call (us) of `depth` back-to-back calls of `fn` followed by one sync."""
+
+    def burst() -> None:
+        for _ in range(depth):
+            fn()
+        sync()
+
+    return round(host_us(burst, sync, calls) / depth, 1)
 
 
 def call_spans(kernels: list[tuple[float, float]], gap_us: float = 500.0) -> dict[str, Any]:
@@ -80,8 +122,9 @@ def gpu_spans(fn: Callable[[], Any], calls: int = 10) -> dict[str, Any]:
     )
 
 
-def _torch_graph(path: str, batch: int, runner: Any) -> tuple[Callable[[], None], torch.Tensor]:
-    """The export node by node on a torch stream, captured into a torch CUDA graph; returns (call, its logits)."""
+def _torch_graph(path: str, batch: int, runner: Any, dot_path: Path) -> tuple[Callable[[], None], torch.Tensor]:
+    """The export node by node on a torch stream, captured into a torch CUDA graph (its debug dump written to
+    `dot_path`); returns (call: replay + sync, its logits); call.launch replays without the sync."""
     import onnxruntime as ort
 
     from raggedvit.exporter.metadata import read_recipe
@@ -105,20 +148,100 @@ def _torch_graph(path: str, batch: int, runner: Any) -> tuple[Callable[[], None]
             sess.run_with_iobinding(binding, ro)
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
+        graph.enable_debug_mode()
         with torch.cuda.graph(graph, stream=stream):
             sess.run_with_iobinding(binding, ro)
+    graph.debug_dump(str(dot_path))
     keep = (sess, binding, stream, graph, counts)
 
-    def call() -> None:
+    def launch() -> None:
         with torch.cuda.stream(stream):
             graph.replay()
+
+    def call() -> None:
+        launch()
         stream.synchronize()
 
     call.keep = keep  # type: ignore[attr-defined]
+    call.launch = launch  # type: ignore[attr-defined]
     return call, logits
 
 
-def _case(path: str, model: str, policy: str, batch: int, rounds: int) -> dict[str, Any]:
+_COMPUTE_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm", "SkipLayerNormalization", "LayerNormalization", "BiasGelu",
+                          "RaggedAttention", "RaggedLinear", "GatherLayerNorm", "PatchEmbed"})  # fmt: skip
+
+
+def optimized_census(path: str, batch: int, out: Path) -> dict[str, Any]:
+    """Op types of ONNX Runtime's optimized graph of the export (CUDA EP, batch fixed), and the other nodes
+    (name, op, inputs): where the graph's copies and small kernels come from."""
+    import onnx
+    import onnxruntime as ort
+
+    from raggedvit.runtime import session_options
+
+    so = session_options(disable_cpu_fallback=True)
+    so.add_free_dimension_override_by_name("batch", batch)
+    so.optimized_model_filepath = str(out)
+    ort.InferenceSession(path, so, providers=[("CUDAExecutionProvider", {"device_id": "0"})])
+    nodes = onnx.load(str(out), load_external_data=False).graph.node
+    return {
+        "ops": dict(Counter(n.op_type for n in nodes)),
+        "other_nodes": [[n.name, n.op_type, list(n.input)] for n in nodes if n.op_type not in _COMPUTE_OPS],
+    }
+
+
+def _synthetic_kinds() -> dict[str, Callable[[], Any]]:
+    """One tiny node of each kind (CUDA tensors made here, kept alive by the closures)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _inc(X, n, BLOCK: tl.constexpr):  # noqa: N803 - Triton argument names
+        offs = tl.arange(0, BLOCK)
+        tl.store(X + offs, tl.load(X + offs, mask=offs < n) + 1, mask=offs < n)
+
+    x = torch.zeros(64, device="cuda")
+    a = torch.randn(64, 64, device="cuda", dtype=torch.half)
+    c = torch.empty_like(a)
+    big, src = torch.zeros(1 << 16, device="cuda"), torch.ones(256, device="cuda")
+    return {
+        "torch_elementwise": lambda: x.add_(1),
+        "cublas_gemm": lambda: torch.matmul(a, a, out=c),
+        "triton": lambda: _inc[(1,)](x, 64, BLOCK=64),
+        "copy_d2d": lambda: big[:256].copy_(src),
+    }
+
+
+def synthetic(node_counts: tuple[int, ...] = (1, 50, 120)) -> list[dict[str, Any]]:
+    """For graphs of N tiny nodes of one kind: the host time of replay() alone, replay + sync, and the time per
+    replay of 20 queued replays (us)."""
+    sync = torch.cuda.synchronize
+    stream = torch.cuda.Stream()
+    out = []
+    for kind, fn in _synthetic_kinds().items():
+        for n in node_counts:
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    fn()
+            sync()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(n):
+                    fn()
+
+            def replay_sync(g: torch.cuda.CUDAGraph = graph) -> None:
+                g.replay()
+                sync()
+
+            rec = {"kind": kind, "nodes": n, "launch_host_us": host_us(graph.replay, sync),
+                   "replay_sync_us": host_us(replay_sync, sync),
+                   "queued_us": queued_us(graph.replay, sync)}  # fmt: skip
+            print(json.dumps(rec), flush=True)
+            out.append(rec)
+    return out
+
+
+def _case(path: str, model: str, policy: str, batch: int, rounds: int, work: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
     from raggedvit.runtime import GraphRunner
@@ -131,17 +254,25 @@ def _case(path: str, model: str, policy: str, batch: int, rounds: int) -> dict[s
     ro = ort.RunOptions()
     ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
 
-    def nosync() -> None:
+    def nosync_run() -> None:
         runner.session.run_with_iobinding(runner.binding, ro)
+
+    def nosync() -> None:
+        nosync_run()
         torch.cuda.synchronize()
 
     calls: dict[str, Callable[[], Any]] = {"replay": runner.replay, "replay_nosync": nosync}
     try:
-        call, logits = _torch_graph(path, batch, runner)
+        dot = work / f"{Path(path).stem}_b{batch}.dot"
+        call, logits = _torch_graph(path, batch, runner, dot)
         logits.zero_()
         call()
         rec["torch_graph_max_abs_diff"] = float((logits - want).abs().max())
+        rec["torch_graph_nodes"] = node_kinds(dot.read_text())
         calls["torch_graph"] = call
+        sync = torch.cuda.synchronize
+        rec["torch_graph_launch_host_us"] = host_us(call.launch, sync)  # type: ignore[attr-defined]
+        rec["torch_graph_queued_us"] = queued_us(call.launch, sync)  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - recorded: ONNX Runtime may refuse the outside capture
         rec["torch_graph_error"] = repr(exc)[:400]
     walls: dict[str, list[float]] = {k: [] for k in calls}
@@ -149,6 +280,7 @@ def _case(path: str, model: str, policy: str, batch: int, rounds: int) -> dict[s
         for name in calls if r % 2 == 0 else reversed(list(calls)):
             t = measure(calls[name], torch.cuda.synchronize, target_s=0.15, warmup_s=0.0, min_warmup=5)
             walls[name].append(round(t.median_ms * 1e3, 1))
+    rec["replay_queued_us"] = queued_us(nosync_run, torch.cuda.synchronize)
     for name, fn in calls.items():
         rec[name] = {"wall_us": statistics.median(walls[name]), "round_wall_us": walls[name], **gpu_spans(fn)}
         rec[name]["host_us"] = round(rec[name]["wall_us"] - rec[name].get("span_us", 0.0), 1)
@@ -163,21 +295,30 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
     ap.add_argument("--batches", default="1,4,32")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--synthetic", action="store_true", help="also time graphs of N tiny nodes of one kind")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="graph_overhead_"))
     work.mkdir(parents=True, exist_ok=True)
     path = probe_result_path(args.out, "graph_overhead")
     records: list[dict[str, Any]] = []
-    data = {"benchmark": "graph_overhead", "env": environment(), "records": records}
-    for model in args.models.split(","):
+    data: dict[str, Any] = {"benchmark": "graph_overhead", "env": environment(), "records": records}
+    if args.synthetic:
+        data["synthetic"] = synthetic()
+        path.write_text(json.dumps(data, indent=1))
+    for model in filter(None, args.models.split(",")):
         for i, policy in enumerate(args.policies):
             made = export_job(ExportJob(timm_name(model), policy, "fp16-all", str(work / f"{model}_{i}.onnx")))
             if made.get("path") is None:
                 records.append({"model": model, "policy": policy, "error": made.get("error")})
                 continue
+            try:
+                census = optimized_census(made["path"], 1, work / f"{model}_{i}_optimized.onnx")
+            except Exception as exc:  # noqa: BLE001 - recorded
+                census = {"error": repr(exc)[:400]}
+            records.append({"model": model, "policy": policy, "optimized_graph": census})
             for batch in (int(b) for b in args.batches.split(",")):
                 try:
-                    rec = _case(made["path"], model, policy, batch, args.rounds)
+                    rec = _case(made["path"], model, policy, batch, args.rounds, work)
                 except Exception as exc:  # noqa: BLE001 - recorded
                     rec = {"model": model, "policy": policy, "batch": batch, "error": repr(exc)[:400]}
                 records.append(rec)
