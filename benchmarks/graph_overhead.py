@@ -24,7 +24,7 @@ Whether a call is bound by its graph's host launch (the driver submitting ~120 n
 - per export and batch, unprofiled: the host time of `torch.cuda.CUDAGraph.replay()` alone (no sync) of the
   torch-captured export, and the time per call of 20 back-to-back calls with one sync, for both ONNX Runtime's
   replay and the torch-captured graph (a launch-bound call gains nothing from queueing: the GPU waits for the
-  submission), and the captured graph's nodes by kind (`node_kinds` of its debug dump);
+  submission); and ONNX Runtime's optimized graph by op type, with every node that is not a block's compute op;
 - `--synthetic`: the same three times for graphs of N = 1, 50, 120 tiny nodes of one kind (a torch elementwise
   kernel, a cuBLAS GEMM, a Triton kernel, a device-to-device copy), the machine's cost per node of a graph launch.
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import tempfile
 import time
@@ -52,12 +51,6 @@ from benchmarks.serving.names import timm_name
 from raggedvit.timing import measure
 
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
-
-
-def node_kinds(dot: str) -> dict[str, int]:
-    """The nodes of a CUDA graph's debug dump (DOT text of `CUDAGraph.debug_dump`) by kind: KERNEL, MEMCPY, MEMSET,
-    EVENT_RECORD, ... (each node's label starts with its kind, optionally inside a record brace)."""
-    return dict(Counter(re.findall(r'label="\{?([A-Z][A-Z_]+)', dot)))
 
 
 def host_us(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 200) -> float:
@@ -122,9 +115,9 @@ def gpu_spans(fn: Callable[[], Any], calls: int = 10) -> dict[str, Any]:
     )
 
 
-def _torch_graph(path: str, batch: int, runner: Any, dot_path: Path) -> tuple[Callable[[], None], torch.Tensor]:
-    """The export node by node on a torch stream, captured into a torch CUDA graph (its debug dump written to
-    `dot_path`); returns (call: replay + sync, its logits); call.launch replays without the sync."""
+def _torch_graph(path: str, batch: int, runner: Any) -> tuple[Callable[[], None], torch.Tensor]:
+    """The export node by node on a torch stream, captured into a torch CUDA graph; returns (call: replay + sync,
+    its logits); call.launch replays without the sync."""
     import onnxruntime as ort
 
     from raggedvit.exporter.metadata import read_recipe
@@ -148,10 +141,8 @@ def _torch_graph(path: str, batch: int, runner: Any, dot_path: Path) -> tuple[Ca
             sess.run_with_iobinding(binding, ro)
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        graph.enable_debug_mode()
         with torch.cuda.graph(graph, stream=stream):
             sess.run_with_iobinding(binding, ro)
-    graph.debug_dump(str(dot_path))
     keep = (sess, binding, stream, graph, counts)
 
     def launch() -> None:
@@ -241,7 +232,7 @@ def synthetic(node_counts: tuple[int, ...] = (1, 50, 120)) -> list[dict[str, Any
     return out
 
 
-def _case(path: str, model: str, policy: str, batch: int, rounds: int, work: Path) -> dict[str, Any]:
+def _case(path: str, model: str, policy: str, batch: int, rounds: int) -> dict[str, Any]:
     import onnxruntime as ort
 
     from raggedvit.runtime import GraphRunner
@@ -263,12 +254,10 @@ def _case(path: str, model: str, policy: str, batch: int, rounds: int, work: Pat
 
     calls: dict[str, Callable[[], Any]] = {"replay": runner.replay, "replay_nosync": nosync}
     try:
-        dot = work / f"{Path(path).stem}_b{batch}.dot"
-        call, logits = _torch_graph(path, batch, runner, dot)
+        call, logits = _torch_graph(path, batch, runner)
         logits.zero_()
         call()
         rec["torch_graph_max_abs_diff"] = float((logits - want).abs().max())
-        rec["torch_graph_nodes"] = node_kinds(dot.read_text())
         calls["torch_graph"] = call
         sync = torch.cuda.synchronize
         rec["torch_graph_launch_host_us"] = host_us(call.launch, sync)  # type: ignore[attr-defined]
@@ -318,7 +307,7 @@ def main() -> None:
             records.append({"model": model, "policy": policy, "optimized_graph": census})
             for batch in (int(b) for b in args.batches.split(",")):
                 try:
-                    rec = _case(made["path"], model, policy, batch, args.rounds, work)
+                    rec = _case(made["path"], model, policy, batch, args.rounds)
                 except Exception as exc:  # noqa: BLE001 - recorded
                     rec = {"model": model, "policy": policy, "batch": batch, "error": repr(exc)[:400]}
                 records.append(rec)

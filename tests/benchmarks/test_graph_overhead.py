@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.graph_overhead import call_spans, node_kinds
+from benchmarks.graph_overhead import call_spans
 
 
 def test_call_spans_groups_calls_by_gaps() -> None:
@@ -13,23 +13,3 @@ def test_call_spans_groups_calls_by_gaps() -> None:
     assert out["kernels_per_call"] == 4 and out["span_us"] == 10.0 and out["busy_us"] == 10.3
     assert call_spans([]) == {"calls_seen": 0}
     assert call_spans(one, gap_us=0.3)["calls_seen"] == 2  # the 0.5 us gap after the first record splits
-
-
-def test_node_kinds_counts_labels_of_a_debug_dump() -> None:
-    dot = """digraph dot {
-subgraph cluster_0 { label="graph_0" graph[style="dashed"];
-"graph_0_node_0"[style="solid" shape="rectangle" label="{KERNEL
-| {ID | 0 | triton_}
-}"];
-"graph_0_node_1"[style="solid" shape="rectangle" label="{MEMCPY
-| {ID | 1 | DtoD}
-}"];
-"graph_0_node_2"[style="solid" shape="rectangle" label="{KERNEL
-| {ID | 2 | gemm}
-}"];
-"graph_0_node_3"[style="solid" shape="rectangle" label="MEMSET"];
-"graph_0_node_0" -> "graph_0_node_1";
-}
-}"""
-    assert node_kinds(dot) == {"KERNEL": 2, "MEMCPY": 1, "MEMSET": 1}
-    assert node_kinds("digraph dot {}") == {}
