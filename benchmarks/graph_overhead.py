@@ -24,7 +24,8 @@ Whether a call is bound by its graph's host launch (the driver submitting ~120 n
 - per export and batch, unprofiled: the host time of `torch.cuda.CUDAGraph.replay()` alone (no sync) of the
   torch-captured export, and the time per call of 20 back-to-back calls with one sync, for both ONNX Runtime's
   replay and the torch-captured graph (a launch-bound call gains nothing from queueing: the GPU waits for the
-  submission); and ONNX Runtime's optimized graph by op type, with every node that is not a block's compute op;
+  submission); the torch-captured graph's nodes by type, its edges and root nodes (`graph_census`, driver API);
+  and ONNX Runtime's optimized graph by op type, with every node that is not a block's compute op;
 - `--synthetic`: the same three times for graphs of N = 1, 50, 120 tiny nodes of one kind (a torch elementwise
   kernel, a cuBLAS GEMM, a Triton kernel, a device-to-device copy), the machine's cost per node of a graph launch.
 
@@ -51,6 +52,41 @@ from benchmarks.serving.names import timm_name
 from raggedvit.timing import measure
 
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
+
+
+_NODE_TYPES = ("kernel", "memcpy", "memset", "host", "child_graph", "empty", "wait_event", "event_record",
+               "ext_semas_signal", "ext_semas_wait", "mem_alloc", "mem_free", "batch_mem_op",
+               "conditional")  # fmt: skip
+
+
+def graph_census(raw_graph: int) -> dict[str, Any]:
+    """A captured CUDA graph (CUgraph handle, `CUDAGraph.raw_cuda_graph()`) through the driver API: its nodes by
+    type (CUgraphNodeType), edges, root nodes (more than one: branches from several streams) and kernel nodes by
+    function name."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    graph = ctypes.c_void_p(raw_graph)
+    n = ctypes.c_size_t(0)
+    cu.cuGraphGetNodes(graph, None, ctypes.byref(n))
+    nodes = (ctypes.c_void_p * n.value)()
+    cu.cuGraphGetNodes(graph, nodes, ctypes.byref(n))
+    kinds: Counter[str] = Counter()
+    kernels: Counter[str] = Counter()
+    params = (ctypes.c_void_p * 16)()  # CUDA_KERNEL_NODE_PARAMS: the function handle first
+    for node in nodes:
+        t = ctypes.c_int(-1)
+        cu.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(t))
+        kinds[_NODE_TYPES[t.value] if 0 <= t.value < len(_NODE_TYPES) else str(t.value)] += 1
+        if t.value == 0 and cu.cuGraphKernelNodeGetParams(ctypes.c_void_p(node), params) == 0:
+            name = ctypes.c_char_p()
+            ok = cu.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(params[0])) == 0 and name.value
+            kernels[name.value.decode()[:60] if ok else "?"] += 1  # type: ignore[union-attr]
+    edges, roots = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    cu.cuGraphGetEdges(graph, None, None, ctypes.byref(edges))
+    cu.cuGraphGetRootNodes(graph, None, ctypes.byref(roots))
+    return {"nodes": n.value, "kinds": dict(kinds), "edges": edges.value, "roots": roots.value,
+            "kernels": dict(kernels.most_common())}  # fmt: skip
 
 
 def host_us(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 200) -> float:
@@ -140,9 +176,10 @@ def _torch_graph(path: str, batch: int, runner: Any) -> tuple[Callable[[], None]
         for _ in range(3):  # the arena grows and the kernels load before the capture
             sess.run_with_iobinding(binding, ro)
         stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph, stream=stream):
             sess.run_with_iobinding(binding, ro)
+        graph.instantiate()
     keep = (sess, binding, stream, graph, counts)
 
     def launch() -> None:
@@ -258,6 +295,10 @@ def _case(path: str, model: str, policy: str, batch: int, rounds: int) -> dict[s
         logits.zero_()
         call()
         rec["torch_graph_max_abs_diff"] = float((logits - want).abs().max())
+        try:
+            rec["torch_graph_census"] = graph_census(call.keep[3].raw_cuda_graph())  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - recorded
+            rec["torch_graph_census"] = {"error": repr(exc)[:300]}
         calls["torch_graph"] = call
         sync = torch.cuda.synchronize
         rec["torch_graph_launch_host_us"] = host_us(call.launch, sync)  # type: ignore[attr-defined]
