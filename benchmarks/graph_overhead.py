@@ -153,7 +153,7 @@ def gpu_spans(fn: Callable[[], Any], calls: int = 10) -> dict[str, Any]:
 
 def _torch_graph(path: str, batch: int, runner: Any) -> tuple[Callable[[], None], torch.Tensor]:
     """The export node by node on a torch stream, captured into a torch CUDA graph; returns (call: replay + sync,
-    its logits); call.launch replays without the sync."""
+    its logits); call.launch replays without the sync, call.graph is the torch CUDAGraph."""
     import onnxruntime as ort
 
     from raggedvit.exporter.metadata import read_recipe
@@ -191,6 +191,7 @@ def _torch_graph(path: str, batch: int, runner: Any) -> tuple[Callable[[], None]
         stream.synchronize()
 
     call.keep = keep  # type: ignore[attr-defined]
+    call.graph = graph  # type: ignore[attr-defined]
     call.launch = launch  # type: ignore[attr-defined]
     return call, logits
 
@@ -296,7 +297,7 @@ def _case(path: str, model: str, policy: str, batch: int, rounds: int) -> dict[s
         call()
         rec["torch_graph_max_abs_diff"] = float((logits - want).abs().max())
         try:
-            rec["torch_graph_census"] = graph_census(call.keep[3].raw_cuda_graph())  # type: ignore[attr-defined]
+            rec["torch_graph_census"] = graph_census(call.graph.raw_cuda_graph())  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - recorded
             rec["torch_graph_census"] = {"error": repr(exc)[:300]}
         calls["torch_graph"] = call
