@@ -31,8 +31,17 @@ cancellation); over every finite fp16 x its fp16-rounded result is the exactly r
 inputs (1 ulp off), where the fp32 erf form misses hundreds (tests/kernels/test_bias_gelu.py); and the kernel below
 runs 1.29-1.32x faster with it than with libdevice's erff at the shipped 8 x 512 config (25,216 x 3,072: 84.6
 against 112.0 us; benchmarks/results/gelu_2026-12-02_NVIDIA-H200.json).
-`_ragged_linear_tma`'s GELU epilogue is gelu_erf: it is the kernel of launches from LARGE_T rows on sm_90, where fc1's
-GELU costs about as much as its K loop (`_linear_config.py`). `_ragged_linear`'s keeps the erf form the exports were
+`_ragged_linear_tma`'s GELU epilogue is `gelu_poly` (fp16 / bf16 outputs only): it is the kernel of launches from
+LARGE_T rows on sm_90, where the epilogue is issue-bound and fc1's GELU cost about as much as its K loop. gelu_poly
+takes one MUFU operation and 16 other instructions per element (ten of them P's FMAs), against two and about 22:
+Phi(-a) = exp2(P(min(a, 6)) - a^2 log2(e) / 2) for a = |x|, P a degree-10 polynomial fit of log2 Phi(-a) + a^2
+log2(e) / 2 on [0, 6] (Chebyshev nodes), and GELU(x) = max(x, 0) - |x| Phi(-|x|). Its relative error is below 5e-6
+for x >= -6 (float32 arithmetic; the quadratic term is exact past 6, P is not: for x < -6, where |GELU(x)| < 6e-9,
+the result is within a factor 2.2 of the exact one); over every finite fp16 x its fp16-rounded result is the
+exactly rounded GELU but for 14 inputs, each 1 ulp off (float32 arithmetic with an exact exp2, as the interpreter
+runs it: tests/kernels/test_bias_gelu.py, +0 and -0 taken as equal); inf -> inf, -inf -> 0, nan -> nan. On the H200
+(`benchmarks/results/linear_gelu_2026-12-03_NVIDIA-H200*.json`) the GELU cost fc1 126 of its 396 us per deit_small
+forward at B = 128 (nine ragged blocks: 270 us without it). `_ragged_linear`'s keeps the erf form the exports were
 validated with (`raggedvit validate` runs one image at a time, 197 rows: the pointer kernel): with gelu_erf there, the
 fp16-all cls-mass capacity export with the dead-row RaggedLinear (deit_base, seeded) swapped one token of the
 astronaut sample photo at block 9, where the reference's score gap is 7.0e-4 (under 4 fp16 ulps), and `raggedvit
@@ -54,7 +63,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["_bias_gelu", "_ragged_linear", "_ragged_linear_tma", "_tma_epilogue", "gelu_erf"]
+__all__ = ["_bias_gelu", "_ragged_linear", "_ragged_linear_tma", "_tma_epilogue", "gelu_erf", "gelu_poly"]
 
 
 # True in a process started with TRITON_INTERPRET (the interpreter runs no inline PTX: `_rcp` divides there)
@@ -109,6 +118,49 @@ def gelu_erf(x):
     q = q * t + _Q0
     e = t * _exp2(q - x * x * _HALF_LOG2E)  # erfc(|x| / sqrt 2) / 2 = Phi(-|x|)
     return x * tl.where(x < 0.0, e, 1.0 - e)
+
+
+# gelu_poly's P(a) ~ log2 Phi(-a) + a^2 log2(e) / 2 on [0, 6]: monomial coefficients of a^0 .. a^10
+_P = (-0.9999995827674866, -1.1511212587356567, 0.2622406780719757, -0.05273430794477463, 0.0073249260894954205,
+      -0.00027644672081805766, -0.00015822090790607035, 4.38474744441919e-05, -5.734862952522235e-06,
+      3.985943806128489e-07, -1.1778168662601729e-08)  # fmt: skip
+_P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8, _P9, _P10 = (tl.constexpr(c) for c in _P)
+
+
+@triton.jit
+def _exp2_ftz(a):
+    """2^a of an fp32 tensor: ex2.approx.ftz.f32 on the GPU (one MUFU.EX2; subnormal results flush to 0); the
+    interpreter's exp2 elsewhere."""
+    if _INTERPRETED:
+        r = tl.math.exp2(a)
+    else:
+        r = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
+    return r
+
+
+@triton.jit
+def _phi_neg_abs(x):
+    """Phi(-|x|) of an fp32 tensor (gelu_poly's polynomial and exp2)."""
+    a = tl.minimum(tl.abs(x), 6.0)
+    q = _P10 * a + _P9
+    q = q * a + _P8
+    q = q * a + _P7
+    q = q * a + _P6
+    q = q * a + _P5
+    q = q * a + _P4
+    q = q * a + _P3
+    q = q * a + _P2
+    q = q * a + _P1
+    q = q * a + _P0
+    return _exp2_ftz(q - x * x * _HALF_LOG2E)
+
+
+@triton.jit
+def gelu_poly(x):
+    """GELU (erf form) of an fp32 tensor for fp16 / bf16 results: relative error below 5e-6 for x >= -6, within a
+    factor 2.2 below (module docstring)."""
+    # |x| capped at FLT_MAX: inf -> inf (not inf * 0), -inf -> 0 (GELU's limit); nan stays nan (through the exp2)
+    return tl.maximum(x, 0.0) - tl.minimum(tl.abs(x), 3.4028234663852886e38) * _phi_neg_abs(x)
 
 
 @triton.jit(do_not_specialize=["M", "has_bias"])
@@ -262,7 +314,7 @@ def _tma_epilogue(acc, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res,
         cols = col0 + tl.arange(0, WIDTH)
         acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if activation == 1:
-        acc = gelu_erf(acc)  # not `_ragged_linear`'s erf form: module docstring
+        acc = gelu_poly(acc)  # fp16 / bf16 outputs only: module docstring
     if has_res != 0:
         acc += Res_desc.load([row0, col0]).to(tl.float32)
     Y_desc.store([row0, col0], acc.to(Y_desc.dtype))

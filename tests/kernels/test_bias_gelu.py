@@ -71,6 +71,21 @@ def test_every_float16_input_in_interpreter(interpreted_gelu):
     assert inf == float("inf") and ninf != ninf and nan != nan
 
 
+def test_gelu_poly_in_interpreter(interpreted_gelu):
+    """The TMA linear kernel's epilogue GELU (`_linear_kernel.gelu_poly`, fp16 / bf16 outputs): relative error
+    below 5e-6 for x in [-6, 8], within a factor 2.2 of the exact value below -6 (where |GELU| < 6e-9); over every
+    finite float16 input at most 16 outputs 1 ulp from the exactly rounded GELU; inf -> inf, -inf -> 0, nan -> nan,
+    +-0 -> 0."""
+    r = interpreted_gelu["gelu_poly"]
+    assert r["inputs"] == 63488
+    assert r["max_ulps"] <= 1 and r["mismatches"] <= 16, r
+    assert r["max_rel_main"] < 5e-6, r
+    lo, hi = r["tail_ratio"]
+    assert 1 / 2.2 < lo <= hi < 2.2, r
+    inf, ninf, nan, zero, nzero = r["special"]
+    assert inf == float("inf") and ninf == 0.0 and nan != nan and zero == 0.0 and nzero == 0.0, r
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
