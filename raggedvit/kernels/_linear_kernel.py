@@ -40,13 +40,14 @@ for x >= -6 (float32 arithmetic; the quadratic term is exact past 6, P is not: f
 the result is within a factor 2.2 of the exact one); over every finite fp16 x its fp16-rounded result is the
 exactly rounded GELU but for 14 inputs, each 1 ulp off (float32 arithmetic with an exact exp2, as the interpreter
 runs it: tests/kernels/test_bias_gelu.py, +0 and -0 taken as equal); inf -> inf, -inf -> 0, nan -> nan. On the H200
-(`benchmarks/results/linear_gelu_2026-12-03_NVIDIA-H200*.json`) the GELU cost fc1 126 of its 396 us per deit_small
-forward at B = 128 (nine ragged blocks: 270 us without it). `_ragged_linear`'s keeps the erf form the exports were
-validated with (`raggedvit validate` runs one image at a time, 197 rows: the pointer kernel): with gelu_erf there, the
-fp16-all cls-mass capacity export with the dead-row RaggedLinear (deit_base, seeded) swapped one token of the
-astronaut sample photo at block 9, where the reference's score gap is 7.0e-4 (under 4 fp16 ulps), and `raggedvit
-validate --device cuda` failed on it (max |dlogit| 0.148 against 7.8e-3 with the erf form, H200): the validator judges
-a same-count token swap by its logits (DESIGN.md section 6). Either GELU is within rounding of the exact one.
+(`benchmarks/results/linear_gelu_2026-12-03_NVIDIA-H200_run2.json`) deit_small's nine fc1 GEMMs per forward at
+B = 128 take 393 us with gelu_erf, 265 us without a GELU and 360 us with gelu_poly.
+`_ragged_linear`'s GELU keeps the erf form the exports were validated with (`raggedvit validate` runs one image at
+a time, 197 rows: the pointer kernel): with gelu_erf there, the fp16-all cls-mass capacity export with the dead-row
+RaggedLinear (deit_base, seeded) swapped one token of the astronaut sample photo at block 9, where the reference's
+score gap is 7.0e-4 (under 4 fp16 ulps), and `raggedvit validate --device cuda` failed on it (max |dlogit| 0.148
+against 7.8e-3 with the erf form, H200): the validator judges a same-count token swap by its logits (DESIGN.md
+section 6). Each of the three GELUs is within rounding of the exact one.
 
 `_bias_gelu` (com.raggedvit::BiasGelu): Y[m, n] = GELU(X[m, n] + Bias[n]) (Bias optional), X / Y [M, N] row-major
 contiguous in one dtype (fp16 / bf16 / fp32), Bias [N] in that dtype; the sum and GELU in fp32, one rounding. A
