@@ -80,13 +80,15 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
         if len(tuned) > 4:
             cls_bn, cls_warps = tuned[4:]
             return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, cls_warps, 0 if small else SMALL_T_LIMIT)
-    # the cls kernel loads [cls_bn, 1024 // bd heads, bd] tiles: 32 elements per thread at 4 warps for cls_bn = 4.
-    # From SMALL_T_LIMIT rows fp16 / bf16 take 8 columns a program, half the programs, each waiting once on its chain
-    # of dependent loads (CU, then the sequence's first row and its Lse): on the H200 at deit's H = 6 / 12, D = 64
-    # over B x 197 capacity rows, 21.2-23.5 against 29.3-30.4 us at B = 128 and 7.2-8.0 against 9.2-9.5 us at B = 32
-    # (all or ~40% live); at B = 1 (197 rows) 4 columns stay within 0.3 us of the best
-    # (benchmarks/results/norm_cls_tune_2026-12-03_NVIDIA-H200.json).
-    cls_bn = 8 if not small and dtype != "fp32" else 4
+    # the cls kernel loads [cls_bn, 4 heads, bd] tiles (`_kernel._ragged_cls_attn`). From SMALL_T_LIMIT rows fp16 /
+    # bf16 take 16 columns a program: fewer programs, each waiting once on its chain of dependent loads (CU, then the
+    # sequence's first row and its Lse). On the H200 at deit's H = 6 / 12, D = 64 over B x 197 capacity rows (all or
+    # ~40% live), 4 heads x 16 columns: 12.3-13.1 / 15.6-18.7 us a call at B = 128 and 4.7-5.1 / 5.9-6.2 us at B = 32,
+    # the best or within 0.5 us of it among 4 / 8 / 16 heads x 8 / 16 columns, against 21.2-21.7 / 21.9-23.6 and
+    # 7.1-7.3 / 7.6-8.0 us for the 16 heads x 8 columns before (cls_heads_2026-12-03_NVIDIA-H200.json under
+    # benchmarks/results; 8 columns had beaten 4 there: norm_cls_tune_2026-12-03_NVIDIA-H200.json). Below
+    # SMALL_T_LIMIT (B = 1: 197 rows) 4 columns, measured with 16 heads (within 0.3 us of the best then), and in fp32.
+    cls_bn = 16 if not small and dtype != "fp32" else 4
     return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT)
 
 
