@@ -1,31 +1,24 @@
-"""Probe: RaggedAttention's cls kernel (`_kernel._ragged_cls_attn`) with fewer head slots per pass.
+"""Probe: RaggedAttention's cls kernel (`_kernel._ragged_cls_attn`) with fewer heads per tile.
 
     python3 -m benchmarks.cls_heads [--out benchmarks/results]
 
 The kernel loads [BLOCK_N, HG, BLOCK_D] tiles; up to 18e2707 HG was 1024 // BLOCK_D head slots (16 at D = 64), so
 at deit_small's H = 6 ten of the sixteen slots were masked off: registers and issue slots spent on nothing. This
-probe times, JIT on the machine's Triton and CUDA-graph replays, the kernel as it is against copies with HG = 4 and
-8 (`_kernel.py`'s source with its `HG` line replaced; the copies live only here), over BLOCK_N 8 and 16 at 4 warps,
-at deit_small (H = 6) and deit_base (H = 12), D = 64, fp16, B x 197 capacity rows with every row live and with
-~40% live (norm_cls_tune's draws). Each copy is checked against the kernel's output first.
-Writes cls_heads_<date>_<gpu>.json.
+probe times, JIT on the machine's Triton and CUDA-graph replays, HG = 16 / 4 / 8 (the kernel's HG constexpr; the
+first run, below, substituted the kernel source's `HG` line in module copies, before HG became a parameter) over
+BLOCK_N 8 and 16 at 4 warps, at deit_small (H = 6) and deit_base (H = 12), D = 64, fp16, B x 197 capacity rows
+with every row live and with ~40% live (norm_cls_tune's draws). Each variant is checked against the first one's
+output. Writes cls_heads_<date>_<gpu>.json.
 
-Result (H200; cls_heads_2026-12-03_NVIDIA-H200.json, run with HG = 16 shipped, the rows with "hg": 16): 4 heads x 16
-columns is the best or within 0.5 us of it in every case (deit_small B = 128 21.7 -> 13.1 us a call all live,
-deit_base 23.6 -> 18.7 us), hence HG = 4 in `_kernel.py` and 16 columns in `_config.py`. The first HG in the
-records is the kernel's as run.
+Result (H200; cls_heads_2026-12-03_NVIDIA-H200.json): 4 heads x 16 columns is the best or within 0.5 us of it in
+every case (deit_small B = 128 21.7 -> 13.1 us a call all live, deit_base 23.6 -> 18.7 us), hence `_config.py`'s
+4 heads x 16 columns from SMALL_T_LIMIT rows. Small T (B = 1, 4) was not in it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import re
-import sys
-import tempfile
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -37,30 +30,10 @@ from raggedvit.kernels import _kernel
 from raggedvit.kernels._config import pick_config
 from raggedvit.kernels._launch import _launch_triton, scale_bits
 
-_HG_LINE = re.compile(r"^    HG: tl\.constexpr = .*$", re.M)
+HEADS = (16, 4, 8)  # the first is the reference of the others' outputs
 
 
-def _copy_with_hg(hg: int) -> ModuleType:
-    """A copy of raggedvit.kernels._kernel whose cls kernel processes `hg` head slots per pass."""
-    src = Path(_kernel.__file__).read_text()
-    assert len(_HG_LINE.findall(src)) == 1, "the cls kernel's HG line moved"
-    path = Path(tempfile.mkdtemp()) / f"_cls_hg{hg}.py"
-    path.write_text(_HG_LINE.sub(f"    HG: tl.constexpr = {hg}", src))
-    spec = importlib.util.spec_from_file_location(f"_cls_hg{hg}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _shipped_hg() -> int:
-    m = _HG_LINE.search(Path(_kernel.__file__).read_text())
-    assert m is not None
-    return int(m.group(0).split("=")[-1].strip())
-
-
-def _case(model: str, B: int, frac: float, gen: torch.Generator, copies: dict[int, ModuleType]) -> list[dict]:
+def _case(model: str, B: int, frac: float, gen: torch.Generator) -> list[dict[str, Any]]:
     D, H = MODELS[model]
     T = B * TOKENS
     cu = _cu(B, frac, gen)
@@ -73,26 +46,26 @@ def _case(model: str, B: int, frac: float, gen: torch.Generator, copies: dict[in
     lse = torch.empty(0, dtype=torch.float32, device="cuda").set_(ref.untyped_storage(), t_pad, (H * T,))
     unused = torch.zeros(1, dtype=torch.float32, device="cuda")
     out: list[dict[str, Any]] = []
-    for hg, mod in [(_shipped_hg(), _kernel), *copies.items()]:
+    for hg in HEADS:
         for bn in (8, 16):
             cls = torch.full((T,), float("nan"), dtype=torch.float32, device="cuda")
 
-            def call(mod: ModuleType = mod, bn: int = bn, cls: torch.Tensor = cls) -> None:
-                mod._ragged_cls_attn[(-(-T // bn),)](
+            def call(hg: int = hg, bn: int = bn, cls: torch.Tensor = cls) -> None:
+                _kernel._ragged_cls_attn[(-(-T // bn),)](
                     qkv, qkv, cu, lse, cls, unused, cu, T, B, H, D // H, scale_bits(scale), 0, 0, 0, 0,
-                    BLOCK_N=bn, BLOCK_D=base.block_d, HAS_POS=False, num_warps=4, num_stages=1,
+                    BLOCK_N=bn, BLOCK_D=base.block_d, HAS_POS=False, HG=hg, num_warps=4, num_stages=1,
                 )  # fmt: skip
 
             call()
             torch.cuda.synchronize()
             err = float((cls[:live] - ref[:live]).abs().max()) if live else 0.0
             us, note = graph_time_us(call)
-            rec = {"model": model, "B": B, "T": T, "live": live, "H": H, "hg": hg, "block_n": bn,
-                   "shipped": mod is _kernel and bn == base.cls_block_n, "max_abs_diff": err, "gpu_us": us,
-                   "note": note}  # fmt: skip
+            shipped = (hg, bn) == (base.cls_heads, base.cls_block_n)
+            rec = {"model": model, "B": B, "T": T, "live": live, "H": H, "hg": hg, "block_n": bn, "shipped": shipped,
+                   "max_abs_diff": err, "gpu_us": us, "note": note}  # fmt: skip
             out.append(rec)
             print(f"{model:10s} B={B:3d} live={live:6d} HG={hg:2d} bn={bn:2d} {us:7.2f} us err={err:.1e}"
-                  f"{'  (shipped)' if rec['shipped'] else ''}", flush=True)  # fmt: skip
+                  f"{'  (shipped)' if shipped else ''}", flush=True)  # fmt: skip
     return out
 
 
@@ -101,14 +74,13 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     path = probe_result_path(args.out, "cls_heads")
-    copies = {hg: _copy_with_hg(hg) for hg in (4, 8, 16) if hg != _shipped_hg()}
     gen = torch.Generator().manual_seed(0)
     records: list[dict[str, Any]] = []
     data = {"benchmark": "cls_heads", "env": environment(), "records": records}
     for model in MODELS:
         for B in (32, 128):
             for frac in (1.0, 0.4):
-                records += _case(model, B, frac, gen, copies)
+                records += _case(model, B, frac, gen)
                 path.write_text(json.dumps(data, indent=1))
     print(f"wrote {path}")
 

@@ -258,7 +258,7 @@ def tune(quick: bool) -> list[dict]:
         fwd_cfg = pick_config(T, D, DTYPE)
         for cbn, cw in cls_variants:  # fwd(store_lse) + cls: differences between variants are the cls kernel's
             cfg = KernelConfig("fp16", base.block_d, fwd_cfg.block_m, fwd_cfg.block_n, fwd_cfg.num_warps,
-                               fwd_cfg.num_stages, cbn, cw)  # fmt: skip
+                               fwd_cfg.num_stages, cbn, cw, cls_heads=fwd_cfg.cls_heads)  # fmt: skip
             us = _time_fwd(qkv, cu, cfg, True)
             if us is not None:
                 rows.append({"B": B, "L": L, "T": T, "kernel": "fwd+cls", "variant": (cbn, cw), "gpu_us": us})

@@ -13,6 +13,8 @@ Cases: the capacity layout of B = 1, 32, 128 images of 197 rows, a fraction of t
 cls-mass means at each stage's input), deit_small (D = 384, H = 6) and deit_base (D = 768, H = 12), fp16. Each
 config's output is checked against the shipped config's (max |diff| over the live rows; dead cls rows must be 0)
 before it is timed (CUDA-graph replays, benchmarks.kernel.graph_time_us). Writes norm_cls_tune_<date>_<gpu>.json.
+The cls configs run with 1024 // BLOCK_D heads a tile (the kernel's only head count when this probe ran;
+benchmarks.cls_heads varies it).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def _cls_case(model: str, B: int, frac: float, gen: torch.Generator) -> list[dic
         def call(bn: int = bn, warps: int = warps, cls: torch.Tensor = cls) -> None:
             _kernel._ragged_cls_attn[(-(-T // bn),)](
                 qkv, qkv, cu, lse, cls, unused, cu, T, B, H, D // H, scale_bits(scale), 0, 0, 0, 0,
-                BLOCK_N=bn, BLOCK_D=base.block_d, HAS_POS=False, num_warps=warps, num_stages=1,
+                BLOCK_N=bn, BLOCK_D=base.block_d, HAS_POS=False, HG=1024 // base.block_d, num_warps=warps, num_stages=1,
             )  # fmt: skip
 
         call()

@@ -41,6 +41,7 @@ FALLBACK_CONFIG: dict[str, int] = {
     "num_stages": 2,
     "cls_block_n": 64,
     "cls_num_warps": 4,
+    "cls_heads": 4,
 }
 
 # Kernel parameters in order; "ptr" args get the 16-byte divisibility hint, like D (the launcher checks both).
@@ -64,6 +65,7 @@ class AotJob:
     num_warps: int
     num_stages: int
     has_pos: bool = False  # HAS_POS: relative position bias (PosTable, TokPos)
+    cls_heads: int = 0  # "cls": HG, the heads per tile (`_config.KernelConfig.cls_heads`); 0 for "fwd"
 
     @property
     def function(self) -> str:
@@ -87,6 +89,10 @@ class AotJob:
         if self.kernel == "fwd":
             consts = {"BLOCK_M": self.block_m, **consts}
         consts["HAS_POS"] = self.has_pos
+        if self.kernel == "cls":
+            if self.cls_heads < 1:
+                raise ValueError(f"{self}: a cls job needs cls_heads >= 1")
+            consts["HG"] = self.cls_heads
         sig.update({k: "constexpr" for k in consts})
         return sig, consts
 
@@ -115,9 +121,9 @@ def kernel_configs() -> list[dict[str, Any]]:
     """Launch configs from raggedvit/kernels/_config.py:aot_configs() (the fallback dict when unavailable).
 
     Each: dtype, block_d, min_tokens (used for T >= min_tokens; the largest such wins), block_m, block_n,
-    num_warps, num_stages, cls_block_n, cls_num_warps.
+    num_warps, num_stages, cls_block_n, cls_num_warps, cls_heads.
     """
-    keys = ("block_d", "block_m", "block_n", "num_warps", "num_stages", "cls_block_n", "cls_num_warps")
+    keys = ("block_d", "block_m", "block_n", "num_warps", "num_stages", "cls_block_n", "cls_num_warps", "cls_heads")
     try:
         module = _load_module(CONFIG_SOURCE, "_raggedvit_aot_config")
         return [
@@ -153,8 +159,9 @@ def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, 
                         has_pos,
                     )
                     cls = AotJob(
-                        "cls", c["dtype"], cu, c["block_d"], arch, 0, c["cls_block_n"], c["cls_num_warps"], 1, has_pos
-                    )
+                        "cls", c["dtype"], cu, c["block_d"], arch, 0, c["cls_block_n"], c["cls_num_warps"], 1, has_pos,
+                        c["cls_heads"],
+                    )  # fmt: skip
                     rows += [(fwd, c["min_tokens"]), (cls, c["min_tokens"])]
     rows = list(dict.fromkeys(rows))  # identical (job, min_tokens) rows once
     jobs = list(dict.fromkeys(job for job, _ in rows))

@@ -42,6 +42,7 @@ class KernelConfig:
     cls_block_n: int  # BLOCK_N of _ragged_cls_attn
     cls_num_warps: int  # of _ragged_cls_attn (num_stages 1)
     min_tokens: int = 0  # used for T >= min_tokens (the largest such config wins)
+    cls_heads: int = 4  # HG of _ragged_cls_attn: heads per [cls_block_n, HG, BLOCK_D] tile
 
     def as_dict(self) -> dict[str, int | str]:
         return asdict(self)
@@ -79,17 +80,21 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
         bm, bn, warps, stages = tuned[:4]
         if len(tuned) > 4:
             cls_bn, cls_warps = tuned[4:]
-            return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, cls_warps, 0 if small else SMALL_T_LIMIT)
-    # the cls kernel loads [cls_bn, 4 heads, bd] tiles (`_kernel._ragged_cls_attn`). From SMALL_T_LIMIT rows fp16 /
-    # bf16 take 16 columns a program: fewer programs, each waiting once on its chain of dependent loads (CU, then the
-    # sequence's first row and its Lse). On the H200 at deit's H = 6 / 12, D = 64 over B x 197 capacity rows (all or
-    # ~40% live), 4 heads x 16 columns: 12.3-13.1 / 15.6-18.7 us a call at B = 128 and 4.7-5.1 / 5.9-6.2 us at B = 32,
-    # the best or within 0.5 us of it among 4 / 8 / 16 heads x 8 / 16 columns, against 21.2-21.7 / 21.9-23.6 and
-    # 7.1-7.3 / 7.6-8.0 us for the 16 heads x 8 columns before (cls_heads_2026-12-03_NVIDIA-H200.json under
-    # benchmarks/results; 8 columns had beaten 4 there: norm_cls_tune_2026-12-03_NVIDIA-H200.json). Below
-    # SMALL_T_LIMIT (B = 1: 197 rows) 4 columns, measured with 16 heads (within 0.3 us of the best then), and in fp32.
-    cls_bn = 16 if not small and dtype != "fp32" else 4
-    return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT)
+            return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, cls_warps, 0 if small else SMALL_T_LIMIT,
+                                cls_heads=1024 // bd)  # fmt: skip
+    # the cls kernel loads [cls_bn, cls_heads, bd] tiles (`_kernel._ragged_cls_attn`). From SMALL_T_LIMIT rows
+    # fp16 / bf16 take 4 heads x 16 columns a program: 1024 // bd = 16 heads left ten of sixteen slots masked off at
+    # deit_small's H = 6 (89 registers a thread, 31% occupancy), and fewer, larger programs each wait once on their
+    # chain of dependent loads (CU, then the sequence's first row and its Lse). On the H200 at deit's H = 6 / 12,
+    # D = 64 over B x 197 capacity rows (all or ~40% live): 12.3-13.1 / 15.6-18.7 us a call at B = 128 and 4.7-5.1 /
+    # 5.9-6.2 us at B = 32, the best or within 0.5 us of it among 4 / 8 / 16 heads x 8 / 16 columns, against
+    # 21.2-21.7 / 21.9-23.6 and 7.1-7.3 / 7.6-8.0 us for 16 heads x 8 columns (cls_heads_2026-12-03_NVIDIA-H200.json
+    # under benchmarks/results; 8 columns had beaten 4 there: norm_cls_tune_2026-12-03_NVIDIA-H200.json). Below
+    # SMALL_T_LIMIT (B = 1: 197 rows) and in fp32: 16 heads (1024 // bd) x 4 columns, within 0.3 us of the best at
+    # B = 1; 4 heads there cost deit_base (H = 12: three passes) 2 us a forward at B = 1 and 4 in serving run26.
+    large = not small and dtype != "fp32"
+    cls_bn, cls_heads = (16, 4) if large else (4, 1024 // bd)
+    return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT, cls_heads=cls_heads)
 
 
 _CONFIGS: dict[tuple[str, int], tuple[KernelConfig, KernelConfig]] = {

@@ -288,18 +288,15 @@ def _ragged_cls_attn(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_POS: tl.constexpr,
+    HG: tl.constexpr,
 ):
     """grid = (cdiv(T, BLOCK_N),). ClsAttn[t] = mean_h softmax(row cu[b])[t] for token t of sequence b.
 
     Needs Lse [H, T] of the sequences' first rows from _ragged_attn_fwd(store_lse=1). Deterministic.
-    Heads are processed HG = 4 at a time as [BLOCK_N, HG, BLOCK_D] tiles. HAS_POS: the scores get the same
-    position bias as in _ragged_attn_fwd (query = the sequence's first row, key = the token).
+    Heads are processed HG at a time as [BLOCK_N, HG, BLOCK_D] tiles (HG: the launch config's cls_heads,
+    `_config.py`). HAS_POS: the scores get the same position bias as in _ragged_attn_fwd (query = the sequence's
+    first row, key = the token).
     """
-    # 4 head slots: deit_small's H = 6 in two passes wastes 2 of 8 slots where 1024 // BLOCK_D = 16 wasted 10 of 16
-    # (registers and issue slots: 89 registers a thread, 31% occupancy at 16); on the H200 with 16 columns a program
-    # 21.7 -> 13.1 us a call at deit_small B = 128, 23.6 -> 18.7 us at deit_base (H = 12, three full passes)
-    # (benchmarks/results/cls_heads_2026-12-03_NVIDIA-H200.json, JIT; _config.py has the columns)
-    HG: tl.constexpr = 4
     pid = tl.program_id(0)
     r_first = pid * BLOCK_N
     cols = r_first + tl.arange(0, BLOCK_N)

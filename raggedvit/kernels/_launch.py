@@ -174,7 +174,7 @@ def _launch_triton(
         has_pos,
     )
     cls_args = (qkv, bias, cu_seqlens, lse, cls_attn, pos_table, token_pos, T, B, H, D, bits, has_bias, *pos_ints,
-                cfg.cls_block_n, cfg.block_d, has_pos)  # fmt: skip
+                cfg.cls_block_n, cfg.block_d, has_pos, cfg.cls_heads)  # fmt: skip
     grid_c = -(-T // cfg.cls_block_n)
 
     key = None
@@ -200,7 +200,7 @@ def _launch_triton(
     ck_cls = None
     if store:
         ck_cls = k._ragged_cls_attn[(grid_c,)](
-            *cls_args[:16], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos,
+            *cls_args[:16], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos, HG=cfg.cls_heads,
             num_warps=cfg.cls_num_warps, num_stages=1,
         )  # fmt: skip
     if key is not None and _Compiled.usable(ck_fwd) and (not store or _Compiled.usable(ck_cls)):

@@ -81,9 +81,12 @@ def test_signature_hints_pointers_and_D():
     assert consts == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64, "HAS_POS": False}
     assert sig["PosTable"] == "*fp32" and sig["TokPos"] == "*i64" and sig["grid_h"] == sig["num_prefix"] == "i32"
     assert _aot.AotJob("fwd", "bf16", "i64", 64, 90, 64, 64, 4, 2, True).signature()[1]["HAS_POS"] is True
-    cls_sig, cls_consts = _aot.AotJob("cls", "fp16", "i32", 32, 80, 0, 128, 4, 1).signature()
+    cls_sig, cls_consts = _aot.AotJob("cls", "fp16", "i32", 32, 80, 0, 128, 4, 1, cls_heads=8).signature()
     assert sig["Bias"] == "*bf16" and sig["has_bias"] == "i32" and list(sig)[:3] == ["QKV", "Bias", "CU"]
     assert list(cls_sig)[:5] == ["QKV", "Bias", "CU", "Lse", "ClsAttn"] and "BLOCK_M" not in cls_consts
+    assert cls_consts["HG"] == 8 and "HG" not in consts
+    with pytest.raises(ValueError, match="cls_heads"):
+        _aot.AotJob("cls", "fp16", "i32", 32, 80, 0, 128, 4, 1).signature()
 
 
 def test_generated_source_shares_cubins_between_rows(tmp_path):

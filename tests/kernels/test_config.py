@@ -36,9 +36,11 @@ def test_pick_config_rejects_unknown():
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 def test_cls_kernel_columns_per_program(dtype):
-    """The cls kernel takes 16 columns a program from SMALL_T_LIMIT rows in fp16 / bf16 (measured on the H200), 4
-    below it and in fp32."""
+    """The cls kernel takes 4 heads x 16 columns a program from SMALL_T_LIMIT rows in fp16 / bf16 (measured on the
+    H200), 1024 // BLOCK_D heads x 4 columns below it and in fp32."""
     for D in (32, 64, 128):
         small, large = pick_config(1, D, dtype), pick_config(SMALL_T_LIMIT, D, dtype)
         assert (small.cls_block_n, small.cls_num_warps) == (4, 4)
         assert (large.cls_block_n, large.cls_num_warps) == ((4, 4) if dtype == "fp32" else (16, 4))
+        assert small.cls_heads == 1024 // small.block_d
+        assert large.cls_heads == (1024 // large.block_d if dtype == "fp32" else 4)
