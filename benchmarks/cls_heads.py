@@ -7,7 +7,7 @@ at deit_small's H = 6 ten of the sixteen slots were masked off: registers and is
 probe times, JIT on the machine's Triton and CUDA-graph replays, HG = 16 / 4 / 8 (the kernel's HG constexpr; the
 first run, below, substituted the kernel source's `HG` line in module copies, before HG became a parameter) over
 BLOCK_N 8 and 16 at 4 warps, at deit_small (H = 6) and deit_base (H = 12), D = 64, fp16, B x 197 capacity rows
-with every row live and with ~40% live (norm_cls_tune's draws). Each variant is checked against the first one's
+with every row live and with ~40% live (norm_cls_tune's draws). Each variant is checked against the shipped config's
 output. Writes cls_heads_<date>_<gpu>.json.
 
 Result (H200; cls_heads_2026-12-03_NVIDIA-H200.json): 4 heads x 16 columns is the best or within 0.5 us of it in
@@ -25,46 +25,30 @@ import torch
 
 from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
-from benchmarks.norm_cls_tune import MODELS, TOKENS, _cu
-from raggedvit.kernels import _kernel
-from raggedvit.kernels._config import pick_config
-from raggedvit.kernels._launch import _launch_triton, scale_bits
+from benchmarks.norm_cls_tune import MODELS, cls_inputs, launch_cls
 
-HEADS = (16, 4, 8)  # the first is the reference of the others' outputs
+HEADS = (16, 4, 8)  # heads per tile (16: the kernel's before 18e2707)
 
 
 def _case(model: str, B: int, frac: float, gen: torch.Generator) -> list[dict[str, Any]]:
-    D, H = MODELS[model]
-    T = B * TOKENS
-    cu = _cu(B, frac, gen)
-    live = int(cu[-1])
-    qkv = (torch.randn(T, 3 * D, generator=gen) * 2).to(torch.float16).cuda()
-    base = pick_config(T, D // H, torch.float16)
-    scale = (D // H) ** -0.5
-    t_pad = -(-T // 4) * 4
-    _, ref = _launch_triton(qkv, cu, H, scale, True, config=base)
-    lse = torch.empty(0, dtype=torch.float32, device="cuda").set_(ref.untyped_storage(), t_pad, (H * T,))
-    unused = torch.zeros(1, dtype=torch.float32, device="cuda")
+    c = cls_inputs(model, B, frac, gen)
     out: list[dict[str, Any]] = []
     for hg in HEADS:
         for bn in (8, 16):
-            cls = torch.full((T,), float("nan"), dtype=torch.float32, device="cuda")
+            cls = torch.full((c.T,), float("nan"), dtype=torch.float32, device="cuda")
 
             def call(hg: int = hg, bn: int = bn, cls: torch.Tensor = cls) -> None:
-                _kernel._ragged_cls_attn[(-(-T // bn),)](
-                    qkv, qkv, cu, lse, cls, unused, cu, T, B, H, D // H, scale_bits(scale), 0, 0, 0, 0,
-                    BLOCK_N=bn, BLOCK_D=base.block_d, HAS_POS=False, HG=hg, num_warps=4, num_stages=1,
-                )  # fmt: skip
+                launch_cls(c, cls, bn, 4, hg)
 
             call()
             torch.cuda.synchronize()
-            err = float((cls[:live] - ref[:live]).abs().max()) if live else 0.0
+            err = float((cls[: c.live] - c.ref[: c.live]).abs().max()) if c.live else 0.0
             us, note = graph_time_us(call)
-            shipped = (hg, bn) == (base.cls_heads, base.cls_block_n)
-            rec = {"model": model, "B": B, "T": T, "live": live, "H": H, "hg": hg, "block_n": bn, "shipped": shipped,
-                   "max_abs_diff": err, "gpu_us": us, "note": note}  # fmt: skip
+            shipped = (hg, bn) == (c.base.cls_heads, c.base.cls_block_n)
+            rec = {"model": model, "B": B, "T": c.T, "live": c.live, "H": c.H, "hg": hg, "block_n": bn,
+                   "shipped": shipped, "max_abs_diff": err, "gpu_us": us, "note": note}  # fmt: skip
             out.append(rec)
-            print(f"{model:10s} B={B:3d} live={live:6d} HG={hg:2d} bn={bn:2d} {us:7.2f} us err={err:.1e}"
+            print(f"{model:10s} B={B:3d} live={c.live:6d} HG={hg:2d} bn={bn:2d} {us:7.2f} us err={err:.1e}"
                   f"{'  (shipped)' if shipped else ''}", flush=True)  # fmt: skip
     return out
 

@@ -143,8 +143,9 @@ def _tma_ws(
         _tma_epilogue(right, Res_desc, Y_desc, Bias, N, row0, col0 + HALF, has_bias, has_res, activation, HALF)
 
 
-def _variant(kernel: Any, x, w, b, res, cu, act, y) -> Callable[[], Any]:
-    """A launch of a variant kernel under the shipped tiles (two 64-column slices), as `_launch_linear` does."""
+def _variant(kernel: Any, x, w, b, res, cu, act, y, **constexprs: Any) -> Callable[[], Any]:
+    """A launch of a variant kernel under the shipped tiles (two 64-column slices), as `_launch_linear` does;
+    `constexprs`: the variant's own (benchmarks.linear_gelu)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     T, K = x.shape
@@ -165,7 +166,7 @@ def _variant(kernel: Any, x, w, b, res, cu, act, y) -> Callable[[], Any]:
         kernel[(programs,)](
             x_desc, w_desc, res_arg, y_desc, b, cu, T, N, K, B, 1, int(res is not None), 1, act, programs,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs,
         )  # fmt: skip
 
     return call

@@ -28,21 +28,18 @@ polynomial): per deit_small forward at B = 128 (nine ragged blocks) fc1 took 396
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from benchmarks.env import environment, probe_result_path
-from benchmarks.kernel import graph_time_us
-from benchmarks.linear_persistent import GEMMS, MODELS, TOKENS, draw
-from raggedvit.kernels._linear_config import linear_config
+from benchmarks.linear_epilogue import _live_tiles, _tile_acc, _variant
+from benchmarks.linear_persistent import draw, run_cases, time_checked
+from benchmarks.linear_tma import _tile_of
 from raggedvit.kernels._linear_kernel import _phi_neg_abs, gelu_erf
-from raggedvit.kernels._linear_launch import _launch_linear, _multiprocessors
+from raggedvit.kernels._linear_launch import _launch_linear
 from raggedvit.kernels.reference import ragged_linear_reference
 
 
@@ -63,6 +60,7 @@ def _nap(pid, ns):
 @triton.jit
 def _epi(acc, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activation, WIDTH: tl.constexpr,
          POLY: tl.constexpr):  # fmt: skip
+    """`_linear_kernel._tma_epilogue` with gelu_erf, or POLY: _gelu_poly_select."""
     if has_bias != 0:
         cols = col0 + tl.arange(0, WIDTH)
         acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -79,100 +77,45 @@ def _epi(acc, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activati
 @triton.jit(do_not_specialize=["T", "B", "has_bias", "has_res", "has_live", "activation", "num_programs"])
 def _tma_variant(
     X_desc, W_desc, Res_desc, Y_desc, Bias, CU, T, N, K, B, has_bias, has_res, has_live, activation, num_programs,
-    nap_ns, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    POLY: tl.constexpr, STAGGER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    POLY: tl.constexpr, NAP_NS: tl.constexpr,
 ):  # fmt: skip
-    """`_ragged_linear_tma` (two epilogue slices) with gelu_erf, or POLY: _gelu_poly_select; STAGGER: the second
-    half of the programs sleeps nap_ns first."""
+    """`_ragged_linear_tma` (two epilogue slices) with gelu_erf, or POLY: _gelu_poly_select; NAP_NS > 0: the second
+    half of the programs sleeps NAP_NS ns first."""
+    HALF: tl.constexpr = BLOCK_N // 2
     pid = tl.program_id(0)
-    if STAGGER:
+    if NAP_NS > 0:
         if pid >= num_programs // 2:
-            pid = _nap(pid, nap_ns)
-    live = T
-    if has_live != 0:
-        live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T).to(tl.int32)
-    num_m = tl.cdiv(live, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
+            pid = _nap(pid, pid * 0 + NAP_NS)
+    num_m, num_n, k_tiles = _live_tiles(CU, T, N, K, B, has_live, BLOCK_M, BLOCK_N, BLOCK_K)
     for tile in tl.range(pid, num_m * num_n, num_programs, flatten=True):
-        first_m = (tile // group) * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % group) % size_m
-        pid_n = (tile % group) // size_m
+        pid_m, pid_n = _tile_of(tile, num_n, num_m, GROUP_M)
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
-            a = X_desc.load([row0, kk * BLOCK_K])
-            b = W_desc.load([col0, kk * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
-        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-        left, right = tl.split(halves)
-        _epi(left, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activation, BLOCK_N // 2, POLY)
-        _epi(right, Res_desc, Y_desc, Bias, N, row0, col0 + BLOCK_N // 2, has_bias, has_res, activation,
-             BLOCK_N // 2, POLY)  # fmt: skip
-
-
-def _variant(x, w, b, res, cu, act, y, poly: bool, stagger_ns: int) -> Callable[[], Any]:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    T, K = x.shape
-    N = w.shape[0]
-    cfg = linear_config(T, N, 90, True)
-    assert cfg.tma and cfg.epilogue_split == 2, cfg
-    tiles = -(-T // cfg.block_m) * -(-N // cfg.block_n)
-    programs = min(cfg.programs_per_sm * _multiprocessors(x.device), tiles)
-    half = cfg.block_n // 2
-    x_desc = TensorDescriptor(x, [T, K], [K, 1], [cfg.block_m, cfg.block_k])
-    w_desc = TensorDescriptor(w, [N, K], [K, 1], [cfg.block_n, cfg.block_k])
-    y_desc = TensorDescriptor(y, [T, N], [N, 1], [cfg.block_m, half])
-    r_desc = TensorDescriptor(res if res is not None else y, [T, N], [N, 1], [cfg.block_m, half])
-    B = cu.shape[0] - 1
-
-    def call() -> None:
-        _tma_variant[(programs,)](
-            x_desc, w_desc, r_desc, y_desc, b, cu, T, N, K, B, 1, int(res is not None), 1, act, programs,
-            stagger_ns, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            POLY=poly, STAGGER=stagger_ns > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-
-    return call
+        left, right = _tile_acc(X_desc, W_desc, row0, col0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
+        _epi(left, Res_desc, Y_desc, Bias, N, row0, col0, has_bias, has_res, activation, HALF, POLY)
+        _epi(right, Res_desc, Y_desc, Bias, N, row0, col0 + HALF, has_bias, has_res, activation, HALF, POLY)
 
 
 def _case(model: str, gemm: str, T: int, live: int, nap_ns: int) -> list[dict[str, Any]]:
     x, w, b, res, cu, y, act, want = draw(model, gemm, T, live)
     K, N = x.shape[1], w.shape[0]
     xl = x[:live]
-    want_plain = ragged_linear_reference(xl, w, b, None if res is None else res[:live], cu, 0).float()
-    fns: dict[str, tuple[Callable[[], Any], torch.Tensor | None]] = {
-        "cublas_live": (lambda: F.linear(xl, w, b), None),
-        "shipped": (lambda: _launch_linear(x, w, b, res, cu, act, out=y), want),
+    base = {"model": model, "gemm": gemm, "T": T, "live": live, "K": K, "N": N}
+    fns: dict[str, Callable[[], Any]] = {
+        "cublas_live": lambda: F.linear(xl, w, b),
+        "shipped": lambda: _launch_linear(x, w, b, res, cu, act, out=y),
     }
     if act:
-        fns["no_act"] = (lambda: _launch_linear(x, w, b, res, cu, 0, out=y), want_plain)
-        fns["poly_select"] = (_variant(x, w, b, res, cu, act, y, True, 0), want)
-    fns["erf"] = (_variant(x, w, b, res, cu, act, y, False, 0), want)
+        fns["poly_select"] = _variant(_tma_variant, x, w, b, res, cu, act, y, POLY=True, NAP_NS=0)
+    fns["erf"] = _variant(_tma_variant, x, w, b, res, cu, act, y, POLY=False, NAP_NS=0)
     if nap_ns > 0:
-        fns["stagger"] = (_variant(x, w, b, res, cu, act, y, False, nap_ns), want)
-    records = []
-    for impl, (fn, ref) in fns.items():
-        rec: dict[str, Any] = {"model": model, "gemm": gemm, "T": T, "live": live, "K": K, "N": N, "impl": impl}
-        try:
-            y.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            if ref is not None:
-                err = (y[:live].float() - ref).abs().max().item()
-                rec["max_abs_err"] = err
-                if not err < 0.05:
-                    rec["error"] = f"wrong result: max abs err {err}"
-                    records.append(rec)
-                    continue
-            rec["gpu_us"] = graph_time_us(fn, inner=10, reps=7)[0]
-        except Exception as exc:  # noqa: BLE001 - recorded
-            rec["error"] = repr(exc)[:400]
-        records.append(rec)
+        fns["stagger"] = _variant(_tma_variant, x, w, b, res, cu, act, y, POLY=False, NAP_NS=nap_ns)
+    records = time_checked(fns, base, y, live, want)
+    if act:  # the bound: checked against the bias-only result
+        want_plain = ragged_linear_reference(xl, w, b, None if res is None else res[:live], cu, 0).float()
+        records += time_checked({"no_act": lambda: _launch_linear(x, w, b, res, cu, 0, out=y)}, base, y, live,
+                                want_plain)  # fmt: skip
     return records
 
 
@@ -183,35 +126,8 @@ def main() -> None:
     ap.add_argument("--gemms", default="fc1,fc2,proj")
     ap.add_argument("--nap-ns", type=int, default=0, help="> 0: add the `stagger` variant (the first run: 1000)")
     args = ap.parse_args()
-    path = probe_result_path(args.out, "linear_gelu")
-    torch.manual_seed(0)
-    records: list[dict[str, Any]] = []
-    data = {"benchmark": "linear_gelu", "env": environment(), "models": MODELS, "nap_ns": args.nap_ns,
-            "records": records}  # fmt: skip
-    totals: dict[tuple[str, int], dict[str, float]] = {}
-    for model, (_, fractions) in MODELS.items():
-        for batch in (int(v) for v in args.batches.split(",")):
-            T = batch * TOKENS
-            for frac in fractions:
-                live = max(1, round(frac * T))
-                for gemm in args.gemms.split(","):
-                    assert gemm in GEMMS, gemm
-                    recs = _case(model, gemm, T, live, args.nap_ns)
-                    records += recs
-                    ok = {r["impl"]: r["gpu_us"] for r in recs if "gpu_us" in r}
-                    tot = totals.setdefault((model, batch), {})
-                    for impl, us in ok.items():
-                        tot[f"{gemm}:{impl}"] = tot.get(f"{gemm}:{impl}", 0.0) + 3 * us
-                    errs = {r["impl"]: r["error"][:120] for r in recs if "error" in r}
-                    print(f"{model} {gemm} T={T} live={live}: { {k: round(v, 1) for k, v in ok.items()} } "
-                          f"errors {errs}", flush=True)  # fmt: skip
-                    path.write_text(json.dumps(data, indent=1))
-    data["per_forward_us"] = [{"model": m, "batch": b, **{k: round(v, 1) for k, v in t.items()}}
-                              for (m, b), t in totals.items()]  # fmt: skip
-    for row in data["per_forward_us"]:
-        print("per forward (9 ragged blocks):", row)
-    path.write_text(json.dumps(data, indent=1))
-    print(f"wrote {path}")
+    run_cases("linear_gelu", lambda m, g, T, live: _case(m, g, T, live, args.nap_ns), args.batches, args.out,
+              gemms=tuple(args.gemms.split(",")), per_gemm=True, meta={"nap_ns": args.nap_ns})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -143,29 +143,33 @@ def time_checked(
 
 def run_cases(
     name: str, case: Callable[[str, str, int, int], list[dict[str, Any]]], batches: str, out: str,
-    best_of: str | None = None,
+    best_of: str | None = None, gemms: tuple[str, ...] = tuple(GEMMS), per_gemm: bool = False,
+    meta: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
-    """Every (model, batch, stage's live fraction, GEMM) case of MODELS x GEMMS through `case(model, gemm, T, live)`
-    after torch.manual_seed(0) (the operands of `draw`, in this order); prints each case and writes
-    <name>_<date>_<gpu>.json under `out` as it goes, with per_forward_us (3 blocks per stage) at the end. best_of: a
-    name prefix whose fastest implementation each printed case names."""
+    """Every (model, batch, stage's live fraction, GEMM) case of MODELS x `gemms` (a subset of GEMMS, in that order)
+    through `case(model, gemm, T, live)` after torch.manual_seed(0) (the operands of `draw`, in this order);
+    prints each case and writes <name>_<date>_<gpu>.json under `out` as it goes, with per_forward_us (3 blocks per
+    stage) at the end: per implementation, or per "gemm:implementation" with per_gemm. best_of: a name prefix whose
+    fastest implementation each printed case names; meta: more top-level fields of the file."""
+    assert set(gemms) <= set(GEMMS), gemms
     path = probe_result_path(out, name)
     torch.manual_seed(0)
     records: list[dict[str, Any]] = []
-    data = {"benchmark": name, "env": environment(), "models": MODELS, "records": records}
+    data = {"benchmark": name, "env": environment(), "models": MODELS, **(meta or {}), "records": records}
     totals: dict[tuple[str, int], dict[str, float]] = {}
     for model, (_, fractions) in MODELS.items():
         for batch in (int(b) for b in batches.split(",")):
             T = batch * TOKENS
             for frac in fractions:
                 live = max(1, round(frac * T))
-                for gemm in GEMMS:
+                for gemm in gemms:
                     recs = case(model, gemm, T, live)
                     records += recs
                     ok = {r["impl"]: r["gpu_us"] for r in recs if "gpu_us" in r}
                     tot = totals.setdefault((model, batch), {})
                     for impl, us in ok.items():
-                        tot[impl] = tot.get(impl, 0.0) + 3 * us  # three blocks per stage
+                        key = f"{gemm}:{impl}" if per_gemm else impl
+                        tot[key] = tot.get(key, 0.0) + 3 * us  # three blocks per stage
                     ranked = sorted((v, k) for k, v in ok.items() if best_of is not None and k.startswith(best_of))
                     best = f" best {ranked[0][1]}" if ranked else ""
                     errs = {r["impl"]: r["error"][:120] for r in recs if "error" in r}

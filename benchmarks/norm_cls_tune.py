@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from benchmarks.env import environment, probe_result_path
 from benchmarks.kernel import graph_time_us
-from raggedvit.kernels._config import pick_config
+from raggedvit.kernels._config import KernelConfig, pick_config
 from raggedvit.kernels._launch import _launch_triton, scale_bits
 from raggedvit.kernels._norm_kernel import NormConfig, norm_config
 from raggedvit.kernels.gather_layer_norm import _launch_gather_layer_norm
@@ -48,33 +48,61 @@ def _cu(B: int, frac: float, gen: torch.Generator) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.int64), n.cumsum(0)]).cuda()
 
 
-def _cls_case(model: str, B: int, frac: float, gen: torch.Generator) -> list[dict[str, Any]]:
+class ClsInputs(NamedTuple):
+    """A cls kernel case: qkv [T, 3 D] fp16 and cu [B+1] on the GPU, the forward's Lse and the shipped config's
+    cls_attn (`ref`), the shipped config `base` (pick_config), H heads of head_dim, the softmax scale, live rows."""
+
+    qkv: torch.Tensor
+    cu: torch.Tensor
+    lse: torch.Tensor
+    ref: torch.Tensor
+    base: KernelConfig
+    T: int
+    B: int
+    H: int
+    head_dim: int
+    scale: float
+    live: int
+
+
+def cls_inputs(model: str, B: int, frac: float, gen: torch.Generator) -> ClsInputs:
+    """The capacity layout of B images of 197 rows, `frac` of them live, for MODELS[model] (draws cu, then qkv)."""
     D, H = MODELS[model]
     T = B * TOKENS
     cu = _cu(B, frac, gen)
-    live = int(cu[-1])
     qkv = (torch.randn(T, 3 * D, generator=gen) * 2).to(torch.float16).cuda()
     base = pick_config(T, D // H, torch.float16)
     scale = (D // H) ** -0.5
     t_pad = -(-T // 4) * 4
     _, ref = _launch_triton(qkv, cu, H, scale, True, config=base)
     lse = torch.empty(0, dtype=torch.float32, device="cuda").set_(ref.untyped_storage(), t_pad, (H * T,))
+    return ClsInputs(qkv, cu, lse, ref, base, T, B, H, D // H, scale, int(cu[-1]))
+
+
+def launch_cls(c: ClsInputs, out: torch.Tensor, block_n: int, num_warps: int, heads: int) -> None:
+    """`_kernel._ragged_cls_attn` over case `c` into out [T] with BLOCK_N = block_n and HG = heads."""
     from raggedvit.kernels import _kernel
 
-    unused = torch.zeros(1, dtype=torch.float32, device="cuda")
+    pos = c.lse  # PosTable: never read (HAS_POS off)
+    _kernel._ragged_cls_attn[(-(-c.T // block_n),)](
+        c.qkv, c.qkv, c.cu, c.lse, out, pos, c.cu, c.T, c.B, c.H, c.head_dim, scale_bits(c.scale), 0, 0, 0, 0,
+        BLOCK_N=block_n, BLOCK_D=c.base.block_d, HAS_POS=False, HG=heads, num_warps=num_warps, num_stages=1,
+    )  # fmt: skip
+
+
+def _cls_case(model: str, B: int, frac: float, gen: torch.Generator) -> list[dict[str, Any]]:
+    c = cls_inputs(model, B, frac, gen)
+    T, live, base = c.T, c.live, c.base
     out: list[dict[str, Any]] = []
     for bn, warps in CLS_CONFIGS:
         cls = torch.full((T,), float("nan"), dtype=torch.float32, device="cuda")
 
         def call(bn: int = bn, warps: int = warps, cls: torch.Tensor = cls) -> None:
-            _kernel._ragged_cls_attn[(-(-T // bn),)](
-                qkv, qkv, cu, lse, cls, unused, cu, T, B, H, D // H, scale_bits(scale), 0, 0, 0, 0,
-                BLOCK_N=bn, BLOCK_D=base.block_d, HAS_POS=False, HG=1024 // base.block_d, num_warps=warps, num_stages=1,
-            )  # fmt: skip
+            launch_cls(c, cls, bn, warps, 1024 // base.block_d)
 
         call()
         torch.cuda.synchronize()
-        err = float((cls[:live] - ref[:live]).abs().max()) if live else 0.0
+        err = float((cls[:live] - c.ref[:live]).abs().max()) if live else 0.0
         dead_ok = bool((cls[live:] == 0).all())
         us, note = graph_time_us(call)
         rec = {"kernel": "cls_attn", "model": model, "B": B, "T": T, "live": live, "block_n": bn, "num_warps": warps,

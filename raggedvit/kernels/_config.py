@@ -75,13 +75,6 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
             bm = min(bm, 32)
     elif dtype != "fp32" and bd <= 64:
         bn = 32  # the H200 tune's best key tile for fp16/bf16 with D <= 64 (DESIGN.md section 2, "Kernel choices")
-    tuned = _TUNED.get((dtype, bd, "small" if small else "large"))
-    if tuned is not None:
-        bm, bn, warps, stages = tuned[:4]
-        if len(tuned) > 4:
-            cls_bn, cls_warps = tuned[4:]
-            return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, cls_warps, 0 if small else SMALL_T_LIMIT,
-                                cls_heads=1024 // bd)  # fmt: skip
     # the cls kernel loads [cls_bn, cls_heads, bd] tiles (`_kernel._ragged_cls_attn`). From SMALL_T_LIMIT rows
     # fp16 / bf16 take 4 heads x 16 columns a program: 1024 // bd = 16 heads left ten of sixteen slots masked off at
     # deit_small's H = 6 (89 registers a thread, 31% occupancy), and fewer, larger programs each wait once on their
@@ -93,8 +86,14 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
     # SMALL_T_LIMIT (B = 1: 197 rows) and in fp32: 16 heads (1024 // bd) x 4 columns, within 0.3 us of the best at
     # B = 1; 4 heads there cost deit_base (H = 12: three passes) 2 us a forward at B = 1 and 4 in serving run26.
     large = not small and dtype != "fp32"
-    cls_bn, cls_heads = (16, 4) if large else (4, 1024 // bd)
-    return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, 4, 0 if small else SMALL_T_LIMIT, cls_heads=cls_heads)
+    cls_bn, cls_warps, cls_heads = (16, 4, 4) if large else (4, 4, 1024 // bd)
+    tuned = _TUNED.get((dtype, bd, "small" if small else "large"))
+    if tuned is not None:
+        bm, bn, warps, stages = tuned[:4]
+        if len(tuned) > 4:
+            cls_bn, cls_warps = tuned[4:]
+    return KernelConfig(dtype, bd, bm, bn, warps, stages, cls_bn, cls_warps, 0 if small else SMALL_T_LIMIT,
+                        cls_heads=cls_heads)  # fmt: skip
 
 
 _CONFIGS: dict[tuple[str, int], tuple[KernelConfig, KernelConfig]] = {
