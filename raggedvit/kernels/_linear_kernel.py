@@ -33,7 +33,8 @@ runs 1.29-1.32x faster with it than with libdevice's erff at the shipped 8 x 512
 against 112.0 us; benchmarks/results/gelu_2026-12-02_NVIDIA-H200.json).
 `_ragged_linear_tma`'s GELU epilogue is `gelu_poly` (fp16 / bf16 outputs only): it is the kernel of launches from
 LARGE_T rows on sm_90, where the epilogue is issue-bound and fc1's GELU cost about as much as its K loop. gelu_poly
-takes one MUFU operation and 16 other instructions per element (ten of them P's FMAs), against two and about 22:
+takes one MUFU operation per element (a flushing ex2) against two (rcp, and an ex2 that keeps subnormals, a few
+more instructions in SASS), and 18 other PTX instructions against 19 (an elementwise kernel compiled for sm_90):
 Phi(-a) = exp2(P(min(a, 6)) - a^2 log2(e) / 2) for a = |x|, P a degree-10 polynomial fit of log2 Phi(-a) + a^2
 log2(e) / 2 on [0, 6] (Chebyshev nodes), and GELU(x) = max(x, 0) - |x| Phi(-|x|). Its relative error is below 5e-6
 for x >= -6 (float32 arithmetic; the quadratic term is exact past 6, P is not: for x < -6, where |GELU(x)| < 6e-9,
