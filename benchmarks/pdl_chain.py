@@ -2,12 +2,12 @@
 
     python3 -m benchmarks.pdl_chain [--out benchmarks/results] [--quick]
 
-At B = 1 and 4 a forward is ~110-130 kernels of 2-7 us each (serving run27: deit_base topk-l2 B=1 418 us of GPU
-time, ~250 us of it the 48 block GEMMs and their cuBLAS split-K reductions on 99-197 rows, against a 36 us floor to
-read the fp16 weights). Each GEMM there is latency-bound: launch, the first K tiles' trip to HBM, a short K loop, the
-epilogue and the tail of the last programs. Hopper's Programmatic Dependent Launch lets a kernel's programs start
-while the kernel before it is still running and wait (`griddepcontrol.wait`) only before they read its output; what
-they do before the wait, e.g. pulling their weight tiles into L2, overlaps the previous kernel.
+At B = 1 and 4 a forward is ~110-130 kernels of 2-7 us each (serving run27: deit_base topk-l2 B=1 417 us of GPU
+time, ~260 us of it cuBLAS: the 48 block GEMMs on 99-197 rows, their split-K reductions and the head, against a 36
+us floor to read the fp16 weights). Each GEMM there is latency-bound: launch, the first K tiles' trip to HBM, a
+short K loop, the epilogue and the tail of the last programs. Hopper's Programmatic Dependent Launch lets a kernel's
+programs start while the kernel before it is still running and wait (`griddepcontrol.wait`) only before they read
+its output; what they do before the wait, e.g. pulling their weight tiles into L2, overlaps the previous kernel.
 
 This probe times deit's block GEMMs as a dependent chain, 12 blocks x (qkv -> proj on qkv's first D columns -> fc1
 with GELU -> fc2), captured in one CUDA graph, at M = 197 / 99 rows (B = 1 before / after topk-l2 0.5@4) and 788 /
