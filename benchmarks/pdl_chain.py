@@ -13,17 +13,19 @@ This probe times deit's block GEMMs as a dependent chain, 12 blocks x (qkv -> pr
 with GELU -> fc2), captured in one CUDA graph, at M = 197 / 99 rows (B = 1 before / after topk-l2 0.5@4) and 788 /
 396 (B = 4), for deit_base (D = 768) and deit_small (D = 384):
 
-- `cublas`: F.linear per GEMM and F.gelu after fc1 (two kernels, like the exports' MatMul + BiasGelu);
+- `cublas`: torch.addmm (cuBLAS) per GEMM and F.gelu after fc1 (two kernels, like the exports' MatMul + BiasGelu);
 - `triton`: one Triton kernel per GEMM (bias, and GELU in fc1's epilogue), plain launches;
 - `triton_pdl`: the same kernel launched with PDL: each program waits on the previous grid, then lets the next one
   launch;
 - `triton_pdl_prefetch`: and before the wait, each program prefetches its weight tile (all K) into L2;
+- `triton_pdl_late`, `triton_pdl_late_prefetch`: as the two above, but the next grid is released only after the
+  program's K loop;
 - `empty` / `empty_pdl`: 48 launches of a kernel that does nothing (the graph's launch cost per node).
 
 The kernels live only in this file. The first block's four outputs of every Triton variant are checked against
 F.linear (+ GELU) before timing. Writes pdl_chain_<date>_<gpu>.json: us per chain and per GEMM for each (model, M,
-variant, tile rule), and the best Triton forward estimate of a B = 1 / 4 topk-l2 forward's 48 GEMMs (4 blocks at
-197 / 788 rows, 8 at 99 / 396) against cuBLAS's.
+variant, tile rule `tiles`, K tile), and the best Triton forward estimate of a B = 1 / 4 topk-l2 forward's 48 GEMMs
+(4 blocks at 197 / 788 rows, 8 at 99 / 396) against cuBLAS's.
 """
 
 from __future__ import annotations
