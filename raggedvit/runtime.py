@@ -236,9 +236,9 @@ class GraphRunner:
     the graph on an early run and replays it afterwards. Only exports whose shapes are static at a given batch
     (capacity-layout exports of every policy; compact ones of topk-l2, evit without fuse, none:
     `raggedvit.exporter.checks.recipe_static_shapes`) can be captured; ORT refuses the session otherwise. Returned
-    tensors are the runner's buffers: copy them to keep them past the next call. Verified on the H200 for topk-l2
-    exports (fp16, fp16-all); policy none (an empty token_counts output, left to ORT to allocate) has not been run
-    as a CUDA graph.
+    tensors are the runner's buffers: copy them to keep them past the next call. Run on the H200 (benchmarks.serving,
+    benchmarks.tunable_op) for fp16-all exports of topk-l2, cls-mass in the capacity layout (with and without
+    RaggedLinear) and policy none, at B = 1 to 128.
     """
 
     def __init__(self, model: str | Path, batch: int, *, device_id: int = 0, warmup: int = 3) -> None:
