@@ -113,9 +113,9 @@ def _empty(X, PDL: tl.constexpr):
 
 
 def tiles(M: int, N: int, rule: str, sms: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of one GEMM: "64x64" fixed; "narrow32": 32 x 32 for the D-wide outputs (proj, fc2: N < 2D,
-    few 64 x 64 tiles), 64 x 64 otherwise; or "fill": the largest of 64x64, 32x64, 64x32, 32x32, 16x32 whose grid
-    reaches the SM count (else the last)."""
+    """(BLOCK_M, BLOCK_N) of one GEMM: "64x64" fixed; "narrow32": 32 x 32 when N <= 1024 and M <= 400 (deit's proj
+    and fc2 at B = 1: few 64 x 64 tiles), 64 x 64 otherwise; or "fill": the largest of 64x64, 32x64, 64x32, 32x32,
+    16x32 whose grid reaches the SM count (else the last)."""
     if rule == "64x64":
         return 64, 64
     if rule == "narrow32":
