@@ -6,15 +6,15 @@ CUDA-EP kernels, run under compute-sanitizer.
         python3 scripts/memcheck_ort_fuzz.py
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
-start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each
-call draws T (a tenth of the calls, --large-t-share, from LARGE_ATTENTION_T: 2,048-6,000 rows, the large launch
-config's fwd and cls cubins; the others up to --max-t) and cu_seqlens afresh, valid or invalid (decreasing, above
-T, negative, last != T), and every tenth call also passes a qkv bias, of the right or a wrong shape or type; every
+start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each call
+draws T (a tenth of the calls, --large-t-share, from LARGE_ATTENTION_T: 2,048-6,000 rows, the large launch config's
+fwd and cls cubins; the others up to --max-t) and cu_seqlens afresh, valid or invalid (decreasing, above T,
+negative, last != T), and every tenth call also passes a qkv bias, of the right or a wrong shape or type; every
 fifth call (and its neighbour's) passes the relative position bias (pos_table, token_pos with out-of-range values:
-class rows), sometimes a pos_table or token_pos of the wrong shape. Invalid device data must not fault (the kernel clamps; token_pos values never index
-outside pos_table); the outputs of valid calls are checked for finiteness. Before them, sessions with crafted attributes
-(num_heads 0x5555555555555555, 2**62, INT64_MAX, 0, -1, a width that is not a multiple of 3*num_heads) must be
-refused with an error, never a crash; they count as calls.
+class rows), sometimes a pos_table or token_pos of the wrong shape. Invalid device data must not fault (the kernel
+clamps; token_pos values never index outside pos_table); the outputs of valid calls are checked for finiteness.
+Before them, sessions with crafted attributes (num_heads 0x5555555555555555, 2**62, INT64_MAX, 0, -1, a width that
+is not a multiple of 3*num_heads) must be refused with an error, never a crash; they count as calls.
 Then --linear-calls RaggedLinear calls (fp16 / bf16, cu int32 / int64, with and without Bias, Residual, CuSeqlens
 and GELU): random T (0 included; a quarter of the calls from 1,024 rows up, the persistent TMA kernel's launches
 on sm_90), N and K multiples of 16, CuSeqlens[B] anywhere (above T, negative, the dtype's
