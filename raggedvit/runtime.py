@@ -64,11 +64,15 @@ def providers_for(
     cpu_fallback: bool = True,
     cuda_graph: bool = False,
     tf32: bool = False,
+    cuda_options: Mapping[str, str] | None = None,
 ) -> list[str | tuple[str, dict[str, str]]]:
     """Execution providers for `device` ("cuda": CUDA EP on ORT's default stream, then CPU unless
     cpu_fallback is False: ORT rejects an explicit CPU EP together with session.disable_cpu_ep_fallback=1).
     cuda_graph: the CUDA EP captures the whole run as a CUDA graph and replays it (static shapes only).
-    tf32: float32 GEMMs/convolutions may use TF32 tensor cores (inputs rounded to 10 mantissa bits)."""
+    tf32: float32 GEMMs/convolutions may use TF32 tensor cores (inputs rounded to 10 mantissa bits).
+    cuda_options: more CUDA EP provider options (e.g. tunable_op_enable), applied after the ones above."""
+    if cuda_options and device != "cuda":
+        raise ValueError(f"cuda_options need device='cuda', got {device!r}")
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if device == "cuda":
@@ -80,6 +84,7 @@ def providers_for(
         opts = {"device_id": str(device_id), "use_tf32": "1" if tf32 else "0"}
         if cuda_graph:
             opts["enable_cuda_graph"] = "1"
+        opts.update(cuda_options or {})
         cuda: tuple[str, dict[str, str]] = ("CUDAExecutionProvider", opts)
         return [cuda, "CPUExecutionProvider"] if cpu_fallback else [cuda]
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -103,6 +108,7 @@ def create_session(
     cuda_graph: bool = False,
     tf32: bool | None = None,
     batch: int | None = None,
+    cuda_options: Mapping[str, str] | None = None,
 ) -> ort.InferenceSession:
     """InferenceSession of `model` (path or serialized bytes) with the RaggedAttention library registered.
 
@@ -113,7 +119,8 @@ def create_session(
     given input shape (raggedvit exports of topk-l2 / evit without fuse; see GraphRunner).
     tf32 (device "cuda"): None = from the model's raggedvit recipe: on for fp16 exports (their float32 patch
     embedding and head otherwise run on FFMA; DESIGN.md section 5), off for fp32 exports and other models
-    (float32 stays float32)."""
+    (float32 stays float32).
+    cuda_options (device "cuda"): more CUDA EP provider options (providers_for)."""
     if cuda_graph and device != "cuda":
         raise ValueError("cuda_graph needs device='cuda'")
     so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)
@@ -125,7 +132,12 @@ def create_session(
     if tf32 is None:  # (parses the model once more: callers holding the recipe pass tf32_for(recipe))
         tf32 = device == "cuda" and tf32_for(_recipe(model))
     providers = providers_for(
-        device, device_id=device_id, cpu_fallback=not no_fallback or device == "cpu", cuda_graph=cuda_graph, tf32=tf32
+        device,
+        device_id=device_id,
+        cpu_fallback=not no_fallback or device == "cpu",
+        cuda_graph=cuda_graph,
+        tf32=tf32,
+        cuda_options=cuda_options,
     )
     src = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(src, so, providers=providers)
@@ -241,7 +253,15 @@ class GraphRunner:
     RaggedLinear) and policy none, at B = 1 to 128.
     """
 
-    def __init__(self, model: str | Path, batch: int, *, device_id: int = 0, warmup: int = 3) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        batch: int,
+        *,
+        device_id: int = 0,
+        warmup: int = 3,
+        cuda_options: Mapping[str, str] | None = None,
+    ) -> None:
         import torch
 
         from raggedvit.exporter.checks import recipe_static_shapes
@@ -257,7 +277,13 @@ class GraphRunner:
                 "run_with_iobinding)"
             )
         self.session = create_session(
-            model, "cuda", device_id=device_id, cuda_graph=True, tf32=tf32_for(recipe), batch=batch
+            model,
+            "cuda",
+            device_id=device_id,
+            cuda_graph=True,
+            tf32=tf32_for(recipe),
+            batch=batch,
+            cuda_options=cuda_options,
         )
         dev = torch.device("cuda", device_id)
         s = int(recipe["img_size"])

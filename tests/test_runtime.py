@@ -40,6 +40,17 @@ def test_providers():
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         with pytest.raises(RuntimeError, match="no CUDAExecutionProvider"):
             providers_for("cuda")
+    with pytest.raises(ValueError, match="cuda_options need device='cuda'"):
+        providers_for("cpu", cuda_options={"tunable_op_enable": "1"})
+
+
+def test_providers_cuda_options_after_defaults(monkeypatch):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    (cuda, cpu) = providers_for("cuda", cuda_graph=True, cuda_options={"tunable_op_enable": "1", "use_tf32": "1"})
+    assert cpu == "CPUExecutionProvider"
+    assert cuda == ("CUDAExecutionProvider", {"device_id": "0", "use_tf32": "1", "enable_cuda_graph": "1",
+                                              "tunable_op_enable": "1"})  # fmt: skip
+    assert providers_for("cuda", cpu_fallback=False)[0][1] == {"device_id": "0", "use_tf32": "0"}
 
 
 def test_create_session_from_path_and_iobinding(ort_library, tmp_path):
