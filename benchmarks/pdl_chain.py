@@ -47,7 +47,6 @@ from benchmarks.kernel import graph_time_us
 BLOCKS = 12
 MODELS = {"deit_base": 768, "deit_small": 384}
 ROWS = (197, 99, 788, 396)
-SM_COUNT_DEFAULT = 132
 
 
 @triton.jit
@@ -185,10 +184,8 @@ class Chain:
         for x, k, w, b, y, gelu in self.steps()[: 4 if first_block else None]:
             N = w.shape[0]
             bm, bn = tiles(self.M, N, v.rule, sms)
-            meta: dict[str, Any] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=v.block_k, GELU=gelu, PDL=v.pdl,
-                                        PREFETCH=v.prefetch, LATE=v.late, num_warps=4, num_stages=v.stages)  # fmt: skip
-            if v.pdl:
-                meta["launch_pdl"] = True
+            meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=v.block_k, GELU=gelu, PDL=v.pdl, PREFETCH=v.prefetch,
+                        LATE=v.late, num_warps=4, num_stages=v.stages, launch_pdl=v.pdl)  # fmt: skip
             out.append(((triton.cdiv(self.M, bm) * (N // bn),), (x, w, b, y, self.M, N, k, x.stride(0), y.stride(0)),
                         meta))  # fmt: skip
         return out
@@ -218,13 +215,10 @@ class Chain:
 
 def empty_chain(pdl: bool) -> Callable[[], None]:
     buf = torch.empty(1, device="cuda")
-    meta: dict[str, Any] = {"PDL": pdl}
-    if pdl:
-        meta["launch_pdl"] = True
 
     def run() -> None:
         for _ in range(4 * BLOCKS):
-            _empty[(1,)](buf, **meta)
+            _empty[(1,)](buf, PDL=pdl, launch_pdl=pdl)
 
     return run
 
@@ -234,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--quick", action="store_true", help="deit_base at M = 197 only, one tile rule")
     args = ap.parse_args(argv)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count or SM_COUNT_DEFAULT
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     records: list[dict[str, Any]] = []
     for pdl in (False, True):
         try:
