@@ -31,7 +31,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["_ragged_attn_fwd", "_ragged_cls_attn"]
+__all__ = ["_cls_attn_tile", "_fwd_tile", "_ragged_attn_fwd", "_ragged_cls_attn"]
 
 
 # Reductions go through tl.reduce with tl.standard's own combine functions (the IR of tl.max /
@@ -267,44 +267,18 @@ def _ragged_attn_fwd(
                 tl.store(Lse + h * T + rows, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["T", "B", "scale_bits", "has_bias", "grid_h", "grid_w", "num_prefix"])
-def _ragged_cls_attn(
-    QKV,
-    Bias,
-    CU,
-    Lse,
-    ClsAttn,
-    PosTable,
-    TokPos,
-    T,
-    B,
-    H,
-    D,
-    scale_bits,
-    has_bias,
-    grid_h,
-    grid_w,
-    num_prefix,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    HG: tl.constexpr,
-):
-    """grid = (cdiv(T, BLOCK_N),). ClsAttn[t] = mean_h softmax(row cu[b])[t] for token t of sequence b.
-
-    Needs Lse [H, T] of the sequences' first rows from _ragged_attn_fwd(store_lse=1). Deterministic.
-    Heads are processed HG at a time as [BLOCK_N, HG, BLOCK_D] tiles (HG: the launch config's cls_heads,
-    `_config.py`). HAS_POS: the scores get the same position bias as in _ragged_attn_fwd (query = the sequence's
-    first row, key = the token).
-    """
-    pid = tl.program_id(0)
-    r_first = pid * BLOCK_N
+@triton.jit
+def _cls_attn_tile(
+    QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, r_first, T, B, H, D, qk_scale, has_bias, grid_h, grid_w,
+    num_prefix, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_POS: tl.constexpr, HG: tl.constexpr,
+):  # fmt: skip
+    """ClsAttn[r_first : r_first + BLOCK_N] (masked to [0, T)) as `_ragged_cls_attn` defines it; qk_scale = scale *
+    log2(e). Shared by `_ragged_cls_attn` and the block engine."""
     cols = r_first + tl.arange(0, BLOCK_N)
     col_ok = cols < T
     start, end = _seq_bounds(CU, cols, r_first, r_first + BLOCK_N - 1, T, B, 4096 // BLOCK_N, 64)
     live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T)  # rows >= cu[B] are dead: cls_attn 0
     ok = col_ok & (cols >= start) & (cols < end) & (cols < live)  # token lies inside its (clamped) sequence
-    qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
     offs_d = tl.arange(0, BLOCK_D)
     offs_g = tl.arange(0, HG)
     row_stride = 3 * H * D
@@ -337,6 +311,41 @@ def _ragged_cls_attn(
         p = tl.where(ok[:, None] & h_ok[None, :], tl.math.exp2(s - lse), 0.0)
         acc += tl.reduce(p, 1, _add_fn)
     tl.store(ClsAttn + cols, acc / H, mask=col_ok)
+
+
+@triton.jit(do_not_specialize=["T", "B", "scale_bits", "has_bias", "grid_h", "grid_w", "num_prefix"])
+def _ragged_cls_attn(
+    QKV,
+    Bias,
+    CU,
+    Lse,
+    ClsAttn,
+    PosTable,
+    TokPos,
+    T,
+    B,
+    H,
+    D,
+    scale_bits,
+    has_bias,
+    grid_h,
+    grid_w,
+    num_prefix,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    HG: tl.constexpr,
+):
+    """grid = (cdiv(T, BLOCK_N),). ClsAttn[t] = mean_h softmax(row cu[b])[t] for token t of sequence b.
+
+    Needs Lse [H, T] of the sequences' first rows from _ragged_attn_fwd(store_lse=1). Deterministic.
+    Heads are processed HG at a time as [BLOCK_N, HG, BLOCK_D] tiles (HG: the launch config's cls_heads,
+    `_config.py`). HAS_POS: the scores get the same position bias as in _ragged_attn_fwd (query = the sequence's
+    first row, key = the token).
+    """
+    qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
+    _cls_attn_tile(QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, tl.program_id(0) * BLOCK_N, T, B, H, D, qk_scale,
+                   has_bias, grid_h, grid_w, num_prefix, BLOCK_N, BLOCK_D, HAS_POS, HG)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T", "B"])

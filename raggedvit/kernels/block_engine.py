@@ -1,0 +1,213 @@
+"""The block engine: one whole pre-norm ViT block on packed rows in one persistent Triton launch.
+
+`vit_block_engine` computes exactly `raggedvit.kernels.reference.vit_block_reference` (the kernel:
+`raggedvit.kernels._block_kernel`). CUDA tensors run the JIT kernel on a grid of one program per multiprocessor
+(every program co-resident: the phases meet at grid-wide barriers); `sequential=True` runs the same kernel as one
+program (every barrier trivially met), and so do CPU tensors, which need a process started with
+TRITON_INTERPRET=1 (Triton's interpreter). No host read of device data: the live rows cu[B] are read by the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from raggedvit.kernels._config import block_d
+from raggedvit.kernels.reference import BlockWeights
+
+__all__ = ["BlockWorkspace", "EngineConfig", "block_workspace", "engine_config", "engine_grid", "vit_block_engine"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+_GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_SPIN_LIMIT = 1 << 22  # polls of one barrier before a program gives up (a wrong result instead of a hang)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Tiles (constexprs) and launch options of `_vit_block` for one GEMM dtype."""
+
+    bm: int  # rows of a GEMM tile
+    bn_wide: int  # columns of a qkv / fc1 tile
+    bn_narrow: int  # columns of a proj / fc2 tile
+    bk: int  # K step of the GEMMs
+    att_bm: int  # query rows of an attention tile
+    att_bn: int  # key rows per step of the attention loop
+    cls_bn: int  # tokens of a cls_attn tile
+    cls_hg: int  # heads per cls_attn step
+    num_warps: int
+    num_stages: int
+
+
+def engine_config(gemm_dtype: torch.dtype) -> EngineConfig:
+    """The launch config of a GEMM dtype: tensor-core tiles for fp16 / bf16, small ieee tiles for fp32."""
+    if gemm_dtype == torch.float32:
+        return EngineConfig(32, 32, 32, 32, 32, 32, 16, 4, num_warps=4, num_stages=1)
+    return EngineConfig(64, 64, 32, 64, 64, 64, 16, 4, num_warps=4, num_stages=3)
+
+
+class BlockWorkspace(NamedTuple):
+    """Scratch of one launch: qkv [T, 3C], att [T, C], hid [T, F] in the GEMM dtype, x1 [T, C] in the stream dtype,
+    lse [H, T] and cls [T] fp32 (one element each without cls_attn)."""
+
+    qkv: torch.Tensor
+    att: torch.Tensor
+    hid: torch.Tensor
+    x1: torch.Tensor
+    lse: torch.Tensor
+    cls: torch.Tensor
+
+
+def block_workspace(
+    T: int, C: int, F: int, H: int, stream_dtype: torch.dtype, gemm_dtype: torch.dtype, device: torch.device,
+    cls_attn: bool,
+) -> BlockWorkspace:  # fmt: skip
+    """Fresh scratch for `vit_block_engine` (its contents are never read before the kernel writes them)."""
+    n = T if cls_attn else 1
+    return BlockWorkspace(
+        qkv=torch.empty(T, 3 * C, dtype=gemm_dtype, device=device),
+        att=torch.empty(T, C, dtype=gemm_dtype, device=device),
+        hid=torch.empty(T, F, dtype=gemm_dtype, device=device),
+        x1=torch.empty(T, C, dtype=stream_dtype, device=device),
+        lse=torch.empty(H if cls_attn else 1, n, dtype=torch.float32, device=device),
+        cls=torch.empty(n, dtype=torch.float32, device=device),
+    )
+
+
+# One barrier counter per (device, grid size): it only grows, a multiple of the grid size between launches.
+_SYNC: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _sync_counter(device: torch.device, nprog: int) -> torch.Tensor:
+    key = (str(device), nprog)
+    if key not in _SYNC:
+        _SYNC[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return _SYNC[key]
+
+
+def engine_grid(device: torch.device, sequential: bool) -> int:
+    """Programs of a launch: 1 (sequential, or the interpreter), else one per multiprocessor (the config's tiles use
+    far less than one multiprocessor's registers and shared memory, so all are resident at once)."""
+    if sequential or device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _check(x: torch.Tensor, cu_seqlens: torch.Tensor, w: BlockWeights, num_heads: int) -> tuple[int, int, int]:
+    """Shapes, dtypes and devices of the arguments -> (T, C, F); errors name the argument and its shape."""
+    if x.dim() != 2 or x.dtype not in _GEMM_DTYPES:
+        raise ValueError(f"x must be [T, C] float16/bfloat16/float32, got {tuple(x.shape)} {x.dtype}")
+    T, C = x.shape
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be [B+1] int32/int64, got {tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
+    if num_heads < 1 or C % num_heads:
+        raise ValueError(f"num_heads={num_heads} must divide C={C} (x {tuple(x.shape)})")
+    F = w.fc1_weight.shape[0] if w.fc1_weight.dim() == 2 else -1
+    gemm = w.qkv_weight.dtype
+    if gemm not in _GEMM_DTYPES:
+        raise ValueError(f"w.qkv_weight must be float16/bfloat16/float32, got {gemm}")
+    want = {
+        "norm1_weight": (C,), "norm1_bias": (C,), "qkv_weight": (3 * C, C), "qkv_bias": (3 * C,),
+        "proj_weight": (C, C), "proj_bias": (C,), "norm2_weight": (C,), "norm2_bias": (C,), "fc1_weight": (F, C),
+        "fc1_bias": (F,), "fc2_weight": (C, F), "fc2_bias": (C,), "ls1": (C,), "ls2": (C,),
+    }  # fmt: skip
+    for name, shape in want.items():
+        t = getattr(w, name)
+        if t is None:
+            if name.endswith("_bias") and not name.startswith("norm") or name.startswith("ls"):
+                continue
+            raise ValueError(f"w.{name} is required (expected {shape})")
+        if tuple(t.shape) != shape or F < 1:
+            raise ValueError(f"w.{name} must be {shape} for x {tuple(x.shape)} and w.fc1_weight "
+                             f"{tuple(w.fc1_weight.shape)}, got {tuple(t.shape)}")  # fmt: skip
+        if t.device != x.device:
+            raise ValueError(f"w.{name} is on {t.device}, x on {x.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"w.{name} {tuple(t.shape)} must be contiguous")
+        if not t.is_floating_point():
+            raise ValueError(f"w.{name} must be a float tensor, got {t.dtype}")
+        linear = name.startswith(("qkv", "proj", "fc"))
+        if linear and t.dtype != gemm:
+            raise ValueError(f"w.{name} must have w.qkv_weight's dtype {gemm}, got {t.dtype}")
+    if cu_seqlens.device != x.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, x on {x.device}")
+    if not x.is_contiguous() or not cu_seqlens.is_contiguous():
+        raise ValueError(f"x {tuple(x.shape)} and cu_seqlens {tuple(cu_seqlens.shape)} must be contiguous")
+    if T * max(3 * C, F) >= 2**31:
+        raise ValueError(f"x {tuple(x.shape)} with F={F}: T * max(3C, F) must be below 2**31")
+    return T, C, F
+
+
+def vit_block_engine(
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    w: BlockWeights,
+    num_heads: int,
+    *,
+    eps: float = 1e-6,
+    scale: float | None = None,
+    return_cls_attn: bool = False,
+    sequential: bool = False,
+    phases: tuple[int, int] = (0, 5),
+    workspace: BlockWorkspace | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """One pre-norm ViT block on packed rows: `vit_block_reference`'s result in one launch.
+
+    Args:
+        x: [T, C] packed rows (the residual stream; float16/bfloat16/float32); rows >= cu[B] are dead.
+        cu_seqlens: [B+1] int32/int64 on x's device, 0 = cu[0] <= ... <= cu[B] <= T.
+        w: the block's parameters (BlockWeights): Linear weights and biases in one GEMM dtype, norms and
+            LayerScales in any float dtype, all contiguous on x's device.
+        num_heads: H (C = H * D).
+        eps: both LayerNorms' epsilon. scale: softmax scale, default 1/sqrt(D).
+        return_cls_attn: also return cls_attn [T] float32 (DESIGN.md section 1).
+        sequential: one program runs every phase in order (the interpreter always does).
+        phases: run phases [lo, hi) of `_block_kernel.PHASES` only (timing one phase: the earlier phases' results
+            must already be in `workspace`); the default runs the whole block.
+        workspace: scratch from `block_workspace` (reused between calls), or None for fresh scratch.
+        out: [T, C] in x's dtype to write y into, or None.
+
+    Returns:
+        y [T, C] in x's dtype, zeros on the dead rows (and cls_attn [T] float32).
+    """
+    from raggedvit.kernels._block_kernel import PHASES, _vit_block
+
+    T, C, F = _check(x, cu_seqlens, w, num_heads)
+    H = num_heads
+    D = C // H
+    if x.device.type != "cuda" and not _INTERPRET:
+        raise ValueError(f"x on {x.device}: CPU tensors need a process started with TRITON_INTERPRET=1")
+    lo, hi = phases
+    if not 0 <= lo < hi <= len(PHASES):
+        raise ValueError(f"phases must be 0 <= lo < hi <= {len(PHASES)}, got {phases}")
+    gemm = w.qkv_weight.dtype
+    cfg = engine_config(gemm)
+    ws = workspace or block_workspace(T, C, F, H, x.dtype, gemm, x.device, return_cls_attn)
+    if return_cls_attn and ws.cls.shape[0] != T:
+        raise ValueError(f"workspace.cls {tuple(ws.cls.shape)} must be [T] = [{T}] with return_cls_attn")
+    y = torch.empty_like(x) if out is None else out
+    nprog = engine_grid(x.device, sequential or _INTERPRET)
+    B = cu_seqlens.shape[0] - 1
+    J = max(1, math.ceil(math.ceil(T / max(B, 1)) / cfg.att_bm))
+    qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * 1.4426950408889634
+    w1 = w.qkv_bias if w.qkv_bias is not None else w.qkv_weight
+    _vit_block[(nprog,)](
+        x, cu_seqlens, w.norm1_weight, w.norm1_bias, w.qkv_weight, w1,
+        w.proj_weight, w.proj_bias if w.proj_bias is not None else w.proj_weight,
+        w.ls1 if w.ls1 is not None else w.norm1_weight, w.norm2_weight, w.norm2_bias,
+        w.fc1_weight, w.fc1_bias if w.fc1_bias is not None else w.fc1_weight,
+        w.fc2_weight, w.fc2_bias if w.fc2_bias is not None else w.fc2_weight,
+        w.ls2 if w.ls2 is not None else w.norm2_weight,
+        ws.qkv, ws.att, ws.lse, ws.cls, ws.x1, ws.hid, y, _sync_counter(x.device, nprog),
+        T, B, J, C, F, H, D, eps, qk_scale, lo, hi,
+        HAS_QKV_B=w.qkv_bias is not None, HAS_PROJ_B=w.proj_bias is not None, HAS_FC1_B=w.fc1_bias is not None,
+        HAS_FC2_B=w.fc2_bias is not None, HAS_LS1=w.ls1 is not None, HAS_LS2=w.ls2 is not None,
+        CLS_ATTN=return_cls_attn, BM=cfg.bm, BN_WIDE=cfg.bn_wide, BN_NARROW=cfg.bn_narrow, BK=cfg.bk,
+        ATT_BM=cfg.att_bm, ATT_BN=cfg.att_bn, BLOCK_D=block_d(D), CLS_BN=cfg.cls_bn, CLS_HG=cfg.cls_hg,
+        SPIN_LIMIT=_SPIN_LIMIT, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return (y, ws.cls) if return_cls_attn else y
