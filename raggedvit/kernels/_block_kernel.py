@@ -18,8 +18,8 @@ count, never from the work); a grid of one program runs the phases in order with
 sequential mode, also the interpreter's). Only the phases in [ph_lo, ph_hi) run (the benchmark times each alone).
 
 The barrier: each program adds 1 to Sync (release, after a CTA barrier), the target is the next multiple of the
-grid size above the value it found, and it spins on Sync (volatile loads) until the target is reached, then
-acquires. Sync only grows (int64), so replays of a CUDA graph need no reset, as long as one counter serves one grid
+grid size above the value it found, and it polls Sync (atomic adds of 0 with acquire semantics) until the target
+is reached. Sync only grows (int64), so replays of a CUDA graph need no reset, as long as one counter serves one grid
 size at a time and one launch at a time (the launcher keeps one counter per device and grid size). A spin gives up
 after SPIN_LIMIT polls (the result is then wrong, never a hang).
 
@@ -51,9 +51,8 @@ def _grid_sync(Sync, nprog, SPIN_LIMIT: tl.constexpr):
     cur = old + 1
     spins = 0
     while (cur < target) & (spins < SPIN_LIMIT):
-        cur = tl.load(Sync, volatile=True)
+        cur = tl.atomic_add(Sync, 0, sem="acquire", scope="gpu")  # the poll that sees the target acquires
         spins += 1
-    tl.atomic_add(Sync, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
