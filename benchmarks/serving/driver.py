@@ -1,4 +1,4 @@
-"""Serving speed (issue 13): every way to serve a ViT on one GPU, in one run, on the same images and batch sizes.
+"""Serving speed: every way to serve a ViT on one GPU, in one run, on the same images and batch sizes.
 
 Per model (deit_base, deit_small at 224 px; seeded weights, raggedvit.weights) and batch (1, 4, 32, 128):
   timm_eager         timm's model, eager, fp16
@@ -16,7 +16,7 @@ Images: raggedvit.images.sample_inputs (the sample photos) tiled to the batch, o
 median over rounds of each round's median latency (raggedvit.timing.measure); rounds interleave the variants.
 Each record also holds kernels and GPU time per forward (torch.profiler/CUPTI), the logits against float32
 references (timm for unpruned, PrunedViT for pruned variants), at batch 1 the latency over the weight-bandwidth
-floor, and the ratio to timm_compile; `targets` evaluates the issue's bars (benchmarks.serving.names.BARS).
+floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchmarks.serving.names.BARS).
 
     python3 -m benchmarks.serving                         # H200: both models, ~4 min
     python3 -m benchmarks.serving --device cpu --smoke    # debug: deit_tiny, fp32, CUDA-only variants skipped
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "timing": "per round: median of synchronized host-timed runs (raggedvit.timing.measure, ~seconds each); "
         "ms_per_batch = median over rounds; rounds interleave the variants, order reversed every other round",
         "kernels": "torch.profiler CUDA activity (CUPTI) over profile_forwards timed calls: kernels_per_forward "
-        "excludes memcpy/memset (copies_per_forward); gpu_us_per_image = summed device time / batch",
+        "excludes memcpy/memset (copies_per_forward); gpu_us_per_image = summed kernel time / batch",
         "bandwidth": _bandwidth(env, cfg.device),
         "models": {},
         "records": [],
