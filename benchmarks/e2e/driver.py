@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -312,6 +313,7 @@ def main() -> None:
         print(f"[e2e] plot failed: {exc!r}", flush=True)
     results["seconds"] = round(time.time() - t_start, 1)
     write_json(json_path, results)
+    shutil.rmtree(parts, ignore_errors=True)  # the workers' partial files: all of them are in json_path now
     for line in profile_lines(results["profiles"]):
         print(f"[e2e] {line}", flush=True)
     print(f"[e2e] wrote {json_path} and {png_path.name} in {results['seconds']} s", flush=True)
