@@ -1,2 +1,3 @@
-"""raggedvit benchmarks: importable modules run as `python3 -m benchmarks.<name>`; results land in
-benchmarks/results/ as JSON with the GPU, versions, date and commit."""
+"""raggedvit benchmarks: importable modules run as `python3 -m benchmarks.<name>`; each writes one canonical result
+per benchmark and machine, benchmarks/results/<name>_<GPU>.json (GPU, versions, date, commit, every measurement) and
+a .png chart, overwritten in place. docs/performance.md says how to run each."""

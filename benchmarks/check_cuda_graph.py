@@ -1,14 +1,15 @@
 """GPU check: a static-shape raggedvit export replayed as an ORT CUDA graph gives the per-node run's outputs.
 
-    python3 -m benchmarks.check_cuda_graph --out DIR [--model deit_small_patch16_224] [--batches 1,4,32]
-        [--policies "topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9"] [--dtype fp16] [--ragged-linear dead-rows]
+    python3 -m benchmarks.check_cuda_graph [--out benchmarks/results] [--model deit_small_patch16_224]
+        [--batches 1,4,32] [--policies "topk-l2:keep=0.5:at=4;cls-mass:mass=0.9:at=3,6,9"] [--dtype fp16]
+        [--ragged-linear dead-rows]
 
 Exports the model once per policy (';'-separated; seeded weights; adaptive policies, cls-mass and evit with fuse,
 in the capacity layout: their only static-shape export) and, per batch size, runs the sample photos through (a) a
 plain CUDA-EP session with io binding and (b) raggedvit.runtime.GraphRunner (CUDA graph); records max |Δlogit|
 between them, token_counts equality, a replay after new input data (the graph reads the bound buffer), and the
 median host time of each (quick look; the end-to-end numbers come from benchmarks.e2e).
-Writes DIR/cuda_graph_check.json; exit 1 when any (policy, batch) disagrees.
+Writes <out>/cuda_graph_check_<gpu>.json (overwritten in place); exit 1 when any (policy, batch) disagrees.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.e2e.cases import parse_policy
+from benchmarks.env import result_path
 from raggedvit.exporter import export_onnx
 from raggedvit.images import sample_inputs, tile
 from raggedvit.pruning import PruneSpec
@@ -36,7 +38,7 @@ def _median_ms(fn, runs: int = 50) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--model", default="deit_small_patch16_224")
     ap.add_argument("--batches", default="1,4,32")
     ap.add_argument("--policies", default="topk-l2:keep=0.5:at=4", help="policy strings, ';'-separated")
@@ -54,8 +56,7 @@ def main() -> None:
             path = export_onnx(vit, spec, Path(tmp) / f"m{i}.onnx", dtype=args.dtype, capacity=capacity,
                                ragged_linear=linear, recipe={"model": args.model})  # fmt: skip
             ok &= _check_export(path, spec, capacity, base, args.batches, rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cuda_graph_check.json").write_text(
+    result_path(args.out, "cuda_graph_check", torch.cuda.get_device_name(0)).write_text(
         json.dumps(
             {"model": args.model, "dtype": args.dtype, "ragged_linear": args.ragged_linear, "rows": rows, "ok": ok},
             indent=1,

@@ -6,11 +6,12 @@ import datetime as dt
 import importlib.metadata as md
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["environment", "probe_result_path"]
+__all__ = ["environment", "machine_slug", "result_path"]
 
 _PACKAGES = ("torch", "triton", "onnxruntime-gpu", "onnxruntime", "onnx", "onnxscript", "onnx-ir", "timm")
 
@@ -60,11 +61,15 @@ def environment() -> dict[str, Any]:
     }
 
 
-def probe_result_path(out: str | Path, name: str) -> Path:
-    """`out`/<name>_<date>_<GPU name, spaces as dashes>.json for a probe's results; `out` is created."""
-    import torch
+def machine_slug(name: str | None) -> str:
+    """A GPU (or "cpu") name as a file-name part: runs of other characters than letters and digits become "-"."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", name or "unknown").strip("-")
 
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    path = Path(out) / f"{name}_{dt.date.today().isoformat()}_{gpu}.json"
+
+def result_path(out: str | Path, benchmark: str, machine: str | None, suffix: str = ".json") -> Path:
+    """`out`/<benchmark>_<machine slug><suffix>: the canonical result file of one benchmark on one machine.
+
+    A new run overwrites it in place (git keeps the earlier ones); `out` is created."""
+    path = Path(out) / f"{benchmark}_{machine_slug(machine)}{suffix}"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path

@@ -9,7 +9,7 @@ and call_us = host wall time of back-to-back eager calls incl. dispatch (200 cal
     python3 -m benchmarks.kernel --quick               # smoke run
     python3 -m benchmarks.kernel --tune                # also sweep kernel configs on a few shapes
 
-Writes <out>/kernel_bench_<date>_<gpu>.json and .png, and prints a table.
+Writes <out>/kernel_<gpu>.json and .png (overwritten in place), and prints a table.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.env import result_path
 from raggedvit.kernels import ragged_attention, ragged_attention_reference
 from raggedvit.kernels._config import SMALL_T_LIMIT, KernelConfig, pick_config
 from raggedvit.kernels._launch import _launch_triton
@@ -337,11 +337,11 @@ def main() -> None:
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"kernel_bench_{dt.date.today().isoformat()}_{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}"
-    (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "records": records, "tune": tuned}, indent=1))
+    json_path, png_path = result_path(out_dir, "kernel", gpu), result_path(out_dir, "kernel", gpu, ".png")
+    json_path.write_text(json.dumps({**meta, "records": records, "tune": tuned}, indent=1))
     print_table(records)
-    plot(records, out_dir / f"{stem}.png", gpu)
-    print(f"wrote {out_dir / stem}.json and .png ({meta['seconds']} s)")
+    plot(records, png_path, gpu)
+    print(f"wrote {json_path} and {png_path} ({meta['seconds']} s)")
 
 
 def print_table(records: list[dict]) -> None:

@@ -7,8 +7,8 @@ graphs of n = 1 and n = 12 chained blocks `attention -> glue` where glue maps ou
 next attention input with identical work for both ops (Concat of three copies + Reshape: [T, 3*H*D] for
 RaggedAttention, [T, H, 3, D] for PackedMultiHeadAttention's packed qkv). Per-op cost = (t12 - t1) / 11;
 a glue-only chain gives the glue's share, subtracted in the `net` columns. fp16, H = 12, D = 64,
-io binding with data on the GPU, median of --runs runs after warm-up. Writes ort_op_bench.json and
-ort_op_bench.png under --out and prints a table.
+io binding with data on the GPU, median of --runs runs after warm-up. Writes ort_op_<gpu>.json and
+.png under --out (overwritten in place) and prints a table.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from benchmarks.env import result_path
 from raggedvit.runtime import create_session
 from raggedvit.timing import measure
 
@@ -203,9 +204,10 @@ def main() -> int:
         "(glue-only replaces attention by a Slice of q, a T*H*D copy, so net slightly underestimates)",
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ort_op_bench.json").write_text(json.dumps(result, indent=1))
-    plot(rows, args.out / "ort_op_bench.png")
+    json_path = result_path(args.out, "ort_op", result["gpu"])
+    png_path = result_path(args.out, "ort_op", result["gpu"], ".png")
+    json_path.write_text(json.dumps(result, indent=1))
+    plot(rows, png_path)
     print(f"\n{result['gpu']}, onnxruntime {result['onnxruntime']} — per-op µs inside ORT graphs (net of glue)")
     print(f"{'mode':8s} {'B':>4s} {'L':>4s} {'T':>6s} {'Ragged':>9s} {'PackedMHA':>10s} {'speedup':>8s}")
     for r in rows:
@@ -214,7 +216,7 @@ def main() -> int:
             f"{r['mode']:8s} {r['B']:4d} {r['L']:4d} {r['T']:6d} {r['ragged_net_us']:9.1f} "
             f"{r['packed_mha_net_us']:10.1f} {sp:7.2f}x"
         )
-    print(f"wrote {args.out / 'ort_op_bench.json'} and {args.out / 'ort_op_bench.png'}")
+    print(f"wrote {json_path} and {png_path}")
     return 0
 
 

@@ -19,10 +19,11 @@ import datetime as dt
 import json
 import platform
 import subprocess
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.env import result_path
 
 GEMMS = ("qkv", "proj", "fc1", "fc2")
 ALL = frozenset(GEMMS + ("attn",))
@@ -134,8 +135,7 @@ def main() -> None:
     doc = {"kind": "fp16 precision budget, float64 CPU emulation (not a runtime measurement)", "date": date,
            "torch": torch.__version__, "python": platform.python_version(), "raggedvit_commit": commit,
            "policy": "topk-l2 keep 0.5 at block 4", "results": results}  # fmt: skip
-    out = Path(args.out) / f"precision_budget_{date}_cpu.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = result_path(args.out, "precision_budget", "cpu")
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")
 

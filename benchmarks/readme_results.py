@@ -1,75 +1,379 @@
-"""Markdown tables for the README from the benchmark JSON files (kernel and ORT-op benchmarks).
+"""The results sections of README.md and docs/performance.md, generated from the canonical result files.
 
-    python3 -m benchmarks.readme_results --kernel KERNEL_BENCH.json --op ORT_OP_BENCH.json
+    python3 -m benchmarks.readme_results            # rewrite the marked sections in place
+    python3 -m benchmarks.readme_results --check    # exit 1 when a section differs from its files
 
-The end-to-end tables come from benchmarks.readme_table.
+A section sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; NAME is a key of SECTIONS. Each
+section is a caption naming its source file, machine and versions, one table and, where the benchmark draws one,
+its chart. README.md gets the short tables (`full=False`), docs/performance.md the full ones. The tables are
+functions of the JSON files in benchmarks/results/ only, so the documents cannot drift from the files
+(tests/benchmarks/test_readme_results.py checks it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from benchmarks.e2e.report import speedups
+from benchmarks.readme_table import markdown as e2e_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path("benchmarks/results")  # relative to the repository root
+GPU = "NVIDIA-H200"
+
+# document -> whether it holds the full tables
+DOCUMENTS: dict[str, bool] = {"README.md": False, "docs/performance.md": True}
 
 KERNEL_IMPLS = ("raggedvit", "raggedvit+cls", "padded_sdpa", "dense_sdpa", "varlen_fa", "nested_sdpa")
+KERNEL_PEERS = ("padded_sdpa", "dense_sdpa", "varlen_fa", "nested_sdpa")
+
+# benchmarks.serving variant -> label; (variant, policy flag) for the pruned ones
+_SERVING_LABELS = {
+    ("timm_eager", "none"): "timm eager",
+    ("timm_compile", "none"): "torch.compile unpruned",
+    ("ort_unpruned", "none"): "raggedvit ORT unpruned",
+    ("prunedvit_eager", "topk-l2"): "PrunedViT eager, topk-l2",
+    ("prunedvit_eager", "cls-mass"): "PrunedViT eager, cls-mass capacity",
+    ("prunedvit_eager", "cls-mass:dead-linear"): "PrunedViT eager, cls-mass dead rows",
+    ("prunedvit_compile", "topk-l2"): "torch.compile(PrunedViT) topk-l2",
+    ("prunedvit_compile", "cls-mass"): "torch.compile(PrunedViT) cls-mass capacity",
+    ("prunedvit_compile", "cls-mass:dead-linear"): "torch.compile(PrunedViT) cls-mass dead rows",
+    ("ort_raggedvit", "topk-l2"): "**raggedvit topk-l2**",
+    ("ort_raggedvit", "cls-mass"): "**raggedvit cls-mass, capacity**",
+    ("ort_raggedvit", "cls-mass:dead-linear"): "**raggedvit cls-mass, dead-row blocks**",
+}
+# the README's short table: these rows only
+_SERVING_SHORT = (
+    ("timm_compile", "none"),
+    ("ort_unpruned", "none"),
+    ("prunedvit_compile", "topk-l2"),
+    ("ort_raggedvit", "topk-l2"),
+    ("ort_raggedvit", "cls-mass"),
+    ("ort_raggedvit", "cls-mass:dead-linear"),
+)
 
 
-def _fmt(x: float | None) -> str:
-    return "—" if x is None else (f"{x:.0f}" if x >= 1000 else f"{x:.1f}")
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((ROOT / RESULTS / name).read_text())
 
 
-def kernel_table(path: Path) -> str:
-    data = json.loads(path.read_text())
+def _n(x: float | None) -> str:
+    """img/s or µs as printed in the tables: thousands separated from 100 up, one decimal below."""
+    if x is None:
+        return "—"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+
+
+def _chart(prefix: str, name: str, alt: str) -> list[str]:
+    return ["", f"![{alt}]({prefix}{RESULTS / name})"]
+
+
+def _policy_key(policy: str) -> str:
+    """'cls-mass:mass=0.9:at=3,6,9:dead-linear' -> 'cls-mass:dead-linear'; 'none' -> 'none'."""
+    head = policy.split(":")[0]
+    return f"{head}:dead-linear" if policy.endswith(":dead-linear") else head
+
+
+def _env_caption(env: dict[str, Any]) -> str:
+    pk = env.get("packages") or {}
+    gpu = (env.get("gpu") or {}).get("name")
+    ort = pk.get("onnxruntime-gpu") or pk.get("onnxruntime")
+    return f"{gpu}, torch {pk.get('torch')}, Triton {pk.get('triton')}, onnxruntime {ort}, timm {pk.get('timm')}"
+
+
+def _provenance(full: bool, name: str, commit: str | None, date: str | None) -> str:
+    src = f"`{RESULTS / name}`"
+    if full and commit:
+        src += f", raggedvit `{commit[:7]}`, {str(date)[:10]}"
+    return src
+
+
+def serving_table(data: dict[str, Any], full: bool, models: list[str] | None = None) -> list[str]:
+    """Model x variant rows, img/s (ratio to torch.compile unpruned) per batch size."""
+    recs = [r for r in data["records"] if r.get("status") == "ok"]
+    batches = sorted({r["batch"] for r in recs})
+    base = {(r["model"], r["batch"]): r["img_per_s"] for r in recs if r["variant"] == "timm_compile"}
+    lines = [
+        "| model | variant | " + " | ".join(f"B={b}" for b in batches) + " |",
+        "|---|---|" + "---:|" * len(batches),
+    ]
+    for model in models or list(dict.fromkeys(r["model"] for r in recs)):
+        for (variant, pol), label in _SERVING_LABELS.items():
+            if not full and (variant, pol) not in _SERVING_SHORT:
+                continue
+            cells = []
+            for b in batches:
+                r = next(
+                    (x for x in recs if (x["model"], x["variant"], _policy_key(x["policy"]), x["batch"])
+                     == (model, variant, pol, b)),
+                    None,
+                )  # fmt: skip
+                if r is None:
+                    cells.append("")
+                    continue
+                ratio = "" if variant == "timm_compile" or (model, b) not in base else (
+                    f" ({r['img_per_s'] / base[(model, b)]:.2f}x)"
+                )  # fmt: skip
+                cells.append(_n(r["img_per_s"]) + ratio)
+            if any(cells):
+                lines.append(f"| {model} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def serving(full: bool, prefix: str) -> list[str]:
+    name = f"serving_{GPU}.json"
+    data = _load(name)
+    cfg, env = data["config"], data["env"]
+    lines = [
+        f"img/s (ratio to torch.compile of the unpruned timm model at the same batch), {cfg['dtype']} torch, "
+        f"{cfg['export_dtype']} exports run as one CUDA graph per batch, seeded weights, the sample photos tiled to "
+        f"the batch, {cfg['rounds']} interleaved rounds. topk-l2 keeps 0.5 at block 4; cls-mass keeps 0.9 of the "
+        "CLS attention at blocks 3, 6, 9 (capacity layout; dead-row blocks: `--ragged-linear-blocks dead-rows`). "
+        f"{_env_caption(env)}; {_provenance(full, name, env.get('commit'), env.get('date'))}.",
+        "",
+        *serving_table(data, full),
+    ]
+    return lines + _chart(prefix, f"serving_{GPU}.png", "serving img/s per batch size")
+
+
+def families(full: bool, prefix: str) -> list[str]:
+    name = f"families/serving_{GPU}.json"
+    data = _load(name)
+    env = data["env"]
+    recs = [r for r in data["records"] if r.get("status") == "ok"]
+    batches = sorted({r["batch"] for r in recs})
+    lines = [
+        "The same model unpruned and pruned (topk-l2 0.5 @4), both raggedvit fp16-all exports as CUDA graphs, img/s "
+        f"unpruned / pruned (ratio). {_env_caption(env)}; "
+        f"{_provenance(full, name, env.get('commit'), env.get('date'))}.",
+        "",
+        "| model | " + " | ".join(f"B={b}" for b in batches) + " |",
+        "|---|" + "---:|" * len(batches),
+    ]
+    for model in dict.fromkeys(r["model"] for r in recs):
+        cells = []
+        for b in batches:
+            u = next((r for r in recs if (r["model"], r["variant"], r["batch"]) == (model, "ort_unpruned", b)), None)
+            p = next((r for r in recs if (r["model"], r["variant"], r["batch"]) == (model, "ort_raggedvit", b)), None)
+            cells.append(
+                f"{_n(u['img_per_s'])} / {_n(p['img_per_s'])} ({p['img_per_s'] / u['img_per_s']:.2f}x)"
+                if u and p
+                else ""
+            )
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return lines + _chart(prefix, f"families/serving_{GPU}.png", "families img/s per batch size")
+
+
+def e2e(full: bool, prefix: str) -> list[str]:
+    name = f"e2e_{GPU}.json"
+    data = _load(name)
+    caption = (
+        f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, onnxruntime {data['onnxruntime']}, "
+        f"timm {data['timm']}; {_provenance(full, name, data.get('raggedvit_commit'), data.get('date'))}."
+    )
+    if full:
+        body = e2e_markdown(data).splitlines()[2:]  # the generator's caption replaces the table's own
+        while body and not body[-1]:
+            body.pop()
+        lines = [f"images/s, {caption}", "", *body]
+        return lines + _chart(prefix, f"e2e_{GPU}.png", "end-to-end img/s per batch size")
+    records = data["records"]
+    policies = [p for p in data["config"]["policies"] if p != "none"]
+    ratios = data.get("speedups") or speedups(records, policies)
+    batches = sorted({r["batch"] for r in records})
+    lines = [
+        "raggedvit in ONNX Runtime (fp16-all, the faster of node by node and CUDA graph): img/s (speedup over the "
+        "best unpruned peer of timm eager fp16, ORT fp16 and ORT fp16 optimized / over the best including ORT fp16 "
+        f"optimized as a CUDA graph). {caption}",
+        "",
+        "| model | policy | " + " | ".join(f"B={b}" for b in batches) + " |",
+        "|---|---|" + "---:|" * len(batches),
+    ]
+    for model in sorted({r["model"] for r in records}):
+        for pol in policies:
+            cells = []
+            for b in batches:
+                r = next((x for x in ratios if (x["model"], x["batch"], x["policy"]) == (model, b, pol)), None)
+                v, s = (r or {}).get("ours_img_per_s"), (r or {}).get("speedup_vs_best_unpruned")
+                g = (r or {}).get("speedup_vs_best_unpruned_incl_graph")
+                cells.append(f"{_n(v)} ({s:.2f}x / {g:.2f}x)" if None not in (v, s, g) else "")
+            lines.append(f"| {model} | {pol.split(':')[0]} | " + " | ".join(cells) + " |")
+    return lines + _chart(prefix, f"e2e_{GPU}.png", "end-to-end img/s per batch size")
+
+
+def kernel(full: bool, prefix: str) -> list[str]:
+    name = f"kernel_{GPU}.json"
+    data = _load(name)
     recs = data["records"]
     keys = sorted({(r["B"], r["L"], r["lengths"]) for r in recs}, key=lambda k: (k[2] != "uniform", k[1], k[0]))
-    lines = [
-        f"GPU time / isolated-call time in µs, fp16, H=12, D=64 ({data['gpu']}, torch {data['torch']}, "
-        f"triton {data['triton']}, {data['date'][:10]}; `{path.name}`)",
-        "",
-        "| B | L | lengths | bytes floor | " + " | ".join(KERNEL_IMPLS) + " |",
-        "|---:|---:|---|---:|" + "---:|" * len(KERNEL_IMPLS),
-    ]
-    for B, L, kind in keys:
-        row = {r["impl"]: r for r in recs if (r["B"], r["L"], r["lengths"]) == (B, L, kind)}
-        floor = row.get("bytes_floor", {}).get("gpu_us")
-        cells = []
-        for impl in KERNEL_IMPLS:
-            r = row.get(impl)
-            cells.append("—" if r is None or r["gpu_us"] is None else f"{_fmt(r['gpu_us'])} / {_fmt(r['call_us'])}")
-        lines.append(f"| {B} | {L} | {kind} | {_fmt(floor)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    caption = (
+        f"fp16, H={data['H']}, D={data['D']}; {data['gpu']}, torch {data['torch']}, Triton {data['triton']}; "
+        f"{_provenance(full, name, None, None)}."
+    )
+    rows = {k: {r["impl"]: r for r in recs if (r["B"], r["L"], r["lengths"]) == k} for k in keys}
+    if full:
+        lines = [
+            f"GPU time / isolated-call time in µs, {caption}",
+            "",
+            "| B | L | lengths | bytes floor | " + " | ".join(KERNEL_IMPLS) + " |",
+            "|---:|---:|---|---:|" + "---:|" * len(KERNEL_IMPLS),
+        ]
+        for (B, L, kind), row in rows.items():
+            cells = [
+                "—" if (r := row.get(i)) is None or r["gpu_us"] is None else f"{_n(r['gpu_us'])} / {_n(r['call_us'])}"
+                for i in KERNEL_IMPLS
+            ]
+            floor = row.get("bytes_floor", {}).get("gpu_us")
+            lines.append(f"| {B} | {L} | {kind} | {_n(floor)} | " + " | ".join(cells) + " |")
+    else:
+        lines = [
+            "GPU time in µs at L = 197 tokens (uniform: every sequence L long; ragged: random lengths in [L/2, L]), "
+            + caption,
+            "",
+            "| B | lengths | raggedvit | best peer | peer µs | raggedvit / peer |",
+            "|---:|---|---:|---|---:|---:|",
+        ]
+        for (B, L, kind), row in rows.items():
+            if L != 197 or B == 4:
+                continue
+            peers = {p: row[p]["gpu_us"] for p in KERNEL_PEERS if p in row and row[p]["gpu_us"] is not None}
+            best = min(peers, key=peers.get)
+            ours = row["raggedvit"]["gpu_us"]
+            lines.append(f"| {B} | {kind} | {_n(ours)} | {best} | {_n(peers[best])} | {ours / peers[best]:.2f} |")
+    return lines + _chart(prefix, f"kernel_{GPU}.png", "kernel GPU time per shape")
 
 
-def op_table(path: Path) -> str:
-    data = json.loads(path.read_text())
+def ort_op(full: bool, prefix: str) -> list[str]:
+    name = f"ort_op_{GPU}.json"
+    data = _load(name)
     lines = [
-        f"Per-op µs inside ORT graphs ({data['gpu']}, onnxruntime {data['onnxruntime']}, {data['date'][:10]}; "
-        f"`{path.name}`). Gross = (t12 − t1) / 11 of chains with identical glue; net = gross − glue-only chain.",
+        f"µs per op inside ONNX Runtime graphs, fp16, H={data['H']}, D={data['D']}: gross = (t12 − t1) / 11 of "
+        "chains of 12 and 1 attention blocks with identical glue; net = gross − the glue-only chain's; ragged: "
+        "random lengths in [1, L], T rows in all. "
+        f"{data['gpu']}, onnxruntime {data['onnxruntime']}; {_provenance(full, name, None, None)}.",
         "",
-        "| lengths | B | L | T | RaggedAttention gross | PackedMHA gross | ratio | RaggedAttention net | PackedMHA net"
-        " | ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if full:
+        lines += [
+            "| lengths | B | L | T | RaggedAttention gross | PackedMHA gross | ratio | RaggedAttention net "
+            "| PackedMHA net | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    else:
+        lines += [
+            "| lengths | B | L | T | RaggedAttention | PackedMHA | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
     for r in data["rows"]:
         g, p = r["ragged_per_op_us"], r["packed_mha_per_op_us"]
-        gn, pn = r["ragged_net_us"], r["packed_mha_net_us"]
+        if full:
+            gn, pn = r["ragged_net_us"], r["packed_mha_net_us"]
+            lines.append(
+                f"| {r['mode']} | {r['B']} | {r['L']} | {r['T']} | {g:.1f} | {p:.1f} | {g / p:.2f} | {gn:.1f} "
+                f"| {pn:.1f} | {gn / pn:.2f} |"
+            )
+        elif r["mode"] == "ragged" and r["L"] == 197:
+            lines.append(f"| {r['mode']} | {r['B']} | {r['L']} | {r['T']} | {g:.1f} | {p:.1f} | {g / p:.2f} |")
+    return lines + _chart(prefix, f"ort_op_{GPU}.png", "per-op µs inside ONNX Runtime")
+
+
+def validate(full: bool, prefix: str) -> list[str]:
+    name = f"validate_{GPU}.json"
+    data = _load(name)
+    lines = [
+        f"`raggedvit validate --device cuda --sample-images`, deit_base_patch16_224, seeded weights, the default rule "
+        f"of each export dtype; {data['gpu']}; {_provenance(full, name, None, None)}.",
+        "",
+        "| export | policy | judged images | max \\|Δlogit\\| judged | rule | PyTorch fp16 forward | result |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    for key, rep in data["reports"].items():
+        dtype, policy = key.split("_")[-2:]
+        judged = [r for r in rep["rows"] if not (r.get("near_tie") or r.get("precision_tie"))]
+        worst = max((r["max_abs_diff"] for r in judged), default=None)
+        floor = (rep["summary"].get("precision_floor") or {}).get("torch_max_abs_diff")
+        rule = "< 0.004" if dtype == "fp32" else "0.004 + 0.01 × max \\|ref\\|"
         lines.append(
-            f"| {r['mode']} | {r['B']} | {r['L']} | {r['T']} | {g:.1f} | {p:.1f} | {g / p:.2f} | {gn:.1f} | {pn:.1f} "
-            f"| {gn / pn:.2f} |"
+            f"| {dtype} | {policy} | {len(judged)} of {len(rep['rows'])} | {worst:.1e} | {rule} | "
+            f"{'—' if floor is None else f'{floor:.1e}'} | {'PASS' if rep['passed'] else 'FAIL'} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
-def main() -> None:
+def cuda_graph(full: bool, prefix: str) -> list[str]:
+    name = f"cuda_graph_check_{GPU}.json"
+    data = _load(name)
+    lines = [
+        f"`python3 -m benchmarks.check_cuda_graph`, {data['model']} {data['dtype']} "
+        f"(`--ragged-linear {data['ragged_linear']}`): the export replayed as a CUDA graph against the same session "
+        f"run node by node; {_provenance(full, name, None, None)}.",
+        "",
+        "| policy | capacity layout | B | max \\|Δlogit\\| | equal token counts | replay follows new input | "
+        "node by node ms | graph ms |",
+        "|---|---|---:|---:|---|---|---:|---:|",
+    ]
+    for r in data["rows"]:
+        p = r["policy"]
+        lines.append(
+            f"| {p['policy']} | {'yes' if r['capacity'] else 'no'} | {r['batch']} | "
+            f"{r['max_abs_dlogit_graph_vs_plain']:.1e} | {'yes' if r['token_counts_equal'] else 'no'} | "
+            f"{'yes' if r['replay_follows_input'] else 'no'} | {r['plain_ms']:.2f} | {r['graph_ms']:.2f} |"
+        )
+    return lines
+
+
+SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
+    "serving": serving,
+    "families": families,
+    "e2e": e2e,
+    "kernel": kernel,
+    "ort_op": ort_op,
+    "validate": validate,
+    "cuda_graph": cuda_graph,
+}
+
+_MARKED = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
+
+
+def render(text: str, full: bool, prefix: str) -> str:
+    """`text` with every marked section replaced by SECTIONS[name](full, prefix); unknown names raise KeyError."""
+
+    def one(m: re.Match[str]) -> str:
+        body = "\n".join(SECTIONS[m.group(2)](full, prefix))
+        return f"{m.group(1)}{body}\n{m.group(4)}"
+
+    return _MARKED.sub(one, text)
+
+
+def rendered(doc: str) -> tuple[str, str]:
+    """(current text, generated text) of one document of DOCUMENTS."""
+    path = ROOT / doc
+    prefix = "../" * (len(Path(doc).parts) - 1)
+    text = path.read_text()
+    return text, render(text, DOCUMENTS[doc], prefix)
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", type=Path)
-    ap.add_argument("--op", type=Path)
+    ap.add_argument("--check", action="store_true", help="only compare; exit 1 when a document is out of date")
     args = ap.parse_args()
-    if args.kernel:
-        print(kernel_table(args.kernel), end="\n\n")
-    if args.op:
-        print(op_table(args.op))
+    stale = []
+    for doc in DOCUMENTS:
+        text, new = rendered(doc)
+        if new != text:
+            stale.append(doc)
+            if not args.check:
+                (ROOT / doc).write_text(new)
+    verb = "out of date" if args.check else "rewritten"
+    print(f"{verb}: {', '.join(stale)}" if stale else "up to date")
+    return 1 if args.check and stale else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

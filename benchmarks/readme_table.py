@@ -1,11 +1,11 @@
 """Markdown tables for the README from a benchmarks.e2e results JSON.
 
-    python3 -m benchmarks.readme_table benchmarks/results/e2e_bench_<date>_<gpu>.json > table.md
+    python3 -m benchmarks.readme_table benchmarks/results/e2e_<gpu>.json > table.md
 
 One table per model x image size: rows = variants (pruned ones per policy, with the mean tokens per image
 after each stage at the largest batch), columns = batch sizes, cells = images/s ("err" / "skip" when the run
 recorded no timing); then the speedups of raggedvit in ORT (the faster of ort_raggedvit and its CUDA-graph
-replay ort_raggedvit_graph) over the best unpruned variant of issue 6's bar (timm eager, ORT fp16, ORT fp16
+replay ort_raggedvit_graph) over the best unpruned variant (timm eager, ORT fp16, ORT fp16
 optimized), over every unpruned variant including the optimized one replayed as a CUDA graph, and over
 torch_padded_sdpa.
 """
@@ -85,7 +85,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", help="e2e_bench_*.json written by python3 -m benchmarks.e2e")
+    ap.add_argument("results", help="e2e_<gpu>.json written by python3 -m benchmarks.e2e")
     args = ap.parse_args()
     path = Path(args.results)
     try:

@@ -10,7 +10,7 @@ torch_padded_sdpa, torch_varlen, torch_raggedvit, ort_raggedvit. img/s = B / med
     python3 -m benchmarks.e2e --device cpu       # debug run of every code path on CPU (deit_tiny, fp32)
 
 Each model x size runs in its own worker process (a crash or a poisoned CUDA context loses one case only);
-every failure becomes a record with its error text. Writes <out>/e2e_bench_<date>_<gpu>.json after every
+every failure becomes a record with its error text. Writes <out>/e2e_<gpu>.json (overwritten in place) after every
 case, then the .png, and prints a compact table last. Markdown for the README: python3 -m benchmarks.readme_table.
 """
 
@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import os
 import platform
-import re
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +42,7 @@ from benchmarks.e2e.cases import (  # noqa: E402
     resolve_case,
 )
 from benchmarks.e2e.report import compact_table, plot, profile_lines, speedups, write_json  # noqa: E402
+from benchmarks.env import result_path  # noqa: E402
 
 _REPORT_RESERVE_S = 8.0  # kept back from the budget for the JSON, PNG and table
 _HANG_GRACE_S = 10.0  # a worker still running this long after the deadline is killed
@@ -260,10 +261,8 @@ def main() -> None:
     deadline = t_start + cfg.time_budget_s - _REPORT_RESERVE_S
     env = environment(cfg.device)
     out_dir = Path(args.out)
-    gpu_slug = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] or "unknown").strip("-")
-    stem = f"e2e_bench_{dt.date.today().isoformat()}_{gpu_slug}"
-    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
-    parts = out_dir / f"{stem}_parts"
+    json_path, png_path = result_path(out_dir, "e2e", env["gpu"]), result_path(out_dir, "e2e", env["gpu"], ".png")
+    parts = out_dir / f"{json_path.stem}_parts"
     parts.mkdir(parents=True, exist_ok=True)
     print(f"[e2e] {env}\n[e2e] config {cfg.to_dict()}", flush=True)
     results: dict[str, Any] = {
@@ -314,6 +313,7 @@ def main() -> None:
         print(f"[e2e] plot failed: {exc!r}", flush=True)
     results["seconds"] = round(time.time() - t_start, 1)
     write_json(json_path, results)
+    shutil.rmtree(parts, ignore_errors=True)  # the workers' partial files: all of them are in json_path now
     for line in profile_lines(results["profiles"]):
         print(f"[e2e] {line}", flush=True)
     print(f"[e2e] wrote {json_path} and {png_path.name} in {results['seconds']} s", flush=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 __all__ = ["BASELINES", "CUDA_ONLY", "GRAPH", "ISSUE_BASELINES", "OURS", "PRUNED", "VARIANTS"]
 
-ISSUE_BASELINES = ("timm_eager_fp16", "ort_fp16", "ort_fp16_optimized")  # issue 6's unpruned bar
-# + the optimized unpruned graph replayed as a CUDA graph: not in the issue's bar, measured as the fair peer of
+ISSUE_BASELINES = ("timm_eager_fp16", "ort_fp16", "ort_fp16_optimized")  # the unpruned speed bar
+# + the optimized unpruned graph replayed as a CUDA graph: not in the bar, measured as the fair peer of
 # ort_raggedvit_graph (both without per-node host cost)
 BASELINES = (*ISSUE_BASELINES, "ort_fp16_optimized_graph")  # unpruned, policy "none"
 PRUNED = ("torch_padded_sdpa", "torch_varlen", "torch_raggedvit", "ort_raggedvit", "ort_raggedvit_graph")

@@ -56,7 +56,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def speedups(records: list[dict[str, Any]], policies: list[str]) -> list[dict[str, Any]]:
     """Per (model, img_size, batch, policy): the faster raggedvit ORT variant (per-node run or CUDA-graph replay)
-    over the best unpruned variant of the issue's bar (timm_eager_fp16, ort_fp16, ort_fp16_optimized), over every
+    over the best unpruned variant of the speed bar (timm_eager_fp16, ort_fp16, ort_fp16_optimized), over every
     unpruned variant including the CUDA-graph replay of ort_fp16_optimized, and over torch_padded_sdpa."""
     ok = _ok(records)
     cases = sorted({(r["model"], r["img_size"], r["batch"]) for r in records})

@@ -1,2 +1,2 @@
 """Serving speed of token-pruned ViTs against torch.compile and ONNX Runtime CUDA graphs in one run
-(`python3 -m benchmarks.serving`, issue 13): see benchmarks/serving/driver.py."""
+(`python3 -m benchmarks.serving`): see benchmarks/serving/driver.py."""

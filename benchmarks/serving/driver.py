@@ -1,4 +1,4 @@
-"""Serving speed (issue 13): every way to serve a ViT on one GPU, in one run, on the same images and batch sizes.
+"""Serving speed: every way to serve a ViT on one GPU, in one run, on the same images and batch sizes.
 
 Per model (deit_base, deit_small at 224 px; seeded weights, raggedvit.weights) and batch (1, 4, 32, 128):
   timm_eager         timm's model, eager, fp16
@@ -16,19 +16,17 @@ Images: raggedvit.images.sample_inputs (the sample photos) tiled to the batch, o
 median over rounds of each round's median latency (raggedvit.timing.measure); rounds interleave the variants.
 Each record also holds kernels and GPU time per forward (torch.profiler/CUPTI), the logits against float32
 references (timm for unpruned, PrunedViT for pruned variants), at batch 1 the latency over the weight-bandwidth
-floor, and the ratio to timm_compile; `targets` evaluates the issue's bars (benchmarks.serving.names.BARS).
+floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchmarks.serving.names.BARS).
 
     python3 -m benchmarks.serving                         # H200: both models, ~4 min
     python3 -m benchmarks.serving --device cpu --smoke    # debug: deit_tiny, fp32, CUDA-only variants skipped
 
-Writes <out>/serving_<date>_<gpu>.json after every model, then the .png, and prints the table last.
+Writes <out>/serving_<gpu>.json after every model (overwritten in place), then the .png, and prints the table last.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import re
 import tempfile
 import time
 import traceback
@@ -38,6 +36,7 @@ from typing import Any
 _T0 = time.time()  # the time budget counts from here, imports included
 
 from benchmarks.e2e.report import write_json  # noqa: E402
+from benchmarks.env import result_path  # noqa: E402
 from benchmarks.serving.config import ServingConfig  # noqa: E402
 from benchmarks.serving.names import BANDWIDTH_SOURCE, VARIANTS, table_bandwidth, timm_name  # noqa: E402
 from benchmarks.serving.report import apply_floor, plot, ratios, table, targets  # noqa: E402
@@ -182,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         with profile(activities=[ProfilerActivity.CUDA]):
             pass
     gpu = (env.get("gpu") or {}).get("name") or ("cpu" if cfg.device == "cpu" else "unknown")
-    stem = f"serving_{dt.date.today().isoformat()}_{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}"
-    json_path, png_path = args.out / f"{stem}.json", args.out / f"{stem}.png"
+    json_path, png_path = result_path(args.out, "serving", gpu), result_path(args.out, "serving", gpu, ".png")
     result: dict[str, Any] = {
         "benchmark": "benchmarks.serving",
         "env": env,
@@ -193,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "timing": "per round: median of synchronized host-timed runs (raggedvit.timing.measure, ~seconds each); "
         "ms_per_batch = median over rounds; rounds interleave the variants, order reversed every other round",
         "kernels": "torch.profiler CUDA activity (CUPTI) over profile_forwards timed calls: kernels_per_forward "
-        "excludes memcpy/memset (copies_per_forward); gpu_us_per_image = summed device time / batch",
+        "excludes memcpy/memset (copies_per_forward); gpu_us_per_image = summed kernel time / batch",
         "bandwidth": _bandwidth(env, cfg.device),
         "models": {},
         "records": [],

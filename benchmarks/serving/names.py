@@ -1,4 +1,4 @@
-"""What `python3 -m benchmarks.serving` measures: variant names, policies, the issue's bars, HBM bandwidths.
+"""What `python3 -m benchmarks.serving` measures: variant names, policies, the speed bars, HBM bandwidths.
 
 No heavy imports: the report reads these without torch.
 """
@@ -33,7 +33,7 @@ VARIANTS = UNPRUNED + PRUNED
 COMPILED = ("timm_compile", "prunedvit_compile")
 ORT = ("ort_unpruned", "ort_raggedvit")  # CUDA graph when the export has static shapes, else node by node
 CUDA_ONLY = COMPILED  # mode="reduce-overhead" is CUDA graphs; the CPU debug run skips them
-BASELINE = "timm_compile"  # the issue's denominator: torch.compile unpruned
+BASELINE = "timm_compile"  # the bars' denominator: torch.compile unpruned
 
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
 LINEAR_FLAG = "linear"  # a policy string ending in ":linear": PrunedViT(ragged_linear=True) and its export
@@ -54,7 +54,7 @@ def split_linear(policy: str) -> tuple[str, bool | str]:
 
 @dataclass(frozen=True)
 class Bar:
-    """One of the issue's bars: `variant` of policies named `policy` at `batches` reaches `min_ratio` x the
+    """One speed bar: `variant` of policies named `policy` at `batches` reaches `min_ratio` x the
     img/s of BASELINE on the same model and batch; `mode` (when set) must be the variant's run mode."""
 
     policy: str  # policy name (the part of the policy string before the first ':')
@@ -70,7 +70,7 @@ class Bar:
         return f"{self.policy} {self.variant}{how} >= {self.min_ratio}x {BASELINE} at B={bs}"
 
 
-# issue 13 (serving speed), the done-when ratios against torch.compile unpruned (mode="reduce-overhead")
+# the serving speed bars: ratios against torch.compile unpruned (mode="reduce-overhead")
 BARS = (
     Bar("topk-l2", "ort_raggedvit", (1, 4), 2.0),
     Bar("topk-l2", "ort_raggedvit", (32, 128), 1.6),

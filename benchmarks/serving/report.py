@@ -1,4 +1,4 @@
-"""Results of benchmarks.serving: ratios to torch.compile unpruned, the issue's bars, the floor, table and PNG.
+"""Results of benchmarks.serving: ratios to torch.compile unpruned, the speed bars, the floor, table and PNG.
 
 Reads records only (no torch): `python3 -m benchmarks.serving` writes them, these functions derive the rest.
 """
@@ -45,15 +45,15 @@ def ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _gpu_time_ratio(rec: dict[str, Any] | None, base: dict[str, Any] | None) -> float | None:
     """BASELINE's GPU time per image over the variant's (both profiled): the bar's ratio without host time (at batch
-    1 torch.compile's wall time is mostly host time: serving_2026-12-01_*_run8.json, 823 us for 554 us of kernels)."""
+    1 torch.compile's wall time is mostly host time)."""
     g, gb = (rec or {}).get("gpu_us_per_image"), (base or {}).get("gpu_us_per_image")
     return round(gb / g, 3) if g and gb else None
 
 
 def _round_ratios(rec: dict[str, Any] | None, base: dict[str, Any] | None) -> list[float] | None:
     """BASELINE's ms per batch over the variant's in each round (the rounds interleave the variants, so a round pairs
-    two runs taken seconds apart): how far the bar's ratio moves with the baseline's host-bound rounds (torch.compile
-    at B=4: serving_2026-12-03_*_run23, 0.94-1.18 ms a batch within one run). None unless both have every round."""
+    two runs taken seconds apart): how far the bar's ratio moves with the baseline's host-bound rounds (torch.compile's
+    rounds at B=4 can differ by ~25% within one run). None unless both have every round."""
     r, rb = (rec or {}).get("round_ms") or [], (base or {}).get("round_ms") or []
     if not r or len(r) != len(rb) or not all(x > 0 for x in r):
         return None

@@ -22,7 +22,7 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def _results(out: Path) -> dict:
-    (path,) = out.glob("e2e_bench_*_cpu.json")
+    (path,) = out.glob("e2e_cpu.json")
     return json.loads(path.read_text())
 
 
@@ -67,14 +67,14 @@ def test_cpu_run_records_every_variant(smoke) -> None:
     assert prof["batch"] == 1 and "error" not in prof
     assert "RaggedAttention" in {op["op_type"] for op in prof["ort"]["ops"]}
     assert prof["ort"]["sections_us_per_run"]["attention"] > 0
-    assert list(out.glob("e2e_bench_*_cpu.png"))
+    assert list(out.glob("e2e_cpu.png"))
     last = proc.stdout.strip().splitlines()
     assert any(line.startswith("model ") and "ort_rv" in line for line in last[-8:])  # the table is printed last
 
 
 def test_readme_table_of_the_run(smoke) -> None:
     _, out = smoke
-    (path,) = out.glob("e2e_bench_*_cpu.json")
+    (path,) = out.glob("e2e_cpu.json")
     proc = _run("-m", "benchmarks.readme_table", str(path), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "**deit_tiny 224px**" in proc.stdout

@@ -25,8 +25,8 @@ def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     cmd += ["--batches", "1,4", "--export-workers", "0", "--policies", POLICY, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = out.glob("serving_*_cpu.json")
-    assert list(out.glob("serving_*_cpu.png"))
+    (path,) = out.glob("serving_cpu.json")
+    assert list(out.glob("serving_cpu.png"))
     return proc, json.loads(path.read_text())
 
 
