@@ -155,7 +155,7 @@ def check(blocks: list[Any], H: int, T: int, B: int, gen: torch.Generator) -> di
     and a CUDA graph of the engine replayed on three new inputs."""
     from raggedvit.kernels.block_engine import vit_block_engine
     from raggedvit.kernels.reference import vit_block_reference
-    from raggedvit.testing import assert_close, rel_error
+    from raggedvit.testing import assert_close, default_tolerance, rel_error
 
     w = block_weights(blocks[0])
     C = w.norm1_weight.shape[0]
@@ -174,8 +174,8 @@ def check(blocks: list[Any], H: int, T: int, B: int, gen: torch.Generator) -> di
         rec[f"rel_err_cls_{cu_dtype}"] = rel_error(cls, ref_cls)
         rec["repeat_equal"] = rec.get("repeat_equal", True) and bool(torch.equal(y, y2) and torch.equal(cls, cls2))
         for a, e, name in ((y, ref, "y"), (cls, ref_cls, "cls_attn")):
-            try:
-                assert_close(a, e, name=f"{name} (cu {cu_dtype})")
+            try:  # cls_attn is fp32 but computed from fp16 qkv: the fp16 rule
+                assert_close(a, e, rtol=default_tolerance(torch.float16), name=f"{name} (cu {cu_dtype})")
             except AssertionError as exc:
                 errors.append(str(exc))
     x_static = torch.randn(T, C, generator=gen).half().cuda()
