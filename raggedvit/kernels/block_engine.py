@@ -19,7 +19,15 @@ import torch
 from raggedvit.kernels._config import block_d
 from raggedvit.kernels.reference import BlockWeights
 
-__all__ = ["BlockWorkspace", "EngineConfig", "block_workspace", "engine_config", "engine_grid", "vit_block_engine"]
+__all__ = [
+    "BlockWorkspace",
+    "EngineConfig",
+    "block_workspace",
+    "engine_config",
+    "engine_grid",
+    "occupancy",
+    "vit_block_engine",
+]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 _GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -40,34 +48,50 @@ class EngineConfig:
     cls_hg: int  # heads per cls_attn step
     num_warps: int
     num_stages: int
+    split_proj: int = 1  # K slices of a proj tile (split-K)
+    split_fc2: int = 1  # K slices of an fc2 tile
+    norm_rows: int = 4  # rows per LayerNorm task
+    programs_per_sm: int = 1  # wanted; the launcher takes fewer where registers or shared memory do not allow it
 
 
 def engine_config(gemm_dtype: torch.dtype) -> EngineConfig:
     """The launch config of a GEMM dtype: tensor-core tiles for fp16 / bf16, small ieee tiles for fp32."""
     if gemm_dtype == torch.float32:
-        return EngineConfig(32, 32, 32, 32, 32, 32, 16, 4, num_warps=4, num_stages=1)
-    return EngineConfig(64, 64, 32, 64, 64, 64, 16, 4, num_warps=4, num_stages=3)
+        return EngineConfig(32, 32, 32, 32, 32, 32, 16, 4, num_warps=4, num_stages=1, split_proj=2, split_fc2=2)
+    return EngineConfig(64, 64, 64, 64, 64, 64, 16, 4, num_warps=4, num_stages=4, split_proj=2, split_fc2=4,
+                        programs_per_sm=2)  # fmt: skip
 
 
 class BlockWorkspace(NamedTuple):
-    """Scratch of one launch: qkv [T, 3C], att [T, C], hid [T, F] in the GEMM dtype, x1 [T, C] in the stream dtype,
-    lse [H, T] and cls [T] fp32 (one element each without cls_attn)."""
+    """Scratch of one launch: xn [T, C], qkv [T, 3C], att [T, C], hid [T, F] in the GEMM dtype, x1 [T, C] in the
+    stream dtype, lse [H, T] and cls [T] fp32 (one element each without cls_attn), part [S, T, C] fp32 (split-K
+    partial tiles, S = the config's largest split) and ctr [2 * cdiv(T, bm) * cdiv(C, bn_narrow)] int32 (their
+    counters: zeros, and zeros again after every launch)."""
 
+    xn: torch.Tensor
     qkv: torch.Tensor
     att: torch.Tensor
     hid: torch.Tensor
     x1: torch.Tensor
     lse: torch.Tensor
     cls: torch.Tensor
+    part: torch.Tensor
+    ctr: torch.Tensor
 
 
 def block_workspace(
     T: int, C: int, F: int, H: int, stream_dtype: torch.dtype, gemm_dtype: torch.dtype, device: torch.device,
-    cls_attn: bool,
+    cls_attn: bool, config: EngineConfig | None = None,
 ) -> BlockWorkspace:  # fmt: skip
-    """Fresh scratch for `vit_block_engine` (its contents are never read before the kernel writes them)."""
+    """Fresh scratch for `vit_block_engine` with `config` (default: engine_config(gemm_dtype)): contents never
+    read before the kernel writes them, but for ctr (zeros)."""
+    cfg = config or engine_config(gemm_dtype)
     n = T if cls_attn else 1
+    split = max(cfg.split_proj, cfg.split_fc2)
     return BlockWorkspace(
+        xn=torch.empty(T, C, dtype=gemm_dtype, device=device),
+        part=torch.empty(split if split > 1 else 1, T if split > 1 else 1, C, dtype=torch.float32, device=device),
+        ctr=torch.zeros(2 * _max_tiles(T, C, cfg), dtype=torch.int32, device=device),
         qkv=torch.empty(T, 3 * C, dtype=gemm_dtype, device=device),
         att=torch.empty(T, C, dtype=gemm_dtype, device=device),
         hid=torch.empty(T, F, dtype=gemm_dtype, device=device),
@@ -75,6 +99,10 @@ def block_workspace(
         lse=torch.empty(H if cls_attn else 1, n, dtype=torch.float32, device=device),
         cls=torch.empty(n, dtype=torch.float32, device=device),
     )
+
+
+def _max_tiles(T: int, C: int, cfg: EngineConfig) -> int:
+    return max(1, -(-T // cfg.bm) * -(-C // cfg.bn_narrow))
 
 
 # One barrier counter per (device, grid size): it only grows, a multiple of the grid size between launches.
@@ -88,12 +116,25 @@ def _sync_counter(device: torch.device, nprog: int) -> torch.Tensor:
     return _SYNC[key]
 
 
-def engine_grid(device: torch.device, sequential: bool) -> int:
-    """Programs of a launch: 1 (sequential, or the interpreter), else one per multiprocessor (the config's tiles use
-    far less than one multiprocessor's registers and shared memory, so all are resident at once)."""
+# Resident programs per multiprocessor of each compiled kernel, keyed by (device, launch constexprs).
+_OCCUPANCY: dict[tuple, int] = {}
+
+
+def occupancy(n_regs: int, shared_bytes: int, num_warps: int) -> int:
+    """Programs one sm_80 / sm_90 multiprocessor holds at once: 64K registers allocated per warp in 256-register
+    units, 227 KiB of shared memory (+ 1 KiB reserved per program), at most 32 programs."""
+    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    by_regs = (65536 // regs_per_warp) // num_warps
+    by_smem = (233472 // (shared_bytes + 1024)) if shared_bytes else 32
+    return max(0, min(by_regs, by_smem, 32))
+
+
+def engine_grid(device: torch.device, sequential: bool, per_sm: int = 1) -> int:
+    """Programs of a launch: 1 (sequential, or the interpreter), else per_sm per multiprocessor (per_sm must be at
+    most the kernel's occupancy: every program must be resident at once)."""
     if sequential or device.type != "cuda":
         return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _check(x: torch.Tensor, cu_seqlens: torch.Tensor, w: BlockWeights, num_heads: int) -> tuple[int, int, int]:
@@ -151,9 +192,10 @@ def vit_block_engine(
     scale: float | None = None,
     return_cls_attn: bool = False,
     sequential: bool = False,
-    phases: tuple[int, int] = (0, 5),
+    phases: tuple[int, int] | None = None,
     workspace: BlockWorkspace | None = None,
     out: torch.Tensor | None = None,
+    config: EngineConfig | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One pre-norm ViT block on packed rows: `vit_block_reference`'s result in one launch.
 
@@ -167,9 +209,10 @@ def vit_block_engine(
         return_cls_attn: also return cls_attn [T] float32 (DESIGN.md section 1).
         sequential: one program runs every phase in order (the interpreter always does).
         phases: run phases [lo, hi) of `_block_kernel.PHASES` only (timing one phase: the earlier phases' results
-            must already be in `workspace`); the default runs the whole block.
+            must already be in `workspace`); None (the default) runs the whole block.
         workspace: scratch from `block_workspace` (reused between calls), or None for fresh scratch.
         out: [T, C] in x's dtype to write y into, or None.
+        config: tiles and launch options (default: engine_config of the GEMM dtype; the benchmark sweeps others).
 
     Returns:
         y [T, C] in x's dtype, zeros on the dead rows (and cls_attn [T] float32).
@@ -181,33 +224,45 @@ def vit_block_engine(
     D = C // H
     if x.device.type != "cuda" and not _INTERPRET:
         raise ValueError(f"x on {x.device}: CPU tensors need a process started with TRITON_INTERPRET=1")
-    lo, hi = phases
+    lo, hi = (0, len(PHASES)) if phases is None else phases
     if not 0 <= lo < hi <= len(PHASES):
         raise ValueError(f"phases must be 0 <= lo < hi <= {len(PHASES)}, got {phases}")
     gemm = w.qkv_weight.dtype
-    cfg = engine_config(gemm)
-    ws = workspace or block_workspace(T, C, F, H, x.dtype, gemm, x.device, return_cls_attn)
+    cfg = config or engine_config(gemm)
+    ws = workspace or block_workspace(T, C, F, H, x.dtype, gemm, x.device, return_cls_attn, cfg)
     if return_cls_attn and ws.cls.shape[0] != T:
         raise ValueError(f"workspace.cls {tuple(ws.cls.shape)} must be [T] = [{T}] with return_cls_attn")
+    max_split = max(cfg.split_proj, cfg.split_fc2)
+    if ws.ctr.shape[0] < 2 * _max_tiles(T, C, cfg) or (max_split > 1 and ws.part.shape[:2] != (max_split, T)):
+        raise ValueError(f"workspace part {tuple(ws.part.shape)} / ctr {tuple(ws.ctr.shape)} do not fit the config")
     y = torch.empty_like(x) if out is None else out
-    nprog = engine_grid(x.device, sequential or _INTERPRET)
     B = cu_seqlens.shape[0] - 1
     J = max(1, math.ceil(math.ceil(T / max(B, 1)) / cfg.att_bm))
     qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * 1.4426950408889634
-    w1 = w.qkv_bias if w.qkv_bias is not None else w.qkv_weight
-    _vit_block[(nprog,)](
-        x, cu_seqlens, w.norm1_weight, w.norm1_bias, w.qkv_weight, w1,
-        w.proj_weight, w.proj_bias if w.proj_bias is not None else w.proj_weight,
-        w.ls1 if w.ls1 is not None else w.norm1_weight, w.norm2_weight, w.norm2_bias,
-        w.fc1_weight, w.fc1_bias if w.fc1_bias is not None else w.fc1_weight,
-        w.fc2_weight, w.fc2_bias if w.fc2_bias is not None else w.fc2_weight,
-        w.ls2 if w.ls2 is not None else w.norm2_weight,
-        ws.qkv, ws.att, ws.lse, ws.cls, ws.x1, ws.hid, y, _sync_counter(x.device, nprog),
-        T, B, J, C, F, H, D, eps, qk_scale, lo, hi,
+    consts = dict(
         HAS_QKV_B=w.qkv_bias is not None, HAS_PROJ_B=w.proj_bias is not None, HAS_FC1_B=w.fc1_bias is not None,
         HAS_FC2_B=w.fc2_bias is not None, HAS_LS1=w.ls1 is not None, HAS_LS2=w.ls2 is not None,
         CLS_ATTN=return_cls_attn, BM=cfg.bm, BN_WIDE=cfg.bn_wide, BN_NARROW=cfg.bn_narrow, BK=cfg.bk,
-        ATT_BM=cfg.att_bm, ATT_BN=cfg.att_bn, BLOCK_D=block_d(D), CLS_BN=cfg.cls_bn, CLS_HG=cfg.cls_hg,
-        SPIN_LIMIT=_SPIN_LIMIT, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_PROJ=cfg.split_proj, SPLIT_FC2=cfg.split_fc2, NORM_ROWS=cfg.norm_rows,
+        BLOCK_C=1 << (C - 1).bit_length(), ATT_BM=cfg.att_bm, ATT_BN=cfg.att_bn, BLOCK_D=block_d(D),
+        CLS_BN=cfg.cls_bn, CLS_HG=cfg.cls_hg, SPIN_LIMIT=_SPIN_LIMIT, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
+    key = (str(x.device), x.dtype, gemm, cu_seqlens.dtype, tuple(sorted(consts.items())))
+    if sequential or _INTERPRET or x.device.type != "cuda":
+        per_sm = 0
+    else:  # the first launch of a kernel runs one program per multiprocessor, then its occupancy is known
+        per_sm = min(cfg.programs_per_sm, _OCCUPANCY.get(key, 1))
+    nprog = engine_grid(x.device, per_sm == 0, per_sm)
+    opt = lambda t, alt: t if t is not None else alt  # noqa: E731
+    kernel = _vit_block[(nprog,)](
+        x, cu_seqlens, w.norm1_weight, w.norm1_bias, w.qkv_weight, opt(w.qkv_bias, w.qkv_weight),
+        w.proj_weight, opt(w.proj_bias, w.proj_weight), opt(w.ls1, w.norm1_weight), w.norm2_weight, w.norm2_bias,
+        w.fc1_weight, opt(w.fc1_bias, w.fc1_weight), w.fc2_weight, opt(w.fc2_bias, w.fc2_weight),
+        opt(w.ls2, w.norm2_weight),
+        ws.xn, ws.qkv, ws.att, ws.lse, ws.cls, ws.x1, ws.hid, ws.part, ws.ctr, y, _sync_counter(x.device, nprog),
+        T, B, J, C, F, H, D, eps, qk_scale, lo, hi, _max_tiles(T, C, cfg), **consts,
+    )  # fmt: skip
+    if key not in _OCCUPANCY and per_sm and hasattr(kernel, "n_regs"):
+        _OCCUPANCY[key] = occupancy(int(kernel.n_regs), int(kernel.metadata.shared), cfg.num_warps)
     return (y, ws.cls) if return_cls_attn else y

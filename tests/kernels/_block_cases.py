@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import torch
 
-from raggedvit.kernels.block_engine import block_workspace, vit_block_engine
+from raggedvit.kernels.block_engine import block_workspace, engine_config, vit_block_engine
 from raggedvit.kernels.reference import (
     BlockWeights,
     ragged_attention_reference,
@@ -66,40 +67,57 @@ def check_phases(gen, dtype) -> None:
     live = 30
     x = torch.randn(T, C, generator=gen).to(dtype)
     ws = block_workspace(T, C, F, H, dtype, dtype, x.device, True)
-    for buf in (ws.qkv, ws.att, ws.hid, ws.x1):
+    for buf in (ws.xn, ws.qkv, ws.att, ws.hid, ws.x1):
         buf.fill_(float("nan"))
     y = torch.full_like(x, float("nan"))
     tol = 1e-5 if dtype == torch.float32 else default_tolerance(dtype)
+    f64 = torch.float64
+
+    def run(p: int) -> None:
+        vit_block_engine(x, cu, w, H, phases=(p, p + 1), workspace=ws, out=y, return_cls_attn=True)
 
     def ln(a, g, b):
         return torch.nn.functional.layer_norm(a.double(), (C,), g.double(), b.double(), 1e-6)
 
-    vit_block_engine(x, cu, w, H, phases=(0, 1), workspace=ws, out=y, return_cls_attn=True)
-    want = ragged_linear_reference(
-        ln(x, w.norm1_weight, w.norm1_bias), w.qkv_weight, w.qkv_bias, compute_dtype=torch.float64
-    )
+    run(0)
+    assert_close(ws.xn[:live], ln(x, w.norm1_weight, w.norm1_bias)[:live], rtol=tol, name="phase norm1")
+    run(1)
+    want = ragged_linear_reference(ws.xn, w.qkv_weight, w.qkv_bias, compute_dtype=f64)
     assert_close(ws.qkv[:live], want[:live], rtol=tol, name="phase qkv")
-    vit_block_engine(x, cu, w, H, phases=(1, 2), workspace=ws, out=y, return_cls_attn=True)
-    want = ragged_attention_reference(ws.qkv, cu, H, compute_dtype=torch.float64)
+    run(2)
+    want = ragged_attention_reference(ws.qkv, cu, H, compute_dtype=f64)
     assert_close(ws.att[:live], want[:live], rtol=tol, name="phase attn")
-    vit_block_engine(x, cu, w, H, phases=(2, 3), workspace=ws, out=y, return_cls_attn=True)
-    _, want_c = ragged_attention_reference(ws.qkv, cu, H, return_cls_attn=True, compute_dtype=torch.float64)
+    run(3)
+    _, want_c = ragged_attention_reference(ws.qkv, cu, H, return_cls_attn=True, compute_dtype=f64)
     assert_close(ws.cls, want_c, rtol=tol, name="phase proj: cls_attn")
-    want = x.double() + w.ls1.double() * ragged_linear_reference(
-        ws.att, w.proj_weight, w.proj_bias, compute_dtype=torch.float64
-    )
+    want = x.double() + w.ls1.double() * ragged_linear_reference(ws.att, w.proj_weight, w.proj_bias, compute_dtype=f64)
     assert_close(ws.x1[:live], want[:live], rtol=tol, name="phase proj")
-    vit_block_engine(x, cu, w, H, phases=(3, 4), workspace=ws, out=y, return_cls_attn=True)
-    want = ragged_linear_reference(ln(ws.x1, w.norm2_weight, w.norm2_bias), w.fc1_weight, w.fc1_bias, activation=1,
-                                   compute_dtype=torch.float64)  # fmt: skip
+    run(4)
+    assert_close(ws.xn[:live], ln(ws.x1, w.norm2_weight, w.norm2_bias)[:live], rtol=tol, name="phase norm2")
+    run(5)
+    want = ragged_linear_reference(ws.xn, w.fc1_weight, w.fc1_bias, activation=1, compute_dtype=f64)
     assert_close(ws.hid[:live], want[:live], rtol=tol, name="phase fc1")
     assert torch.isnan(y).all(), "phases before fc2 must not write y"
-    vit_block_engine(x, cu, w, H, phases=(4, 5), workspace=ws, out=y, return_cls_attn=True)
+    run(6)
     want = ws.x1.double() + w.ls2.double() * ragged_linear_reference(
-        ws.hid, w.fc2_weight, w.fc2_bias, compute_dtype=torch.float64
+        ws.hid, w.fc2_weight, w.fc2_bias, compute_dtype=f64
     )
     assert_close(y[:live], want[:live], rtol=tol, name="phase fc2")
     assert torch.equal(y[live:], torch.zeros_like(y[live:]))
+    assert torch.equal(ws.ctr, torch.zeros_like(ws.ctr)), "split-K counters must be back at zero"
+
+
+def check_configs(gen) -> None:
+    """The whole block with other tiles and splits (no split, a 3-way split of K = 256 into 128-column slices,
+    one slice empty) gives the same result within rounding."""
+    w = weights(gen, torch.float32, True)
+    x = torch.randn(29, C, generator=gen)
+    cu = torch.tensor([0, 4, 21, 26])
+    gold = vit_block_reference(x, cu, w, H, compute_dtype=torch.float64)
+    base = engine_config(torch.float32)
+    for cfg in (replace(base, split_proj=1, split_fc2=1), replace(base, bk=64, split_proj=3, split_fc2=3, norm_rows=2)):
+        y = vit_block_engine(x, cu, w, H, config=cfg)
+        assert_close(y, gold, rtol=1e-5, name=f"y with {cfg}")
 
 
 def main() -> None:
@@ -117,6 +135,7 @@ def main() -> None:
         "fp32 no sequences": lambda: check_block(gen, f32, [0], 5),
         "fp32 tile functions": lambda: check_phases(gen, f32),
         "fp16 tile functions": lambda: check_phases(gen, f16),
+        "fp32 other configs": lambda: check_configs(gen),
     }
     result = {}
     for name, fn in cases.items():
