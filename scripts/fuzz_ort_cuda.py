@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import attention_model
 from raggedvit.kernels.reference import pos_table_size, ragged_attention_reference
 from raggedvit.runtime import create_session, run_with_iobinding
-from raggedvit.testing import rel_error
+from tests.support.ort_models import attention_model
+from tests.support.testing import rel_error
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CU_DTYPES = (torch.int32, torch.int64)

@@ -38,7 +38,7 @@ up to 1024; valid calls must be finite and match a numpy oracle to float16's rou
 the first and last patch rows, random ones); N not a multiple of 16, a Weight of the wrong K, a Prefix of the wrong
 width, a Pos of the wrong row count or 3-D Images must come back as errors, never faults. Before them, sessions with
 a bad patch attribute (absent, 0, -1, 32769) or double images must be refused; they count as calls.
-Every fifth call of the --calls ones is a RaggedSelect call (raggedvit/custom_ops/_memcheck_select.py): random B,
+Every fifth call of the --calls ones is a RaggedSelect call (tests/support/memcheck_select.py): random B,
 rows per image, dead rows, a few attribute sets (width, bound <= width, num_prefix, both policies); its outputs must
 equal a numpy oracle of the op (cu clamped as the kernels clamp it), on the CUDA EP and on the CPU EP for the cu
 values the CPU EP accepts (it must refuse the others); bad attributes, element types and shapes must be refused.
@@ -60,8 +60,8 @@ import time
 import numpy as np
 from onnx import TensorProto, helper
 
-from raggedvit.custom_ops._memcheck_select import SelectCalls
 from raggedvit.runtime import create_session, session_options
+from tests.support.memcheck_select import SelectCalls
 
 CASES = [  # (numpy dtype, onnx dtype, cu dtype, heads, head dim)
     (np.float16, TensorProto.FLOAT16, np.int32, 12, 64),
