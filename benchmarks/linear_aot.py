@@ -71,9 +71,9 @@ def _child(case_list: list[dict[str, Any]], forwards: int) -> list[dict[str, Any
     from onnx import TensorProto
 
     from raggedvit.custom_ops import library_info
-    from raggedvit.custom_ops._ort_models import linear_model
     from raggedvit.kernels.reference import ragged_linear_reference
     from raggedvit.runtime import bind_tensor, create_session
+    from tests.support.ort_models import linear_model
 
     build = library_info()["build"]
     lib = {"lib_triton": build.get("triton_version"), "lib_tma": build["linear"]["configs"].get("tma")}
