@@ -167,7 +167,7 @@ def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict
         N, K = 16 * int(rng.integers(1, 17)), 16 * int(rng.integers(1, 17))
         kind = "valid" if rng.random() < 0.8 else str(rng.choice(LINEAR_BAD))
         if kind == "residual_shape" and not full:
-            kind = "valid"  # no Residual input in this session
+            kind = "valid"  # no Residual input in this ORT session
         x_k, w_k, n, res_t = K, K, N, T
         if kind == "k_not_16":
             x_k = w_k = K + int(rng.integers(1, 16))
@@ -309,7 +309,7 @@ def norm_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[s
         D = 16 * int(rng.integers(1, 257)) if rng.random() < 0.3 else int(rng.choice([384, 768, 1024, 1280, 16]))
         kind = "valid" if rng.random() < 0.85 else str(rng.choice(NORM_BAD))
         if kind == "cu_shape" and cu_elem is None:
-            kind = "valid"  # no CuSeqlens input in this session
+            kind = "valid"  # no CuSeqlens input in this ORT session
         live = R
         if cu_elem is not None:
             cu_np = np.int32 if cu_elem == TensorProto.INT32 else np.int64

@@ -10,20 +10,16 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    fastest with on the CUDA EP, and a bias Add the next rules can fuse.
 2. `patch_bias_into_position`: Add(Concat(prefix, Add(y, b)), pos) -> Add(Concat(prefix, y), pos + b on the
    patch rows): the patch embedding's bias rides in the position table (ViT's embedding; ONNX Runtime otherwise
-   runs the patch GEMM as a Gemm whose bias is first broadcast into the whole output, 72 us of deit_base's
-   topk-l2 B=128 forward on the H200, benchmarks/results/serving_*_run7.json).
+   runs the patch GEMM as a Gemm whose bias is first broadcast into the whole output: docs/decisions.md).
    `patch_embed` (next): Cast(Add(Concat(Expand(prefix)..., MatMul(im2col(images), W)), pos), float16) ->
    com.raggedvit::PatchEmbed(images, W in float16, prefix rows, pos, patch) when N is a multiple of 16: the fp16-all
-   embedding as one kernel that reads the image once (ONNX Runtime's float32 chain: Transpose / TF32 MatMul /
-   Concat / Add / Cast, ~300 us of deit_base's B=128 forward against ~140 for the op on the H200,
-   benchmarks/results/patch_embed_2026-12-02_*.json); the pixels and W are rounded to float16 (the TF32 GEMM it
+   embedding as one kernel that reads the image once (in place of ONNX Runtime's float32 chain: Transpose / TF32
+   MatMul / Concat / Add / Cast; docs/decisions.md); the pixels and W are rounded to float16 (the TF32 GEMM it
    replaces kept 10 bits of their mantissas too). The fp16 recipe (float32 stream) keeps the float32 chain.
    `bias_gelu`: Gelu(Add(y, b)) -> BiasGelu(y, b) (exact GELU); `zero_bias_gelu`: the other exact Gelus ->
    BiasGelu(x) without a bias. float16 rows whose static width is a multiple of 16 get com.raggedvit::BiasGelu
-   (raggedvit's kernel: 858-916 against ~600 G elements/s for ONNX Runtime's on the H200, benchmarks/results/
-   gelu_2026-12-02_*.json and serving_*_run8.json); the others com.microsoft::BiasGelu (with a zero bias for
-   `zero_bias_gelu`), whose CUDA kernel is vectorised where ONNX Runtime's Gelu kernels are not (twice the time on
-   the H200 profile in benchmarks/results/traced_vs_builder_*.json).
+   (raggedvit's kernel, faster than ONNX Runtime's: docs/decisions.md); the others com.microsoft::BiasGelu (with a
+   zero bias for `zero_bias_gelu`), whose CUDA kernel is vectorised where ONNX Runtime's Gelu kernels are not.
 3. `skip_layer_norm`: LayerNormalization(Add(residual, Add(y, b))) whose sum is also the next residual ->
    com.microsoft::SkipLayerNormalization(y, residual, gamma, beta, b) (outputs: normalised, sum); the
    `..._cast` variant takes a Cast between the GEMM and the residual (the fp16 recipe: float16 GEMM, float32
@@ -33,28 +29,24 @@ Each rule is small and named; `fuse_for_ort` applies them in order (DESIGN.md se
    b, -, cu) + com.raggedvit::GatherLayerNorm(y, Range(0, T, 1), gamma, beta, Skip=residual, CuSeqlens=cu)
    (outputs: normalised, sum) for the rows its kernel takes (float16, D a multiple of 16 up to 4096, as rule 4):
    the residual leaves the GEMM's epilogue and the norm follows the live count like the GEMMs: the capacity
-   layout's dead rows past cu[B] are neither read nor written (ONNX Runtime's SkipLayerNorm runs over every row:
-   ~35 us a call over [25216, 768] fp16 at deit_base B=128 on the H200 while 14-45% of the rows are live after
-   the stages, benchmarks/results/serving_2026-12-02_NVIDIA-H200_run17_deadrows.json). Other rows (float32, other
-   widths) get SkipLayerNormalization(y, residual) (ONNX Runtime's SkipLayerNorm kernel is 2.3x faster than its
-   LayerNormalization kernel on the H200, benchmarks/results/serving_*: 38 against 87 us). The normalised rows and
+   layout's dead rows past cu[B] are neither read nor written (ONNX Runtime's SkipLayerNorm runs over every row,
+   while only part of them are live after the stages). Other rows (float32, other widths) get
+   SkipLayerNormalization(y, residual) (ONNX Runtime's SkipLayerNorm kernel is faster than its LayerNormalization
+   kernel; docs/decisions.md). The normalised rows and
    the sum past cu[B] are dead (unspecified); their readers (the next RaggedLinear GEMMs and residuals, the next
    stage's gather, the head's rows) read live rows only (DESIGN.md section 4).
 4. `gather_layer_norm`: a pruning stage's LayerNormalization(Gather(x, i)) -> com.raggedvit::GatherLayerNorm(x,
    i, gamma, beta) (outputs: normalised, the gathered rows, the next residual), for float16 rows whose static width
    is a multiple of 16 up to 4096 (its CUDA kernel): one pass over the kept rows in place of the Gather and ONNX
-   Runtime's LayerNormalization kernel (87 against SkipLayerNorm's 38 us over [25216, 768] fp16 on the H200).
-   The block's residual Add before the Gather stays (ONNX Runtime fuses it into the GEMM, after copying the
-   residual into the output); absorbing it through the op's Skip input (measured at fcb25ef, serving run11) is
-   not done here: run12 measured this rule alone. Validation is the same either way and without the op
-   (benchmarks/results/gpu_checks_2026-12-02_NVIDIA-H200_norm/).
+   Runtime's LayerNormalization kernel. The block's residual Add before the Gather stays (ONNX Runtime fuses it
+   into the GEMM, after copying the residual into the output); absorbing it through the op's Skip input is not
+   done here (docs/decisions.md). Validation is the same either way and without the op.
    (MatMul + Add left over before the head is fused by ONNX Runtime itself into a Gemm.)
 5. `layer_norm_rows` (after the rules above took theirs): the other LayerNormalizations of the float16 [T, D] rows
    rule 4 takes (fp16-all's first norm1, over every token) -> com.raggedvit::GatherLayerNorm(x, Range(0, T, 1),
    gamma, beta), the same math on the same rows (the identity index; its Sum output, a copy of x, is not read); T
-   from Shape / Squeeze, which ONNX Runtime folds into an index initializer once the batch is fixed. Serving
-   profile (deit_base topk-l2 B=128 on the H200, benchmarks/results/serving_2026-12-02_*_run13.json): ONNX
-   Runtime's LayerNormalization kernel 72 us over [25216, 768] fp16, the op 18 us over the stage's 12,672 rows.
+   from Shape / Squeeze, which ONNX Runtime folds into an index initializer once the batch is fixed (the op is
+   faster than ONNX Runtime's LayerNormalization kernel: docs/decisions.md).
 6. Index clean-ups of torch.onnx's indexing translations (one node each, on every stage): `flat_reshape` drops
    Reshape(x, [-1]) of a 1-D x; `gather_1d` turns GatherND(x, Unsqueeze(i, -1)) of a 1-D x into Gather(x, i).
 """
