@@ -378,6 +378,10 @@ def info() -> None:
     click.echo(f"raggedvit     {raggedvit.__version__}")
     for dist in ("torch", "triton", "timm", "onnx"):
         click.echo(f"{dist:<13} {version(dist)}")
+    from raggedvit._versions import check_versions
+
+    for line in check_versions():
+        click.echo(f"warning: {line}", err=True)
     from raggedvit.ort_dist import status
 
     ort = status()
