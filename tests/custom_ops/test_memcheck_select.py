@@ -1,4 +1,4 @@
-"""The RaggedSelect calls of scripts/memcheck_ort_fuzz.py (`_memcheck_select.py`, torch-free): the script without a
+"""The RaggedSelect calls of memcheck_ort_fuzz.py (tests/support/memcheck_select.py, torch-free): the script without a
 CUDA EP runs them on the CPU EP (equal to the numpy oracle, every invalid input refused, exit 0); the oracle's
 checks bite; its cu clamping is the kernels'."""
 
@@ -23,7 +23,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="the CPU-only path")
 def test_script_runs_select_calls_on_cpu(ort_library):
     proc = subprocess.run(
-        [sys.executable, str(_ROOT / "scripts" / "memcheck_ort_fuzz.py"), "--calls", "500", "--seed", "3"],
+        [sys.executable, "-m", "tests.custom_ops.memcheck_ort_fuzz", "--calls", "500", "--seed", "3"],
         capture_output=True, text=True, timeout=300, cwd=_ROOT, env={**os.environ, "PYTHONPATH": str(_ROOT)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,9 +1,9 @@
 """Torch-free fuzz of the RaggedAttention, RaggedLinear, RaggedSelect, BiasGelu, GatherLayerNorm and PatchEmbed
-CUDA-EP kernels, run under compute-sanitizer.
+CUDA-EP kernels, run under compute-sanitizer (from the checkout's root; test_sanitized_fuzz_gpu.py runs it):
 
     compute-sanitizer --tool memcheck --kernel-name kns=_ragged --kernel-name kns=_select_ \
         --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm --kernel-name kns=_patch_embed \
-        python3 scripts/memcheck_ort_fuzz.py
+        python3 -m tests.custom_ops.memcheck_ort_fuzz
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each call
@@ -46,7 +46,7 @@ Without a CUDA EP (onnxruntime without CUDA) only the RaggedSelect calls run, on
 Progress is printed every 100 calls; exit 1 on any unexpected error.
 
 compute-sanitizer's --kernel-name kns=SUBSTRING instruments only kernels whose name contains SUBSTRING, and each
-further --kernel-name adds a filter (a kernel matching any is checked): scripts/gpu_session.sh passes kns=_ragged
+further --kernel-name adds a filter (a kernel matching any is checked): the command above passes kns=_ragged
 (_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear), kns=_select_ (_select_count, _select_scatter),
 kns=_bias_gelu, kns=_gather_layer_norm and kns=_patch_embed.
 """
