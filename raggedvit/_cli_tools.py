@@ -41,6 +41,13 @@ __all__ = ["bench", "coverage", "triton_repo"]
     is_flag=True,
     help="Seeded noise images instead of the sample photos (pruning keeps other tokens of noise).",
 )
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG of img/s per batch size (needs matplotlib: pip install 'raggedvit[images]').",
+)
 def bench(
     onnx_file: Path,
     device: str,
@@ -49,6 +56,7 @@ def bench(
     json_path: Path | None,
     cuda_graph: bool,
     random_inputs: bool,
+    plot_path: Path | None,
 ) -> None:
     """Images per second of an exported model in ONNX Runtime (sample photos, io binding on CUDA)."""
     import json
@@ -68,6 +76,12 @@ def bench(
         raise CliError("--cuda-graph needs --device cuda")
     if json_path is not None:
         check_writable(json_path, "--json")
+    if plot_path is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # before minutes of timing, not after
+            raise CliError("--plot needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)")
+        check_writable(plot_path, "--plot")
     require_device(device)
     from raggedvit.bench import bench_onnx
     from raggedvit.images import NoSampleImages
@@ -106,6 +120,15 @@ def bench(
             atomic_write(json_path, json.dumps(payload, indent=2))
         except OSError as e:
             raise CliError(f"cannot write --json {str(json_path)!r}: {e.strerror or e}") from None
+    if plot_path is not None:
+        from raggedvit.bench import plot_results
+
+        title = f"{onnx_file.name}, ONNX Runtime {device.upper()} EP{' (CUDA graph)' if cuda_graph else ''}"
+        try:
+            plot_results(results, plot_path, title=title)
+        except OSError as e:
+            raise CliError(f"cannot write --plot {str(plot_path)!r}: {e.strerror or e}") from None
+        click.echo(f"wrote {plot_path}")
 
 
 # ---- triton-repo ----------------------------------------------------------------------------------
