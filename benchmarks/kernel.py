@@ -30,8 +30,8 @@ from benchmarks.env import result_path
 from raggedvit.kernels import ragged_attention, ragged_attention_reference
 from raggedvit.kernels._config import SMALL_T_LIMIT, KernelConfig, pick_config
 from raggedvit.kernels._launch import _launch_triton
-from raggedvit.testing import assert_close
 from raggedvit.timing import measure
+from tests.support.testing import assert_close
 
 H, D, DTYPE = 12, 64, torch.float16
 HBM_BYTES_PER_S = 4.3e12

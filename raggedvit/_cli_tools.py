@@ -4,6 +4,7 @@ registers them). Same contract: thin over library functions, input errors as Cli
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from raggedvit._cli_support import (
     require_device,
     require_onnxruntime_cli,
 )
+
+if TYPE_CHECKING:
+    from raggedvit.coverage import CoverageReport
 
 __all__ = ["bench", "coverage", "triton_repo"]
 
@@ -37,6 +41,13 @@ __all__ = ["bench", "coverage", "triton_repo"]
     is_flag=True,
     help="Seeded noise images instead of the sample photos (pruning keeps other tokens of noise).",
 )
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG of img/s per batch size (needs matplotlib: pip install 'raggedvit[images]').",
+)
 def bench(
     onnx_file: Path,
     device: str,
@@ -45,6 +56,7 @@ def bench(
     json_path: Path | None,
     cuda_graph: bool,
     random_inputs: bool,
+    plot_path: Path | None,
 ) -> None:
     """Images per second of an exported model in ONNX Runtime (sample photos, io binding on CUDA)."""
     import json
@@ -64,6 +76,12 @@ def bench(
         raise CliError("--cuda-graph needs --device cuda")
     if json_path is not None:
         check_writable(json_path, "--json")
+    if plot_path is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # before minutes of timing, not after
+            raise CliError("--plot needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)")
+        check_writable(plot_path, "--plot")
     require_device(device)
     from raggedvit.bench import bench_onnx
     from raggedvit.images import NoSampleImages
@@ -102,6 +120,15 @@ def bench(
             atomic_write(json_path, json.dumps(payload, indent=2))
         except OSError as e:
             raise CliError(f"cannot write --json {str(json_path)!r}: {e.strerror or e}") from None
+    if plot_path is not None:
+        from raggedvit.bench import plot_results
+
+        title = f"{onnx_file.name}, ONNX Runtime {device.upper()} EP{' (CUDA graph)' if cuda_graph else ''}"
+        try:
+            plot_results(results, plot_path, title=title)
+        except OSError as e:
+            raise CliError(f"cannot write --plot {str(plot_path)!r}: {e.strerror or e}") from None
+        click.echo(f"wrote {plot_path}")
 
 
 # ---- triton-repo ----------------------------------------------------------------------------------
@@ -150,11 +177,30 @@ def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, serv
 @click.option("--depth", type=int, default=2, help="Blocks kept of each model (the pruning stage is at block 1).")
 @click.option("--img-size", type=int, default=224, help="Largest image side, where timm accepts a smaller img_size.")
 @click.option("--timeout-s", type=float, default=120.0, help="Seconds per model before its process is killed.")
-def coverage(out: Path, json_path: Path | None, jobs: int, pattern: str, depth: int, img_size: int, timeout_s: float):
+@click.option("--shard", default=None, metavar="K/N", help="Check only every N-th model from the K-th (K = 1..N).")
+@click.option(
+    "--merge",
+    "merge_paths",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True,
+    help="Check nothing: join the --json files of shards 1/N..N/N into --out (and --json). Repeatable.",
+)
+def coverage(
+    out: Path,
+    json_path: Path | None,
+    jobs: int,
+    pattern: str,
+    depth: int,
+    img_size: int,
+    timeout_s: float,
+    shard: str | None,
+    merge_paths: tuple[Path, ...],
+):
     """Which ViT-like timm models PrunedViT runs, exports and matches: a Markdown table (and JSON details).
 
     A model is ViT-like when, built on the meta device, it has `blocks` and `patch_embed`. Each is checked with
     its first DEPTH blocks and seeded weights, in a child process. Failures are rows of the table, not errors.
+    A CI matrix runs `--shard K/N --json shardK.json` per job, then `--merge shard1.json ... shardN.json`.
     """
     if jobs < 1 or depth < 2 or img_size < 1 or timeout_s <= 0:
         raise CliError(
@@ -168,15 +214,46 @@ def coverage(out: Path, json_path: Path | None, jobs: int, pattern: str, depth: 
             except OSError as e:
                 raise CliError(f"cannot create the folder of {what} {str(path)!r}: {e.strerror or e}") from None
             check_writable(path, what)
-    from raggedvit.coverage import COLUMNS, run_coverage
+    import json
 
-    def progress(done: int, total: int, rec: dict) -> None:
+    from raggedvit.coverage import COLUMNS, CoverageReport, eta_seconds, merge_reports, parse_shard, run_coverage
+
+    try:
+        shard_kn = parse_shard(shard) if shard is not None else None
+    except ValueError as e:
+        raise CliError(f"--{e}") from None
+    if merge_paths:
+        try:
+            report = merge_reports([CoverageReport.from_dict(json.loads(p.read_text())) for p in merge_paths])
+        except (ValueError, KeyError, TypeError) as e:  # not coverage JSON, or not the shards of one sweep
+            raise CliError(f"--merge: {e}") from None
+        _write_coverage(report, out, json_path)
+        return
+
+    def progress(done: int, total: int, rec: dict, elapsed_s: float) -> None:
         marks = " ".join(f"{c}={'-' if rec.get(c) is None else ('ok' if rec[c] else 'FAIL')}" for c in COLUMNS)
-        click.echo(f"[{done}/{total}] {rec['name']}: {marks} ({rec.get('wall_s', 0):.0f} s)", err=True)
+        eta = f", ETA {_duration(eta_seconds(done, total, elapsed_s))}" if done < total else ""
+        click.echo(f"[{done}/{total}] {rec['name']}: {marks} ({rec.get('wall_s', 0):.0f} s{eta})", err=True)
 
-    report = run_coverage(pattern, depth=depth, img_size=img_size, jobs=jobs, timeout_s=timeout_s, progress=progress)
+    report = run_coverage(
+        pattern, depth=depth, img_size=img_size, jobs=jobs, timeout_s=timeout_s, shard=shard_kn, progress=progress
+    )
     if not report.models and not report.not_built:
         raise CliError(f"no ViT-like timm model matches --filter {pattern!r}")
+    _write_coverage(report, out, json_path)
+
+
+def _duration(seconds: float) -> str:
+    """12 s, 3 min 20 s, 1 h 05 min."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def _write_coverage(report: CoverageReport, out: Path, json_path: Path | None) -> None:
     report.write_markdown(out)
     if json_path is not None:
         report.write_json(json_path)

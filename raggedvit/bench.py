@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BenchResult", "bench_inputs", "bench_onnx"]
+__all__ = ["BenchResult", "bench_inputs", "bench_onnx", "plot_results"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,43 @@ def bench_onnx(
             BenchResult(batch, t.median_ms, batch / (t.median_ms / 1e3), t.runs, mean_tokens, t.p10_ms, t.p90_ms)
         )
     return results
+
+
+def plot_results(results: list[BenchResult], path: str | Path, *, title: str = "") -> Path:
+    """A PNG at `path` of img/s (median) per batch size, with the p10-p90 range as error bars and each value
+    written beside its point; batch sizes on a log2 axis. Needs matplotlib (the `images` extra): ModuleNotFoundError
+    without it. Written atomically; returns the path."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no global figure state or backend
+    from matplotlib.figure import Figure
+
+    from raggedvit.exporter._io import atomic_write
+
+    if not results:
+        raise ValueError("no results to plot")
+    rows = sorted(results, key=lambda r: r.batch)
+    batches = [r.batch for r in rows]
+    ips = [r.img_per_s for r in rows]
+    # img/s of the p90 latency is the low end of the range, of the p10 latency the high end
+    low = [v - r.batch / (r.p90_ms / 1e3) for v, r in zip(ips, rows)]
+    high = [r.batch / (r.p10_ms / 1e3) - v for v, r in zip(ips, rows)]
+    fig = Figure(figsize=(6, 4), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.errorbar(batches, ips, yerr=[low, high], marker="o", capsize=3)
+    for b, v in zip(batches, ips):
+        ax.annotate(f"{v:,.0f}", (b, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    if len(set(batches)) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("images / s (median)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return atomic_write(path, buf.getvalue())

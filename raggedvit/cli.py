@@ -297,7 +297,7 @@ def validate(
     from raggedvit.validators.session import open_session
 
     recipe = load_recipe(onnx_file)
-    # fail fast (before torch is imported): op library, providers, model loads; then validated with this session
+    # fail fast (before torch is imported): op library, providers, model loads; then validated with this ORT session
     session = open_session(onnx_file, device, recipe=recipe)
     pairs = _decoded_images(image_dir)  # unreadable images fail before the reference is built
     from raggedvit.validators import Thresholds, load_reference
@@ -378,6 +378,10 @@ def info() -> None:
     click.echo(f"raggedvit     {raggedvit.__version__}")
     for dist in ("torch", "triton", "timm", "onnx"):
         click.echo(f"{dist:<13} {version(dist)}")
+    from raggedvit._versions import check_versions
+
+    for line in check_versions():
+        click.echo(f"warning: {line}", err=True)
     from raggedvit.ort_dist import status
 
     ort = status()

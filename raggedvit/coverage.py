@@ -1,4 +1,4 @@
-"""Which timm ViT-like models PrunedViT runs, exports and matches (issue 11, item 6).
+"""Which timm ViT-like models PrunedViT runs, exports and matches.
 
 A model is *ViT-like* when timm builds it on the meta device (`timm.create_model(name, pretrained=False)` under
 `torch.device("meta")`) with attributes `blocks` and `patch_embed`. Each is checked at a reduced depth with
@@ -6,6 +6,12 @@ seeded random weights (raggedvit._coverage_model) in a child process of its own,
 
 report = run_coverage("deit_*", depth=2, img_size=224, jobs=4)
 report.write_markdown("docs/coverage.md"); report.write_json("coverage.json")
+
+A long sweep runs in shards (the convention of CI matrices: shard K of N checks every N-th model from the K-th,
+K = 1..N) whose JSON reports `merge_reports` joins into one, in the unsharded order:
+
+parts = [run_coverage(shard=(k, 4)) for k in (1, 2, 3, 4)]  # e.g. one per CI job
+merge_reports(parts).write_markdown("docs/coverage.md")
 """
 
 from __future__ import annotations
@@ -28,7 +34,16 @@ from typing import Any
 
 from raggedvit._coverage_model import MATCH_RTOL
 
-__all__ = ["COLUMNS", "CoverageReport", "list_vit_like", "matching_names", "run_coverage"]
+__all__ = [
+    "COLUMNS",
+    "CoverageReport",
+    "eta_seconds",
+    "list_vit_like",
+    "matching_names",
+    "merge_reports",
+    "parse_shard",
+    "run_coverage",
+]
 
 COLUMNS = ("runs", "exports", "matches")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +51,7 @@ _CLASSIFY_CHUNK = 24  # names per meta-device listing child
 _POLL_S = 0.1
 
 Model = str | tuple[str, dict[str, Any]]
-Progress = Callable[[int, int, dict[str, Any]], None]
+Progress = Callable[[int, int, dict[str, Any], float], None]  # (done, total, record, seconds since the checks began)
 
 
 @dataclass
@@ -65,6 +80,11 @@ class CoverageReport:
             "not_built": self.not_built,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CoverageReport:
+        """The report of `to_dict()`'s output (a --json file); totals and families are recomputed."""
+        return cls(dict(data["meta"]), list(data["models"]), list(data.get("not_built", [])))
+
     def write_json(self, path: str | Path) -> Path:
         return _write_atomic(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
 
@@ -75,6 +95,41 @@ class CoverageReport:
         from raggedvit._coverage_report import render_markdown
 
         return render_markdown(self)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """ "K/N" -> (K, N): shard K (1-based) of N. ValueError unless 1 <= K <= N."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard must be K/N (two integers), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"shard must be K/N with 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def eta_seconds(done: int, total: int, elapsed_s: float) -> float:
+    """Seconds left at the mean pace so far: elapsed_s / done per model for the total - done models left."""
+    return elapsed_s / done * (total - done) if done else float("nan")
+
+
+def merge_reports(reports: Sequence[CoverageReport]) -> CoverageReport:
+    """One report from the reports of the shards 1..N of one sweep (meta "shard": "K/N"), the models in the
+    unsharded order (shard K's i-th model is model K - 1 + i N). ValueError unless they are shards 1..N of the same
+    N. wall_s is the slowest shard's; not_built (the same listing in every shard) is taken once."""
+    shards = [(parse_shard(r.meta["shard"]) if r.meta.get("shard") else (1, 1), r) for r in reports]
+    shards.sort(key=lambda kr: kr[0])
+    n = shards[0][0][1] if shards else 0
+    if not shards or [k for (k, _), _ in shards] != list(range(1, n + 1)) or any(m != n for (_, m), _ in shards):
+        found = [r.meta.get("shard") for r in reports]
+        raise ValueError(f"expected the reports of shards 1/N .. N/N of one sweep, got shards {found}")
+    parts = [r.models for _, r in shards]
+    models = [parts[k][i] for i in range(max(map(len, parts))) for k in range(n) if i < len(parts[k])]
+    not_built = list({row["name"]: row for _, r in shards for row in r.not_built}.values())
+    meta = dict(shards[0][1].meta)
+    meta.pop("shard", None)
+    meta.update(shards=n, wall_s=max(r.meta.get("wall_s", 0.0) for _, r in shards))
+    return CoverageReport(meta, models, not_built)
 
 
 def _cpu_count() -> int:
@@ -257,6 +312,7 @@ def run_coverage(
     jobs: int = 1,
     timeout_s: float = 120.0,
     seed: int = 0,
+    shard: tuple[int, int] | None = None,
     progress: Progress | None = None,
 ) -> CoverageReport:
     """Check every ViT-like timm model matching `pattern` (or exactly `models`: names or (name, create_model
@@ -264,11 +320,14 @@ def run_coverage(
 
     Each model keeps its first `depth` blocks (the pruning stage is at block 1), its default image size unless
     a side exceeds `img_size` and timm accepts a smaller img_size, and seeded weights. A child past `timeout_s`
-    is killed; the column it was in fails with the timeout. progress(done, total, record) after each model."""
+    is killed; the column it was in fails with the timeout. shard (K, N): only every N-th model from the K-th
+    (1-based) of that list. progress(done, total, record, seconds since the checks began) after each model."""
     if depth < 2:
         raise ValueError(f"depth must be >= 2 (the pruning stage is at block 1), got {depth}")
     if jobs < 1 or img_size < 1 or timeout_s <= 0:
         raise ValueError(f"jobs, img_size and timeout_s must be positive, got {jobs}, {img_size}, {timeout_s}")
+    if shard is not None and not 1 <= shard[0] <= shard[1]:
+        raise ValueError(f"shard must be (K, N) with 1 <= K <= N, got {shard}")
     start = time.perf_counter()
     not_built: list[dict[str, Any]] = []
     names_listed = None
@@ -280,6 +339,8 @@ def run_coverage(
         families = {row["name"]: row["family"] for row in listed}
     else:
         entries, families = [_label(m) for m in models], {}
+    if shard is not None:
+        entries = entries[shard[0] - 1 :: shard[1]]
     listing_s = time.perf_counter() - start
     threads = max(1, _cpu_count() // jobs)
     records: dict[int, dict[str, Any]] = {}
@@ -299,7 +360,7 @@ def run_coverage(
         rec["wall_s"] = round(task.wall_s, 1)
         records[task.key] = rec
         if progress is not None:
-            progress(len(records), len(entries), rec)
+            progress(len(records), len(entries), rec, time.perf_counter() - start - listing_s)
         return []
 
     args = {"depth": depth, "img_size": img_size, "seed": seed, "threads": threads}
@@ -308,6 +369,8 @@ def run_coverage(
         _run_children(tasks, jobs=jobs, threads=threads, workdir=Path(tmp), on_done=on_done)
     meta = _meta(pattern if models is None else None, depth, img_size, timeout_s, seed, jobs)
     meta.update(names_listed=names_listed, listing_s=round(listing_s, 1), wall_s=round(time.perf_counter() - start, 1))
+    if shard is not None:
+        meta["shard"] = f"{shard[0]}/{shard[1]}"
     return CoverageReport(meta, [records[i] for i in range(len(entries))], not_built)
 
 

@@ -248,9 +248,9 @@ class GraphRunner:
     the graph on an early run and replays it afterwards. Only exports whose shapes are static at a given batch
     (capacity-layout exports of every policy; compact ones of topk-l2, evit without fuse, none:
     `raggedvit.exporter.checks.recipe_static_shapes`) can be captured; ORT refuses the session otherwise. Returned
-    tensors are the runner's buffers: copy them to keep them past the next call. Run on the H200 (benchmarks.serving,
-    benchmarks.tunable_op) for fp16-all exports of topk-l2, cls-mass in the capacity layout (with and without
-    RaggedLinear) and policy none, at B = 1 to 128.
+    tensors are the runner's buffers: copy them to keep them past the next call. `benchmarks.serving` runs it
+    for fp16-all exports of topk-l2, cls-mass in the capacity layout (with and without RaggedLinear) and policy
+    none, at B = 1 to 128.
     """
 
     def __init__(

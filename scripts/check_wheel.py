@@ -4,7 +4,9 @@
 
 - tag py3-none-<platform>, the platform not "any" (the wheel carries a native library);
 - no unconditional onnxruntime requirement; the "cpu" extra names onnxruntime, "gpu" onnxruntime-gpu;
-- raggedvit/custom_ops/libraggedvit_ort.so inside (scripts/ci_wheel_check.sh checks its archs once installed).
+- torch, triton and timm required with an upper bound (raggedvit uses private APIs of each: raggedvit/_versions.py);
+- raggedvit/custom_ops/libraggedvit_ort.so inside (scripts/ci_wheel_check.sh checks its archs once installed);
+- no test-only module inside (fuzz, memcheck and op-model helpers, seeded cases, the padded reference: tests/).
 
 Prints the tag and exits 0, or prints each problem and exits 1.
 """
@@ -23,6 +25,8 @@ from packaging.utils import parse_wheel_filename
 
 LIBRARY = "raggedvit/custom_ops/libraggedvit_ort.so"
 RUNTIMES = ("onnxruntime", "onnxruntime-gpu")
+BOUNDED = ("torch", "triton", "timm")
+TEST_ONLY = re.compile(r"_fuzz|_memcheck|_ort_models|_select_cases|testing\.py|padded")
 
 
 def extras_naming(requirements: list[Requirement], name: str) -> set[str]:
@@ -52,7 +56,12 @@ def problems(wheel: Path) -> list[str]:
         metadata = HeaderParser().parsestr(zf.read(metadata_name).decode())
         if LIBRARY not in names:
             found.append(f"{LIBRARY} is not in the wheel")
+        found += [f"{n} is test-only code: it belongs in tests/" for n in names if TEST_ONLY.search(n)]
     requirements = [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
+    for dist in BOUNDED:
+        reqs = [r for r in requirements if r.name.lower() == dist and not r.marker]
+        if not any(spec.operator in ("<", "<=", "==", "~=") for r in reqs for spec in r.specifier):
+            found.append(f"{dist} is not required with an upper bound (raggedvit uses its private APIs)")
     for runtime in RUNTIMES:
         if "" in extras_naming(requirements, runtime):
             found.append(f"{runtime} is an unconditional requirement: it belongs in an extra")

@@ -11,6 +11,7 @@ MODEL=deit_tiny_patch16_224
 status=0
 
 "${CLI[@]}" info
+python3 -m raggedvit._versions  # fails outside the supported torch / Triton / timm range
 
 "${CLI[@]}" export "$MODEL" --seed 0 --policy cls-mass --mass 0.9 --prune-at 3,6,9 --dtype fp32 \
     -o "$OUT/deit_tiny_cls_mass.onnx"

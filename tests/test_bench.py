@@ -44,15 +44,44 @@ def test_bench_inputs_are_the_photos_through_timms_transform(small_export):
     assert noise.shape == (4, 3, 224, 224) and torch.equal(noise, bench_inputs(recipe, random=True))
 
 
-def test_cli_bench_writes_json(small_export, tmp_path):
-    out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--batch", "2", "--seconds", "0.05",
-           "--json", str(out)]  # fmt: skip
+def test_cli_bench_writes_json_and_plot(small_export, tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--batch", "1,2", "--seconds", "0.05",
+           "--json", str(out), "--plot", str(png)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
-    assert data["device"] == "cpu" and data["results"][0]["batch"] == 2
-    assert "img/s" in res.stdout
+    assert data["device"] == "cpu" and [r["batch"] for r in data["results"]] == [1, 2]
+    assert "img/s" in res.stdout and f"wrote {png}" in res.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_results_draws_img_per_s_per_batch(tmp_path):
+    from PIL import Image
+
+    from raggedvit.bench import BenchResult, plot_results
+
+    results = [BenchResult(b, 2.0 * b, 500.0, 10, [99.0], 1.9 * b, 2.2 * b) for b in (32, 1, 4)]
+    path = plot_results(results, tmp_path / "p.png", title="tiny.onnx")
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size == (720, 480)
+        lo, hi = im.convert("L").getextrema()
+        assert lo < 100 and hi == 255  # dark lines and text on a white figure
+    with pytest.raises(ValueError, match="no results"):
+        plot_results([], tmp_path / "q.png")
+
+
+def test_cli_bench_plot_without_matplotlib_fails_before_timing(small_export, tmp_path):
+    """Without matplotlib (an optional extra), --plot stops at once with one error line naming the extra."""
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from raggedvit.cli import main; "
+        "sys.argv[0] = 'raggedvit'; main()"
+    )
+    cmd = [sys.executable, "-c", code, "bench", str(small_export), "--plot", str(tmp_path / "p.png")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == "error: --plot needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)"
+    assert not (tmp_path / "p.png").exists()
 
 
 _NO_PHOTOS = (

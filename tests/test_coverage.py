@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from raggedvit._coverage_model import check_model
-from raggedvit.coverage import CoverageReport, run_coverage
+from raggedvit.coverage import CoverageReport, eta_seconds, merge_reports, parse_shard, run_coverage
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = 64  # small images: every representative accepts img_size
@@ -131,9 +131,80 @@ def test_cli_writes_table_and_json(tmp_path):
     assert "| `xcit_nano_12_p16_224` | xcit | 64x64 | **no** | – | – |" in out.read_text()
 
 
+def test_parse_shard_and_eta():
+    assert parse_shard("1/4") == (1, 4) and parse_shard("4/4") == (4, 4)
+    for bad in ("0/4", "5/4", "1", "a/b", "1/2/3"):
+        with pytest.raises(ValueError, match="shard must be K/N"):
+            parse_shard(bad)
+    assert eta_seconds(2, 10, 30.0) == pytest.approx(120.0)
+    assert eta_seconds(10, 10, 30.0) == 0.0
+
+
+def _shard(k: int, n: int, names: list[str], wall_s: float) -> CoverageReport:
+    meta = {"shard": f"{k}/{n}", "wall_s": wall_s, "depth": 2}
+    return CoverageReport(meta, [{"name": m, "runs": True} for m in names], [{"name": "broken", "error": "x"}])
+
+
+def test_merge_reports_restores_the_unsharded_order():
+    names = [f"m{i}" for i in range(7)]
+    parts = [_shard(k, 3, names[k - 1 :: 3], wall_s=float(k)) for k in (2, 3, 1)]  # any order of the files
+    merged = merge_reports(parts)
+    assert [m["name"] for m in merged.models] == names
+    assert merged.meta["shards"] == 3 and merged.meta["wall_s"] == 3.0 and "shard" not in merged.meta
+    assert merged.not_built == [{"name": "broken", "error": "x"}]
+    with pytest.raises(ValueError, match="shards 1/N .. N/N"):
+        merge_reports(parts[:2])
+    with pytest.raises(ValueError, match="shards 1/N .. N/N"):
+        merge_reports([_shard(1, 2, ["a"], 1.0), _shard(2, 3, ["b"], 1.0)])
+
+
+def test_cli_shards_and_merge(tmp_path):
+    """--shard K/N checks every N-th model from the K-th; --merge joins the shards' JSON files into the unsharded
+    table (timm's listing order)."""
+    names = ["xcit_nano_12_p8_224", "xcit_nano_12_p16_224"]
+    shards = []
+    for k in (1, 2):
+        js = tmp_path / f"shard{k}.json"
+        res = cli("--filter", ",".join(names), "--img-size", str(IMG), "--shard", f"{k}/2",
+                  "--out", str(tmp_path / f"{k}.md"), "--json", str(js))  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert f"[1/1] {names[k - 1]}: runs=FAIL" in res.stderr
+        assert json.loads(js.read_text())["meta"]["shard"] == f"{k}/2"
+        shards.append(js)
+    out, js = tmp_path / "all.md", tmp_path / "all.json"
+    res = cli("--merge", str(shards[1]), "--merge", str(shards[0]), "--out", str(out), "--json", str(js))
+    assert res.returncode == 0, res.stderr
+    assert [m["name"] for m in json.loads(js.read_text())["models"]] == names
+    assert f"wrote {out} and {js}: 2 ViT-like" in res.stdout
+    res = cli("--merge", str(shards[0]), "--out", str(out))
+    assert res.returncode == 2 and "error: --merge: expected the reports of shards" in res.stderr
+
+
+def test_cli_progress_lines_carry_an_eta(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import raggedvit.coverage as cov
+    from raggedvit.cli import main
+
+    def fake_run(pattern, *, progress, **_):
+        models = [{"name": f"m{i}", "runs": True, "exports": True, "matches": False, "wall_s": 5.0} for i in range(3)]
+        for i, rec in enumerate(models, 1):
+            progress(i, 3, rec, 50.0 * i)
+        return CoverageReport({"wall_s": 150.0}, models)
+
+    monkeypatch.setattr(cov, "run_coverage", fake_run)
+    monkeypatch.setattr(cov.CoverageReport, "to_markdown", lambda self: "table\n")  # the table is tested above
+    res = CliRunner().invoke(main, ["coverage", "--out", str(tmp_path / "c.md")])
+    assert res.exit_code == 0, res.output
+    assert "[1/3] m0: runs=ok exports=ok matches=FAIL (5 s, ETA 1 min 40 s)" in res.output
+    assert "[2/3] m1: runs=ok exports=ok matches=FAIL (5 s, ETA 50 s)" in res.output
+    assert "[3/3] m2: runs=ok exports=ok matches=FAIL (5 s)\n" in res.output
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [
+        (("--shard", "0/4"), "--shard must be K/N with 1 <= K <= N"),
         (("--depth", "1"), "--depth at least 2"),
         (("--jobs", "0"), "must be positive"),
         (("--filter", "no_such_model*"), "no ViT-like timm model matches --filter 'no_such_model*'"),

@@ -28,7 +28,7 @@ def test_pyproject_extras():
     assert not any(d.startswith("onnxruntime-gpu") for d in extras["dev"])
 
 
-def _wheel(tmp_path: Path, filename: str, requires: list[str], library: bool = True) -> Path:
+def _wheel(tmp_path: Path, filename: str, requires: list[str], library: bool = True, extra: str = "") -> Path:
     wheel = tmp_path / filename
     metadata = "Metadata-Version: 2.4\nName: raggedvit\nVersion: 0.1.0\n" + "".join(
         f"Requires-Dist: {r}\n" for r in requires
@@ -37,10 +37,18 @@ def _wheel(tmp_path: Path, filename: str, requires: list[str], library: bool = T
         zf.writestr("raggedvit-0.1.0.dist-info/METADATA", metadata)
         if library:
             zf.writestr(LIBRARY, b"\x7fELF")
+        if extra:
+            zf.writestr(extra, b"")
     return wheel
 
 
-GOOD = ["torch>=2.9", 'onnxruntime>=1.21; extra == "cpu"', 'onnxruntime-gpu>=1.21; extra == "gpu"']
+GOOD = [
+    "torch<2.15,>=2.9",
+    "triton<3.9,>=3.6",
+    "timm<1.1,>=1.0.15",
+    'onnxruntime>=1.21; extra == "cpu"',
+    'onnxruntime-gpu>=1.21; extra == "gpu"',
+]
 
 
 def _check(wheel: Path) -> subprocess.CompletedProcess:
@@ -59,7 +67,8 @@ def test_check_wheel_accepts_a_good_wheel(tmp_path):
         ("raggedvit-0.1.0-cp311-cp311-linux_x86_64.whl", GOOD, True, "expected py3-none-<platform>"),
         ("raggedvit-0.1.0-py3-none-linux_x86_64.whl", GOOD, False, "is not in the wheel"),
         ("raggedvit-0.1.0-py3-none-linux_x86_64.whl", [*GOOD, "onnxruntime>=1.21"], True, "unconditional"),
-        ("raggedvit-0.1.0-py3-none-linux_x86_64.whl", GOOD[:2], True, 'extra "gpu" does not require onnxruntime-gpu'),
+        ("raggedvit-0.1.0-py3-none-linux_x86_64.whl", GOOD[:4], True, 'extra "gpu" does not require onnxruntime-gpu'),
+        ("raggedvit-0.1.0-py3-none-linux_x86_64.whl", ["triton>=3.6", *GOOD[2:]], True, "triton is not required with"),
         (
             "raggedvit-0.1.0-py3-none-linux_x86_64.whl",
             [*GOOD, 'onnxruntime; extra == "gpu"'],
@@ -71,3 +80,11 @@ def test_check_wheel_accepts_a_good_wheel(tmp_path):
 def test_check_wheel_rejects(tmp_path, filename, requires, library, fragment):
     res = _check(_wheel(tmp_path, filename, requires, library))
     assert res.returncode == 1 and fragment in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "module", ["raggedvit/custom_ops/_fuzz_cases.py", "raggedvit/testing.py", "raggedvit/pruning/padded.py"]
+)
+def test_check_wheel_rejects_test_only_code(tmp_path, module):
+    res = _check(_wheel(tmp_path, "raggedvit-0.1.0-py3-none-linux_x86_64.whl", GOOD, extra=module))
+    assert res.returncode == 1 and f"{module} is test-only code" in res.stderr, res.stderr

@@ -9,10 +9,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from raggedvit.custom_ops._ort_models import attention_model
 from raggedvit.kernels.reference import ragged_attention_reference
 from raggedvit.runtime import bind_tensor, create_session, providers_for, run_with_iobinding, session_options
-from raggedvit.testing import assert_close
+from tests.support.ort_models import attention_model
+from tests.support.testing import assert_close
 
 sys.path.insert(0, str(Path(__file__).parent / "custom_ops"))
 from _ort_library import ensure_library  # noqa: E402

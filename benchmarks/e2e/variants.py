@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from benchmarks.e2e.ort_run import BoundRun
-from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec, padded_reference_forward
+from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
+from tests.support.padded import padded_reference_forward
 
 __all__ = ["Step", "export_ragged", "ort_step", "torch_model_fn", "torch_step"]
 

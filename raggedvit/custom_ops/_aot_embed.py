@@ -5,9 +5,8 @@ smaller config.
 
 Alignment: the "aligned" cubins are compiled with Wd, patch and K known to be multiples of 16 (the launcher takes
 them when patch % 16 == 0 and W % 16 == 0: ViT-B/16 at 224), so a patch row's pixels load as 16-byte vectors; the
-others assume nothing (patch 14, odd widths). Without the hints the H200 ran deit_base's B=128 embedding in 234 us
-against 143 us for the JIT kernel, which Triton specialises on those divisibilities by itself (serving profile at
-04c13a5 against benchmarks/results/patch_embed_2026-12-02_NVIDIA-H200.json).
+others assume nothing (patch 14, odd widths). Without the hints the AOT kernel is much slower than the JIT one,
+which Triton specialises on those divisibilities by itself (docs/decisions.md).
 
 This module must not import torch or raggedvit: it runs inside the package build.
 """

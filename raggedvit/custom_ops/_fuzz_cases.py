@@ -24,7 +24,7 @@ import torch
 from onnx import TensorProto, helper
 
 from raggedvit.custom_ops._fuzz_pos import draw_pos, pos_attr_error, pos_input_error, token_pos
-from raggedvit.custom_ops._ort_models import model_bytes
+from tests.support.ort_models import model_bytes
 
 __all__ = [
     "CRAFTED_NUM_HEADS",
@@ -314,7 +314,7 @@ def _tensors(c: Case) -> dict[str, torch.Tensor]:
 
 def _check_outputs(c: Case, feeds: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]) -> str | None:
     from raggedvit.kernels.reference import ragged_attention_reference
-    from raggedvit.testing import assert_close
+    from tests.support.testing import assert_close
 
     T, W = c.qkv_shape
     dtype = TORCH[c.qkv_elem]

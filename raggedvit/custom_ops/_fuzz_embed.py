@@ -191,7 +191,7 @@ def check_embed_output(out: np.ndarray, feeds: dict[str, torch.Tensor], patch: i
 
 def run_embed_case(c: EmbedCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
-    from raggedvit.custom_ops._ort_models import embed_model
+    from tests.support.ort_models import embed_model
 
     expected = embed_expected_error(c)
     elems = {name: ELEM[elem] for name, elem, _ in c.inputs}

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, refusal, run_bound
-from raggedvit.testing import gelu_float64
+from tests.support.testing import gelu_float64
 
 __all__ = ["GELU_AT", "GeluCase", "draw_gelu_case", "gelu_expected_error", "run_gelu_case"]
 
@@ -98,7 +98,7 @@ def _check(y: torch.Tensor, feeds: dict[str, torch.Tensor]) -> str | None:
 
 def run_gelu_case(c: GeluCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
-    from raggedvit.custom_ops._ort_models import gelu_model
+    from tests.support.ort_models import gelu_model
 
     expected = gelu_expected_error(c)
     key = repr(("gelu", c.x_elem, c.bias and c.bias[0]))

@@ -32,7 +32,7 @@ from raggedvit.custom_ops._fuzz_select import (
     run_select_case,
     select_expected_error,
 )
-from raggedvit.custom_ops._ort_models import model_bytes
+from tests.support.ort_models import model_bytes
 
 __all__ = ["LinearCase", "draw_any", "draw_linear_case", "expected_any", "linear_expected_error", "run_any"]
 
@@ -183,7 +183,7 @@ def _reference(c: LinearCase, feeds: dict[str, torch.Tensor]) -> torch.Tensor:
 def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
     from raggedvit.runtime import bind_tensor
-    from raggedvit.testing import assert_close
+    from tests.support.testing import assert_close
 
     expected = linear_expected_error(c)
     key = repr(("linear", c.x_elem, c.w_elem, c.bias and c.bias[0], c.residual and c.residual[0], c.cu_elem,

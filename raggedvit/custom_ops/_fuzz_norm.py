@@ -179,7 +179,7 @@ def _check(n: torch.Tensor, s: torch.Tensor, feeds: dict[str, torch.Tensor], eps
 
 def run_norm_case(c: NormCase, sessions: dict) -> tuple[str, str | None]:
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
-    from raggedvit.custom_ops._ort_models import norm_model
+    from tests.support.ort_models import norm_model
 
     expected = norm_expected_error(c)
     present = {name for name, _, _ in c.params}

@@ -82,8 +82,8 @@ def run_select_case(c: SelectFuzzCase, sessions: dict) -> tuple[str, str | None]
     """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
     import torch
 
-    from raggedvit.custom_ops._ort_models import SELECT_OUTPUTS, select_model
     from raggedvit.pruning.select import select_rows_reference
+    from tests.support.ort_models import SELECT_OUTPUTS, select_model
 
     expected = select_expected_error(c)
     attrs = {"width": c.width, "bound": c.bound, "num_prefix": c.num_prefix, "policy": c.policy,

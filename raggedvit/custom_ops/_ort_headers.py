@@ -1,8 +1,14 @@
-"""Locates the ONNX Runtime C/C++ headers for the op library build (no Python wheel ships them).
+"""Locates the ONNX Runtime C/C++ headers for the op library build (the onnxruntime wheels ship none).
 
-Order: $ORT_INCLUDE_DIR; /usr/include/onnxruntime (Debian libonnxruntime-dev); a cache under build/;
-a libonnxruntime-dev_*.deb under ../shared/device/ (relative to the repo root); `apt-get download
-libonnxruntime-dev` from Debian trixie with a private package list.
+Order, first usable (API version >= MIN_API_VERSION) wins:
+1. $ORT_INCLUDE_DIR: a folder with onnxruntime_c_api.h and onnxruntime_cxx_api.h (e.g. the include/ of an ONNX
+   Runtime release archive);
+2. $ORT_DEV_DEB: a libonnxruntime-dev .deb, unpacked into the build folder;
+3. pkg-config's include dirs of `libonnxruntime` (Debian's libonnxruntime-dev installs one);
+4. the usual install prefixes: $CONDA_PREFIX/include, /usr/local/include, /usr/include (each with onnxruntime/ or
+   onnxruntime/core/session/ under it);
+5. the headers unpacked into the build folder by an earlier build;
+6. `apt-get download libonnxruntime-dev` from Debian trixie with a private package list (no root needed).
 """
 
 from __future__ import annotations
@@ -84,27 +90,48 @@ def _apt_download(workdir: Path) -> Path:
     return debs[-1]
 
 
-def find_ort_headers(repo_root: Path, build_dir: Path) -> Path:
-    """Directory holding onnxruntime_cxx_api.h (API version >= 21); raises OrtHeadersNotFound."""
+def _pkg_config_dirs(tried: list[str]) -> list[Path]:
+    """The -I folders of `pkg-config --cflags-only-I libonnxruntime`, [] without pkg-config or the package."""
+    if shutil.which("pkg-config") is None:
+        tried.append("pkg-config: not found")
+        return []
+    res = subprocess.run(["pkg-config", "--cflags-only-I", "libonnxruntime"], capture_output=True, text=True)
+    if res.returncode != 0:
+        tried.append("pkg-config: no libonnxruntime")
+        return []
+    return [Path(flag[2:]) for flag in res.stdout.split() if flag.startswith("-I")]
+
+
+def _prefix_dirs() -> list[Path]:
+    """onnxruntime/ and onnxruntime/core/session/ under $CONDA_PREFIX/include, /usr/local/include, /usr/include."""
+    prefixes = [Path(os.environ["CONDA_PREFIX"]) / "include"] if os.environ.get("CONDA_PREFIX") else []
+    prefixes += [Path("/usr/local/include"), Path("/usr/include")]
+    return [p / "onnxruntime" / sub for p in prefixes for sub in ("", "core/session")]
+
+
+def find_ort_headers(build_dir: Path) -> Path:
+    """Directory holding onnxruntime_cxx_api.h (API version >= MIN_API_VERSION); raises OrtHeadersNotFound, whose
+    text lists every place tried. Unpacked .deb files go to build_dir / "ort-headers"."""
     tried: list[str] = []
+    cache = build_dir / "ort-headers"
+    cached = cache / "usr" / "include" / "onnxruntime"
     env = os.environ.get("ORT_INCLUDE_DIR")
-    if env:
-        if _usable(Path(env), tried):
-            return Path(env)
-    for candidate in (Path("/usr/include/onnxruntime"), build_dir / "ort-headers" / "usr" / "include" / "onnxruntime"):
+    if env and _usable(Path(env), tried):
+        return Path(env)
+    deb = os.environ.get("ORT_DEV_DEB")
+    if deb:
+        if not Path(deb).is_file():
+            tried.append(f"ORT_DEV_DEB={deb}: no such file")
+        else:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            if _usable(_extract_deb(Path(deb), cache), tried):
+                return cached
+    for candidate in (*_pkg_config_dirs(tried), *_prefix_dirs(), cached):
         if _usable(candidate, tried):
             return candidate
-    cache = build_dir / "ort-headers"
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    debs = sorted((repo_root.parent / "shared" / "device").glob(_DEB_GLOB))
-    if debs:
-        include = _extract_deb(debs[-1], cache)
-        if _usable(include, tried):
-            return include
-    else:
-        tried.append(f"{repo_root.parent / 'shared' / 'device'}: no {_DEB_GLOB}")
     if shutil.which("apt-get"):
         try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
             include = _extract_deb(_apt_download(build_dir / "apt"), cache)
             if _usable(include, tried):
                 return include
@@ -114,5 +141,6 @@ def find_ort_headers(repo_root: Path, build_dir: Path) -> Path:
         tried.append("apt-get: not found")
     raise OrtHeadersNotFound(
         "ONNX Runtime C/C++ headers not found; set ORT_INCLUDE_DIR to a directory with onnxruntime_cxx_api.h "
-        "(API >= 21) or install Debian's libonnxruntime-dev. Tried:\n  " + "\n  ".join(tried)
+        f"(API >= {MIN_API_VERSION}), set ORT_DEV_DEB to a libonnxruntime-dev .deb, or install Debian's "
+        "libonnxruntime-dev. Tried:\n  " + "\n  ".join(tried)
     )

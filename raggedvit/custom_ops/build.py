@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     build_dir = args.build_dir.resolve()
     try:
-        ort_include = _ort_headers.find_ort_headers(ROOT, build_dir)
+        ort_include = _ort_headers.find_ort_headers(build_dir)
     except _ort_headers.OrtHeadersNotFound as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ from onnx import TensorProto
 from raggedvit import policies
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, read_recipe
 
-OPSET = 20  # default-domain opset of every export: ONNX Gelu (opset 20) lets rewrites.bias_gelu see one node
+OPSET = 20  # default-domain opset of every export: ONNX Gelu (opset 20) lets the bias_gelu rule see one node
 
 __all__ = ["FORBIDDEN_OPS", "MAX_IR_VERSION", "check_graph", "recipe_static_shapes", "static_shapes"]
 

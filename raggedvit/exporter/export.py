@@ -2,7 +2,7 @@
 
 PrunedViT is the one definition of the pruned forward; this module only chooses the outputs, the dtype recipe
 (raggedvit.pruning.precision), the translations of raggedvit's torch ops (translations.py) and the fusions
-ONNX Runtime does not find by itself (rewrites.py), and writes the recipe into the metadata.
+ONNX Runtime does not find by itself (rules/), and writes the recipe into the metadata.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from raggedvit.describe import PRODUCER_NAME, doc_string, scrub_paths
 from raggedvit.exporter._io import open_file_mode
 from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
-from raggedvit.exporter.rewrites import fuse_for_ort
+from raggedvit.exporter.rules import fuse_for_ort
 from raggedvit.exporter.translations import TRANSLATIONS
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.pruning.packed import ragged_linear_mode

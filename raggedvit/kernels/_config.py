@@ -74,17 +74,13 @@ def _make(dtype: str, bd: int, small: bool) -> KernelConfig:
         if dtype == "fp32":
             bm = min(bm, 32)
     elif dtype != "fp32" and bd <= 64:
-        bn = 32  # the H200 tune's best key tile for fp16/bf16 with D <= 64 (DESIGN.md section 2, "Kernel choices")
+        bn = 32  # the tune's best key tile for fp16/bf16 with D <= 64 (docs/decisions.md)
     # the cls kernel loads [cls_bn, cls_heads, bd] tiles (`_kernel._ragged_cls_attn`). From SMALL_T_LIMIT rows
     # fp16 / bf16 take 4 heads x 16 columns a program: 1024 // bd = 16 heads left ten of sixteen slots masked off at
     # deit_small's H = 6 (89 registers a thread, 31% occupancy), and fewer, larger programs each wait once on their
-    # chain of dependent loads (CU, then the sequence's first row and its Lse). On the H200 at deit's H = 6 / 12,
-    # D = 64 over B x 197 capacity rows (all or ~40% live): 12.3-13.1 / 15.6-18.7 us a call at B = 128 and 4.7-5.1 /
-    # 5.9-6.2 us at B = 32, the best or within 0.5 us of it among 4 / 8 / 16 heads x 8 / 16 columns, against
-    # 21.2-21.7 / 21.9-23.6 and 7.1-7.3 / 7.6-8.0 us for 16 heads x 8 columns (cls_heads_2026-12-03_NVIDIA-H200.json
-    # under benchmarks/results; 8 columns had beaten 4 there: norm_cls_tune_2026-12-03_NVIDIA-H200.json). Below
-    # SMALL_T_LIMIT (B = 1: 197 rows) and in fp32: 16 heads (1024 // bd) x 4 columns, within 0.3 us of the best at
-    # B = 1; 4 heads there cost deit_base (H = 12: three passes) 2 us a forward at B = 1 and 4 in serving run26.
+    # chain of dependent loads (CU, then the sequence's first row and its Lse): the best or close to it among 4 / 8 /
+    # 16 heads x 8 / 16 columns at deit's H = 6 / 12. Below SMALL_T_LIMIT (B = 1: 197 rows) and in fp32: 16 heads
+    # (1024 // bd) x 4 columns (4 heads would take deit_base's H = 12 three passes). Figures: docs/decisions.md.
     large = not small and dtype != "fp32"
     cls_bn, cls_warps, cls_heads = (16, 4, 4) if large else (4, 4, 1024 // bd)
     tuned = _TUNED.get((dtype, bd, "small" if small else "large"))

@@ -44,9 +44,9 @@ class EmbedConfig:
     num_stages: int
 
 
-# Measured on the H200 (benchmarks/results/patch_embed_2026-12-02_NVIDIA-H200.json, deit_base / deit_small at 224):
-# 32 x 64 tiles at B = 1 (196 rows: more programs), 64 x 128 on 4 warps at B = 4 and 32, 128 x 128 on 8 warps
-# at B = 128 (within 10% of 128 x 256 tiles there, which need more shared memory than sm_86 / sm_89 have).
+# Tiles by row count (deit_base / deit_small at 224; figures in docs/decisions.md): 32 x 64 at B = 1 (196 rows:
+# more programs), 64 x 128 on 4 warps at B = 4 and 32, 128 x 128 on 8 warps at B = 128 (128 x 256 tiles need more
+# shared memory than sm_86 / sm_89 have).
 _SMALL = EmbedConfig(32, 64, 64, 4, 3)
 _MID = EmbedConfig(64, 128, 64, 4, 3)
 _LARGE = EmbedConfig(128, 128, 64, 8, 3)

@@ -237,7 +237,7 @@ def _ragged_attn_fwd(
         offs_d = tl.arange(0, BLOCK_D)
         # Bias: q gets its bias once; the k bias adds q.kb to every score of a row, which softmax cancels, so it is
         # never loaded; the v bias comes out of the weighted sum (the weights sum to 1) and is added to the output.
-        # K and V tiles go to the dots exactly as loaded (an add in the key loop cost ~20% on the H200).
+        # K and V tiles go to the dots exactly as loaded (an add in the key loop is slower: docs/decisions.md).
         b_ok = (offs_d < D) & (has_bias != 0)  # no bias: masked loads give exact zeros (x + 0 == x), no branch
         qb = tl.load(Bias + h * D + offs_d, mask=b_ok, other=0.0)
         vb = tl.load(Bias + 2 * H * D + h * D + offs_d, mask=b_ok, other=0.0).to(tl.float32)

@@ -3,43 +3,21 @@ the torch op's JIT launch and the AOT build (which loads this file without torch
 
 On sm_90 every launch from LARGE_T rows takes the persistent TMA kernel with 64 x 128 x 64 tiles on 4 warps, 4
 stages, two programs per SM and the epilogue in two 64-column slices ("tma": ~104 KiB of shared memory each, so two
-fit an SM and one's epilogue overlaps the other's K loop). Measured as shipped, the AOT cubins of the package build's
-Triton through ONNX Runtime (`benchmarks.linear_aot`, `benchmarks/results/linear_aot_2026-12-03_NVIDIA-H200.json`:
-one op library per candidate; the four block GEMMs of deit_base and deit_small over the capacity layouts of B = 32
-and 128 at cls-mass's kept fractions, the op's epilogues included), the nine ragged blocks' GEMMs per forward:
+fit an SM and one's epilogue overlaps the other's K loop), its epilogue's GELU being `gelu_poly` (`_linear_kernel.py`).
+These tiles were measured as shipped (AOT cubins through ONNX Runtime, one op library per candidate, the block GEMMs of
+deit_base and deit_small over capacity layouts): the fastest or close to it against larger and deeper tiles; the
+table is in docs/decisions.md. The pointer kernel's configs below are every other arch's, and sm_90's under LARGE_T
+rows.
 
-    candidate (tiles, stages, programs per SM, epilogue slices)   base B=32  base B=128  small B=32  small B=128
-    64 x 128, 3 stages, 2 per SM, 1 slice (before)                     849      2,489        442       1,194
-    64 x 128, 4 stages, 2 per SM, 2 slices (shipped)                   670      2,002        385       1,024
-    128 x 128 on 8 warps, 4 stages, 1 per SM, 2 slices                 714      2,045        405       1,073
-    128 x 256 on 8 warps, 3 stages, 1 per SM, 2 slices                 915      2,234        583       1,306
-    64 x 256, 3 stages, 1 per SM, 2 slices                             881      2,692        593       1,789
-    cuBLAS over the live rows alone, bias only (a floor)               438      1,397        264         700
+Pointer kernel: below ~1k rows 64-row tiles win, with 32-column tiles for narrow outputs (proj, fc2: N <= 1024);
+from thousands of rows 128 x 256 x 64 tiles on 8 warps with 4 stages are the best or close to it for every shape,
+but they need ~192 KiB of shared memory: sm_90 only. Other archs keep 128 x 128 x 64 ("large"; the AOT build skips
+"xlarge" there and the C++ launcher falls back to the next smaller config).
 
-The shipped tiles are the fastest or within 5% of the fastest in 46 of the 48 GEMMs (within 10% in all). What
-remained against the floor was mostly fc1's GELU: with libdevice's erf its epilogue cost about as much as its K loop
-(deit_base B=128: 140 us against 85 us for cuBLAS without GELU; qkv, the same K and 3/4 of the columns: 73 against
-63 us). The TMA kernel's epilogue now uses gelu_erf (`_linear_kernel.py`): fc1 140 -> 122 us there, and the nine
-blocks' GEMMs per forward (deit_base B=32 / 128, deit_small B=32 / 128) 670 -> 624 / 2,037 -> 1,914 / 392 -> 358 /
-1,026 -> 950 us (`linear_aot_2026-12-03_NVIDIA-H200_geluerf.json`, both libraries in one run). Earlier, under the
-GPU machine's own Triton JIT (`benchmarks.linear_persistent`, `linear_persistent_2026-12-03_NVIDIA-H200_run3.json`),
-the 64 x 128 tiles with 3 stages had beaten 128 x 128 tiles with one program per SM and the pointer kernel. The
-pointer kernel's configs below are every other arch's, and sm_90's under LARGE_T rows.
-
-Measured on the H200 (`benchmarks/results/linear_tune_2026-12-01_NVIDIA-H200.json`, deit_base's four block
-GEMMs): below ~1k rows 64-row tiles win, with 32-column tiles for narrow outputs (proj, fc2: N <= 1024); from
-thousands of rows 128 x 256 x 64 tiles on 8 warps with 4 stages are the best or within 3% of the best for every
-shape (3-17% faster than 128 x 128 x 64 with 3 stages: 9-17% at 25,216 rows), but they need ~192 KiB of shared
-memory: sm_90 only. Other archs keep 128 x 128 x 64
-("large"; the AOT build skips "xlarge" there and the C++ launcher falls back to the next smaller config).
-
-A capacity layout (a device-side live count, has_live) is different: after a cls-mass stage only ~14-46% of its
-rows are live, and large tiles leave too few live programs to fill the GPU (`benchmarks/results/
-linear_small_2026-12-01_NVIDIA-H200*.json`, B = 32 and 128 at the sample photos' live fractions). There, outputs
-up to CAPACITY_NARROW_N columns take the 64 x 64 tiles at every T: deit_base's proj + fc2 over B=32's 6,304 rows
-fall from 190 to 130 us per stage (the 128 x 256 tiles at 883 live rows leave 21 programs for fc2's K = 3072),
-deit_small's four GEMMs from 226 to 148 us; wider outputs (deit_base's qkv, fc1) keep the large tiles, within
-5-12% of the best there.
+A capacity layout (a device-side live count, has_live) is different: after a cls-mass stage only part of its rows
+are live, and large tiles leave too few live programs to fill the GPU (the 128 x 256 tiles at 883 live rows leave
+21 programs for fc2's K = 3072). There, outputs up to CAPACITY_NARROW_N columns take the 64 x 64 tiles at every T;
+wider outputs (deit_base's qkv, fc1) keep the large tiles. Figures for all three choices: docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -125,9 +103,8 @@ def aot_linear_configs() -> list[tuple[str, LinearConfig]]:
 
 
 # ---- the bias + GELU kernel (`_linear_kernel._bias_gelu`), same file for the same reason ----
-# Measured on the H200 (benchmarks/results/gelu_2026-12-02_NVIDIA-H200.json, deit's fc1 outputs): one row per
-# program with 1,024 columns is the fastest at a few hundred rows (197 x 3072: 2.4 us against 2.8-3.7 us), and
-# 8 x 512 tiles on 4 warps at thousands of rows (25,216 x 3072: 84.6 us, 916 G elements/s; 25,216 x 1536: 44.9 us).
+# One row per program with 1,024 columns is the fastest at a few hundred rows, and 8 x 512 tiles on 4 warps at
+# thousands of rows (deit's fc1 outputs; figures in docs/decisions.md).
 GELU_LARGE_M = 1024  # rows (M = elements / N) from which the large-tile config is used
 
 

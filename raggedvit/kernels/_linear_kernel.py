@@ -21,16 +21,15 @@ erfc(-x / sqrt 2) / 2, with e = erfc(|x| / sqrt 2) / 2 from Numerical Recipes' C
 x < 0, 1 - e else: one reciprocal, one exp, ten FMAs, no branch. The exp runs in log2 units with log2(e) and the
 1/2 folded into P's coefficients, and the reciprocal and exp2 are the hardware approximations (rcp.approx,
 ex2.approx: one MUFU instruction each, the exp2 keeping subnormal results), which cut the kernel's instructions per
-element by about a quarter against Triton's division and exp (the kernel is issue-bound, not memory-bound, on the
-H200: benchmarks/results/gelu_*.json). In fp32 arithmetic the relative error is below
+element by about a quarter against Triton's division and exp (the kernel is issue-bound, not memory-bound:
+docs/decisions.md). In fp32 arithmetic the relative error is below
 2e-6 for x >= -4 (|GELU| >= 1.3e-4) and grows as x^2 further out (the exp's argument -z^2): below 1e-5 with exact
-exp (the interpreter), below 2e-6 + 2^-22 x^2 with the GPU's approximate exp2 (H200: 2.1e-5 at x = -11.4, where
+exp (the interpreter), below 2e-6 + 2^-22 x^2 with the GPU's approximate exp2 (2.1e-5 at x = -11.4, where
 |GELU| ~ 1e-29); results under float32's smallest normal flush to 0 on the GPU. Against
 x (1 + erf(x / sqrt 2)) / 2 with libdevice's erff it keeps the negative tail's relative accuracy (no 1 + erf
 cancellation); over every finite fp16 x its fp16-rounded result is the exactly rounded GELU in all but a handful of
 inputs (1 ulp off), where the fp32 erf form misses hundreds (tests/kernels/test_bias_gelu.py); and the kernel below
-runs 1.29-1.32x faster with it than with libdevice's erff at the shipped 8 x 512 config (25,216 x 3,072: 84.6
-against 112.0 us; benchmarks/results/gelu_2026-12-02_NVIDIA-H200.json).
+runs faster with it than with libdevice's erff at the shipped 8 x 512 config (docs/decisions.md).
 `_ragged_linear_tma`'s GELU epilogue is `gelu_poly` (fp16 / bf16 outputs only): it is the kernel of launches from
 LARGE_T rows on sm_90, where the epilogue is issue-bound and fc1's GELU cost about as much as its K loop. gelu_poly
 takes one MUFU operation per element (a flushing ex2) against two (rcp, and an ex2 that keeps subnormals, a few
@@ -40,22 +39,20 @@ log2(e) / 2 on [0, 6] (Chebyshev nodes), and GELU(x) = max(x, 0) - |x| Phi(-|x|)
 for x >= -6 (float32 arithmetic; the quadratic term is exact past 6, P is not: for x < -6, where |GELU(x)| < 6e-9,
 the result is within a factor 2.2 of the exact one); over every finite fp16 x its fp16-rounded result is the
 exactly rounded GELU but for 14 inputs, each 1 ulp off (float32 arithmetic with an exact exp2, as the interpreter
-runs it: tests/kernels/test_bias_gelu.py, +0 and -0 taken as equal); inf -> inf, -inf -> 0, nan -> nan. On the H200
-(`benchmarks/results/linear_gelu_2026-12-03_NVIDIA-H200_run2.json`) deit_small's nine fc1 GEMMs per forward at
-B = 128 take 393 us with gelu_erf, 265 us without a GELU and 360 us with gelu_poly.
+runs it: tests/kernels/test_bias_gelu.py, +0 and -0 taken as equal); inf -> inf, -inf -> 0, nan -> nan. It makes
+the fc1 GEMMs faster than gelu_erf does (docs/decisions.md).
 `_ragged_linear`'s GELU keeps the erf form the exports were validated with (`raggedvit validate` runs one image at
 a time, 197 rows: the pointer kernel): with gelu_erf there, the fp16-all cls-mass capacity export with the dead-row
 RaggedLinear (deit_base, seeded) swapped one token of the astronaut sample photo at block 9, where the reference's
-score gap is 7.0e-4 (under 4 fp16 ulps), and `raggedvit validate --device cuda` failed on it (max |dlogit| 0.148
-against 7.8e-3 with the erf form, H200): the validator judges a same-count token swap by its logits (DESIGN.md
+score gap is 7.0e-4 (under 4 fp16 ulps), and `raggedvit validate --device cuda` failed on it (docs/decisions.md):
+the validator judges a same-count token swap by its logits (DESIGN.md
 section 6). Each of the three GELUs is within rounding of the exact one.
 
 `_bias_gelu` (com.raggedvit::BiasGelu): Y[m, n] = GELU(X[m, n] + Bias[n]) (Bias optional), X / Y [M, N] row-major
 contiguous in one dtype (fp16 / bf16 / fp32), Bias [N] in that dtype; the sum and GELU in fp32, one rounding. A
 program owns a BLOCK_M x BLOCK_N tile, every access masked (any M, N >= 1). Grid: (cdiv(M, BLOCK_M) * cdiv(N,
-BLOCK_N),). On the H200 (benchmarks/results/gelu_2026-12-02_NVIDIA-H200.json, fc1 outputs of deit) it streams
-~858-916 G elements/s over the largest (12,672 and 25,216 rows x 3,072, 25,216 x 1,536) against ~600 G/s for ONNX
-Runtime's BiasGelu in the serving profile.
+BLOCK_N),). Over deit's fc1 outputs it streams more elements a second than ONNX Runtime's BiasGelu
+(docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -34,8 +34,7 @@ __all__ = ["SELECT_BLOCK", "SELECT_SORT_WIDTHS", "_select_count", "_select_scatt
 
 SELECT_BLOCK = 128  # slots per tile of the pairwise rank (W > WP) and per chunk of the images' counts
 # (WP, num_warps) of the compiled variants, the JIT and AOT launch: the smallest WP >= W, else the last (pairwise).
-# Measured at W = 197 on the H200 (benchmarks/select_tune.py): the sorted path at (256, 4) takes 3.5 + 4.1 us
-# (mass count + scatter) against 20 + 21 us for the pairwise path at BLOCK 128 / 8 warps; WP 512 wants 8 warps.
+# The sorted path is several times faster than the pairwise one at ViT widths (docs/decisions.md).
 SELECT_SORT_WIDTHS = ((256, 4), (512, 8), (1024, 8), (2048, 16))
 
 _NONE = tl.constexpr(-(2**63))  # the sort key of a non-patch slot: after every patch slot

@@ -1,5 +1,5 @@
 """Bias + GELU (erf form) as one pass: the kernel of `com.raggedvit::BiasGelu` (exporter rules `bias_gelu` and
-`zero_bias_gelu`, raggedvit/exporter/rewrites.py).
+`zero_bias_gelu`, raggedvit/exporter/rules/).
 
 `bias_gelu(x, bias)` = GELU(x + bias) with the sum and GELU in fp32 and one rounding: the Triton kernel
 `_linear_kernel._bias_gelu` on CUDA tensors, else the torch reference `bias_gelu_reference` (the kernel runs on CPU

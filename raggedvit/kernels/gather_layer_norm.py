@@ -1,5 +1,5 @@
 """Row gather + residual sum + LayerNorm as one pass: the kernel of `com.raggedvit::GatherLayerNorm` (exporter
-rules `gather_skip_layer_norm` and `gather_layer_norm`, raggedvit/exporter/rewrites.py).
+rules `ragged_linear_skip_layer_norm`, `gather_layer_norm` and `layer_norm_rows`, raggedvit/exporter/rules/).
 
 `gather_layer_norm(x, index, gamma, beta, skip, bias, eps, cu_seqlens=)` gathers rows i = index[r] of x (+ skip,
 + bias, summed in fp32) and returns (LayerNorm of the fp32 sum, the sum rounded to x's dtype) for the live output

@@ -1,5 +1,5 @@
 """A ViT's patch embedding + prefix rows + position table as one pass: the kernel of `com.raggedvit::PatchEmbed`
-(exporter rule `patch_embed`, raggedvit/exporter/rewrites.py).
+(exporter rule `patch_embed`, raggedvit/exporter/rules/).
 
 `patch_embed(images, weight, prefix, pos, patch)` returns [B, P + L, N] float16 rows: the prefix rows
 (prefix + pos[:P]) then each patch's embedding (the patch's pixels rounded to float16 @ weight + pos[P:]): the

@@ -13,7 +13,6 @@ from raggedvit.pruning.packed import (
     uniform_prune_stage,
 )
 from raggedvit.pruning.packed_block import packed_block_forward
-from raggedvit.pruning.padded import padded_block_forward, padded_reference_forward
 from raggedvit.pruning.select import Selection, pad_scores, select_tokens
 from raggedvit.pruning.spec import POLICIES, PruneSpec
 
@@ -32,8 +31,6 @@ __all__ = [
     "packed_block_forward",
     "packed_prune_stage",
     "pad_scores",
-    "padded_block_forward",
-    "padded_reference_forward",
     "select_tokens",
     "stage_scores",
     "uniform_prune_stage",

@@ -1,6 +1,6 @@
 """What the pruned forwards need from a timm VisionTransformer: the support check, embedding, classifier head.
 
-Shared by the ViT backbone (families/vit.py) and the padded reference (padded.py)."""
+Shared by the ViT backbone (families/vit.py) and the padded reference of the tests (tests/support/padded.py)."""
 
 from __future__ import annotations
 

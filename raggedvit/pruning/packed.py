@@ -265,7 +265,7 @@ class PrunedViT(nn.Module):
     layout's dead rows) are not computed, and bias / GELU / residual adds are fused into the GEMMs
     (packed_block.ragged_tail). True or "all": every block; "dead-rows": only the blocks whose rows include dead
     rows (capacity layout, after a stage whose counts depend on the data), the others keep F.linear (cuBLAS wins on
-    full rows: benchmarks/results/linear_tune_*). Same results up to rounding; timm VisionTransformer only
+    full rows: docs/decisions.md). Same results up to rounding; timm VisionTransformer only
     (ValueError otherwise).
     """
 

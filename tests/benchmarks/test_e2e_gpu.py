@@ -8,8 +8,8 @@ import torch
 from benchmarks.e2e.varlen import VarlenAttention, pick_varlen_core
 from raggedvit.kernels import ragged_attention
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.testing import assert_close
 from raggedvit.weights import load_vit
+from tests.support.testing import assert_close
 
 pytestmark = [
     pytest.mark.gpu,

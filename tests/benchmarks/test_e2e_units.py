@@ -17,8 +17,8 @@ from benchmarks.e2e.varlen import VarlenAttention, cls_attention
 from benchmarks.readme_table import markdown
 from raggedvit.kernels import ragged_attention_reference
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.testing import assert_close
 from raggedvit.weights import load_vit
+from tests.support.testing import assert_close
 
 
 def test_parse_policy_and_cases() -> None:

@@ -6,8 +6,8 @@ import torch
 
 from benchmarks.precision_budget import CONFIGS, Emulator
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.testing import assert_close
 from raggedvit.weights import load_vit
+from tests.support.testing import assert_close
 
 
 def test_exact_emulation_is_the_pruned_forward_and_rounding_moves_it():

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import DTYPES, attention_model
 from raggedvit.kernels.reference import ragged_attention_reference
 from raggedvit.runtime import create_session, run_with_iobinding
-from raggedvit.testing import assert_close
+from tests.support.ort_models import DTYPES, attention_model
+from tests.support.testing import assert_close
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from _kernel_cases import relpos_inputs  # noqa: E402, F401  (re-exported)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import gelu_model
 from raggedvit.runtime import create_session
-from raggedvit.testing import gelu_float64
+from tests.support.ort_models import gelu_model
+from tests.support.testing import gelu_float64
 
 ELEM = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -10,51 +11,73 @@ import pytest
 from raggedvit.custom_ops import _aot, _aot_linear, _codegen, _ort_headers
 
 ROOT = Path(__file__).resolve().parents[2]
-DEB = next(iter(sorted((ROOT.parent / "shared" / "device").glob("libonnxruntime-dev_*.deb"))), Path("/missing.deb"))
+# a libonnxruntime-dev .deb to unpack: $ORT_DEV_DEB (CI sets it)
+_DEBS = [os.environ.get("ORT_DEV_DEB", "")]
+DEB = next((Path(d) for d in _DEBS if d and Path(d).is_file()), Path("/missing.deb"))
 
 
 @pytest.fixture
 def no_system_headers(monkeypatch):
-    real = _ort_headers._usable
+    """Only what the test sets up is found: no env vars, pkg-config or install prefixes of this machine."""
+    monkeypatch.setattr(_ort_headers, "_pkg_config_dirs", lambda tried: [])
+    monkeypatch.setattr(_ort_headers, "_prefix_dirs", lambda: [])
+    for var in ("ORT_INCLUDE_DIR", "ORT_DEV_DEB", "CONDA_PREFIX"):
+        monkeypatch.delenv(var, raising=False)
 
-    def usable(include_dir: Path, tried: list[str]) -> bool:
-        if str(include_dir) == "/usr/include/onnxruntime":
-            tried.append("/usr/include/onnxruntime: hidden by the test")
-            return False
-        return real(include_dir, tried)
 
-    monkeypatch.setattr(_ort_headers, "_usable", usable)
-    monkeypatch.delenv("ORT_INCLUDE_DIR", raising=False)
+def _headers(inc: Path, version: int = 22) -> Path:
+    inc.mkdir(parents=True)
+    (inc / "onnxruntime_cxx_api.h").write_text("")
+    (inc / "onnxruntime_c_api.h").write_text(f"#define ORT_API_VERSION {version}\n")
+    return inc
 
 
 def test_env_var_wins(tmp_path, monkeypatch):
-    inc = tmp_path / "inc"
-    inc.mkdir()
-    (inc / "onnxruntime_cxx_api.h").write_text("")
-    (inc / "onnxruntime_c_api.h").write_text("#define ORT_API_VERSION 22\n")
+    inc = _headers(tmp_path / "inc")
     monkeypatch.setenv("ORT_INCLUDE_DIR", str(inc))
-    assert _ort_headers.find_ort_headers(tmp_path, tmp_path / "build") == inc
+    assert _ort_headers.find_ort_headers(tmp_path / "build") == inc
     assert _ort_headers.header_api_version(inc) == 22
 
 
+@pytest.mark.skipif(shutil.which("pkg-config") is None, reason="needs pkg-config")
+def test_headers_from_pkg_config(tmp_path, monkeypatch, no_system_headers):
+    """A libonnxruntime.pc on PKG_CONFIG_PATH (as Debian's libonnxruntime-dev installs one) names the folder."""
+    monkeypatch.undo()  # the real pkg-config lookup, but still no env vars and no install prefixes
+    monkeypatch.setattr(_ort_headers, "_prefix_dirs", lambda: [])
+    for var in ("ORT_INCLUDE_DIR", "ORT_DEV_DEB"):
+        monkeypatch.delenv(var, raising=False)
+    old = _headers(tmp_path / "old", version=20)  # too old: skipped, and said so
+    inc = _headers(tmp_path / "inc")
+    pc = tmp_path / "pc"
+    pc.mkdir()
+    (pc / "libonnxruntime.pc").write_text(
+        f"Name: onnxruntime\nDescription: test\nVersion: 1.22.0\nCflags: -I{old} -I{inc}\nLibs: -lonnxruntime\n"
+    )
+    monkeypatch.setenv("PKG_CONFIG_PATH", str(pc))
+    assert _ort_headers.find_ort_headers(tmp_path / "build") == inc
+
+
 @pytest.mark.skipif(not DEB.exists() or shutil.which("dpkg-deb") is None, reason="needs the .deb and dpkg-deb")
-def test_headers_from_the_shared_deb(tmp_path, no_system_headers):
-    repo = tmp_path / "repo"
-    (tmp_path / "shared" / "device").mkdir(parents=True)
-    (tmp_path / "shared" / "device" / DEB.name).symlink_to(DEB)
-    inc = _ort_headers.find_ort_headers(repo, repo / "build")
-    assert inc == repo / "build" / "ort-headers" / "usr" / "include" / "onnxruntime"
+def test_headers_from_a_deb(tmp_path, monkeypatch, no_system_headers):
+    monkeypatch.setenv("ORT_DEV_DEB", str(DEB))
+    build = tmp_path / "build"
+    inc = _ort_headers.find_ort_headers(build)
+    assert inc == build / "ort-headers" / "usr" / "include" / "onnxruntime"
     assert (_ort_headers.header_api_version(inc) or 0) >= 21
-    # second call: the cache under build/ is used
-    assert _ort_headers.find_ort_headers(repo, repo / "build") == inc
+    # without the variable the headers unpacked by the earlier build are used
+    monkeypatch.delenv("ORT_DEV_DEB")
+    assert _ort_headers.find_ort_headers(build) == inc
 
 
 def test_clear_error_when_nothing_works(tmp_path, monkeypatch, no_system_headers):
     monkeypatch.setenv("ORT_INCLUDE_DIR", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("ORT_DEV_DEB", str(tmp_path / "none.deb"))
     monkeypatch.setattr(_ort_headers.shutil, "which", lambda name: None)  # no apt-get, no dpkg-deb
     with pytest.raises(_ort_headers.OrtHeadersNotFound, match="set ORT_INCLUDE_DIR") as info:
-        _ort_headers.find_ort_headers(tmp_path / "repo", tmp_path / "build")
-    assert "nowhere: no onnxruntime_c_api.h" in str(info.value) and "apt-get: not found" in str(info.value)
+        _ort_headers.find_ort_headers(tmp_path / "build")
+    text = str(info.value)
+    assert "nowhere: no onnxruntime_c_api.h" in text and "apt-get: not found" in text
+    assert f"ORT_DEV_DEB={tmp_path / 'none.deb'}: no such file" in text and "set ORT_DEV_DEB" in text
 
 
 def test_plan_covers_every_kernel_dtype_cu_block_arch():

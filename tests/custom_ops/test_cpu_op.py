@@ -8,10 +8,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from raggedvit.custom_ops._ort_models import DTYPES, attention_model, chained_model, random_batch
 from raggedvit.kernels.reference import ragged_attention_reference
 from raggedvit.runtime import create_session, run_with_iobinding
-from raggedvit.testing import assert_close
+from tests.support.ort_models import DTYPES, attention_model, chained_model, random_batch
+from tests.support.testing import assert_close
 
 CU_DTYPES = (torch.int32, torch.int64)
 DTYPES_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

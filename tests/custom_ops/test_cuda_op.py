@@ -11,10 +11,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from raggedvit.custom_ops._ort_models import DTYPES, attention_model, chained_model, random_batch
 from raggedvit.kernels.reference import ragged_attention_reference
 from raggedvit.runtime import create_session, run_with_iobinding
-from raggedvit.testing import assert_close
+from tests.support.ort_models import DTYPES, attention_model, chained_model, random_batch
+from tests.support.testing import assert_close
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import attention_model
 from raggedvit.runtime import create_session, run_with_iobinding
+from tests.support.ort_models import attention_model
 
 H, D = 2, 4
 W = 3 * H * D

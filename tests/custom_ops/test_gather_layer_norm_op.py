@@ -9,9 +9,9 @@ import pytest
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import norm_model
 from raggedvit.kernels.gather_layer_norm import gather_layer_norm_reference
 from raggedvit.runtime import create_session
+from tests.support.ort_models import norm_model
 
 ELEM = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument,

@@ -20,14 +20,14 @@ _RUN_CPU_OP = r"""
 import ctypes, json
 import numpy as np, onnxruntime as ort
 import torch
-from raggedvit.custom_ops._ort_models import attention_model
+from tests.support.ort_models import attention_model
 lib = {lib!r}
 so = ort.SessionOptions()
 so.register_custom_ops_library(lib)
 sess = ort.InferenceSession(attention_model(torch.float32, torch.int64, 2), so, providers=["CPUExecutionProvider"])
 out, cls = sess.run(None, {{"qkv": np.random.randn(7, 24).astype(np.float32), "cu_seqlens": np.array([0, 3, 7])}})
 from onnx import TensorProto
-from raggedvit.custom_ops._ort_models import linear_model
+from tests.support.ort_models import linear_model
 lin = ort.InferenceSession(linear_model(TensorProto.FLOAT16), so, providers=["CPUExecutionProvider"])
 (y,) = lin.run(None, {{"X": np.ones((5, 16), np.float16), "W": np.ones((32, 16), np.float16)}})
 info = ctypes.CDLL(lib).raggedvit_ort_info

@@ -1,9 +1,10 @@
-"""The RaggedSelect calls of scripts/memcheck_ort_fuzz.py (`_memcheck_select.py`, torch-free): the script without a
+"""The RaggedSelect calls of memcheck_ort_fuzz.py (tests/support/memcheck_select.py, torch-free): the script without a
 CUDA EP runs them on the CPU EP (equal to the numpy oracle, every invalid input refused, exit 0); the oracle's
 checks bite; its cu clamping is the kernels'."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -13,8 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from raggedvit.custom_ops._memcheck_select import SelectCalls, select_rows_numpy
 from raggedvit.runtime import create_session, session_options
+from tests.support.memcheck_select import SelectCalls, select_rows_numpy
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,8 +23,8 @@ _ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="the CPU-only path")
 def test_script_runs_select_calls_on_cpu(ort_library):
     proc = subprocess.run(
-        [sys.executable, str(_ROOT / "scripts" / "memcheck_ort_fuzz.py"), "--calls", "500", "--seed", "3"],
-        capture_output=True, text=True, timeout=300, cwd=_ROOT,
+        [sys.executable, "-m", "tests.custom_ops.memcheck_ort_fuzz", "--calls", "500", "--seed", "3"],
+        capture_output=True, text=True, timeout=300, cwd=_ROOT, env={**os.environ, "PYTHONPATH": str(_ROOT)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "only the RaggedSelect calls run" in proc.stdout
@@ -35,7 +36,7 @@ def test_script_runs_select_calls_on_cpu(ort_library):
 
 def test_oracle_catches_a_wrong_output(ort_library, monkeypatch):
     """The calls compare every output: an oracle with one pos off fails the valid calls that have rows."""
-    import raggedvit.custom_ops._memcheck_select as mod
+    import tests.support.memcheck_select as mod
 
     def off_by_one(scores, cu, attrs):
         outs, margin, read = select_rows_numpy(scores, cu, attrs)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import embed_model
 from raggedvit.kernels.patch_embed import patch_embed_reference
 from raggedvit.runtime import create_session
+from tests.support.ort_models import embed_model
 
 ELEM = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 # InvalidGraph: ORT's own type check of the op's schema, at session creation

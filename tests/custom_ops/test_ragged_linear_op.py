@@ -11,10 +11,10 @@ import pytest
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import linear_model
 from raggedvit.kernels._linear_config import first_unwritten_row, linear_config
 from raggedvit.runtime import create_session, run_with_iobinding
-from raggedvit.testing import assert_close
+from tests.support.ort_models import linear_model
+from tests.support.testing import assert_close
 
 ELEM = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 CU_ELEM = {np.int32: TensorProto.INT32, np.int64: TensorProto.INT64}

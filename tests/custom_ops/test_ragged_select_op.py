@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from raggedvit.custom_ops._ort_models import SELECT_OUTPUTS, select_model
-from raggedvit.pruning._select_cases import SELECT_CASES, SelectCase, make_select_inputs
 from raggedvit.pruning.select import select_rows_reference
 from raggedvit.runtime import create_session
+from tests.support.ort_models import SELECT_OUTPUTS, select_model
+from tests.support.select_cases import SELECT_CASES, SelectCase, make_select_inputs
 
 
 def attrs_of(case: SelectCase, bound: int) -> dict[str, int | float]:

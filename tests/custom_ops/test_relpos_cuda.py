@@ -8,8 +8,8 @@ import pytest
 import torch
 from _relpos_cases import check, pos_model, relpos_inputs, run_pos
 
-from raggedvit.custom_ops._ort_models import DTYPES, random_batch
 from raggedvit.kernels.reference import pos_table_size
+from tests.support.ort_models import DTYPES, random_batch
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,7 +13,7 @@ from onnx import helper
 from raggedvit.exporter.translations import RAGGED_ATTENTION_SCHEMA, TRANSLATIONS
 from raggedvit.kernels import ragged_attention
 from raggedvit.kernels.reference import pos_table_size
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 H, D, GRID, P = 2, 8, (3, 4), 1
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from raggedvit.testing import gelu_float64
+from tests.support.testing import gelu_float64
 
 # (name, dtype, shape, bias, config (block_m, block_n, num_warps) or None = gelu_config)
 CASES = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from raggedvit.kernels.reference import pos_table_size, ragged_attention_reference
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 LENGTHS = (1, 2, 63, 64, 65, 197, 577)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -55,7 +55,7 @@ def _run_interpreted() -> dict[str, list[float]]:
     from raggedvit.kernels._linear_config import LinearConfig, first_unwritten_row
     from raggedvit.kernels._linear_launch import _launch_linear
     from raggedvit.kernels.reference import ragged_linear_reference
-    from raggedvit.testing import rel_error
+    from tests.support.testing import rel_error
 
     out = {}
     gen = torch.Generator().manual_seed(0)

@@ -15,8 +15,8 @@ PATHS = {"sorted": None, "pairwise": (8, 4)}  # launch_select's config: the defa
 def _run_interpreted() -> dict[str, dict[str, dict[str, bool]]]:
     from raggedvit.kernels import _select_kernel
     from raggedvit.kernels._select_launch import launch_select
-    from raggedvit.pruning._select_cases import SELECT_CASES, make_select_inputs
     from raggedvit.pruning.select import SelectedRows, select_rows_reference
+    from tests.support.select_cases import SELECT_CASES, make_select_inputs
 
     out: dict[str, dict[str, dict[str, bool]]] = {path: {} for path in PATHS}
     for case in SELECT_CASES:

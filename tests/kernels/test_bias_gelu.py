@@ -11,7 +11,7 @@ from _interpreted import run_cases_interpreted
 
 from raggedvit.kernels._linear_config import GELU_LARGE_M, aot_gelu_configs, gelu_config
 from raggedvit.kernels.bias_gelu import bias_gelu, bias_gelu_reference
-from raggedvit.testing import gelu_float64
+from tests.support.testing import gelu_float64
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

@@ -11,7 +11,7 @@ from _kernel_cases import check_against_reference, make_batch, poisoned_outputs,
 
 from raggedvit.kernels._config import KernelConfig, block_d, fwd_grid, pick_config
 from raggedvit.kernels._launch import _launch_triton
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 # (dtype, D, H, max tokens): every dtype, D and H appears; token budgets keep the interpreter fast
 CASES = [

@@ -21,7 +21,7 @@ from raggedvit.kernels._linear_config import (
     linear_config,
 )
 from raggedvit.kernels._linear_launch import _launch_linear
-from raggedvit.testing import assert_close, default_tolerance
+from tests.support.testing import assert_close, default_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -19,7 +19,7 @@ from timm.models.vision_transformer_relpos import RelPosAttention
 from raggedvit.kernels import ragged_attention
 from raggedvit.kernels._launch import _launch_triton
 from raggedvit.kernels.reference import pos_table_size, relative_position_index
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 
 @pytest.mark.parametrize("grid", [(1, 1), (2, 3), (4, 4), (14, 14), (7, 3)])

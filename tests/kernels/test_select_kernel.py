@@ -7,8 +7,8 @@ import pytest
 import torch
 from _interpreted import run_cases_interpreted
 
-from raggedvit.pruning._select_cases import SELECT_CASES, make_select_inputs
 from raggedvit.pruning.select import SelectedRows, select_rows_reference
+from tests.support.select_cases import SELECT_CASES, make_select_inputs
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from _pruning_models import get_images, get_model
 
 from raggedvit.kernels import ragged_attention_reference
 from raggedvit.pruning import PrunedViT, PruneSpec, packed_block_forward
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 
 class CountingReference:

@@ -12,7 +12,7 @@ from raggedvit._coverage_model import reduced_model
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.pruning.backbone import PackedState, backbone_for
 from raggedvit.pruning.families.cait import CaitBackbone
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 IMG = 64  # 4 x 4 patches
 

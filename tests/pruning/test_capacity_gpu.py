@@ -10,7 +10,7 @@ import torch
 from _pruning_models import get_images, get_model
 
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,7 +7,7 @@ import torch
 from timm.layers import AttentionPoolLatent
 
 from raggedvit.pruning.map_head import check_map_pool, map_pool
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 C, HEADS = 32, 4
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 from _pruning_models import get_images, get_model
 
-from raggedvit.pruning import PrunedViT, PruneSpec, padded_reference_forward
-from raggedvit.testing import assert_close
+from raggedvit.pruning import PrunedViT, PruneSpec
+from tests.support.padded import padded_reference_forward
+from tests.support.testing import assert_close
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,9 +6,10 @@ import pytest
 import torch
 from _pruning_models import get_images, get_model
 
-from raggedvit.pruning import PrunedViT, PruneSpec, padded_reference_forward
-from raggedvit.testing import assert_close
+from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.weights import load_vit
+from tests.support.padded import padded_reference_forward
+from tests.support.testing import assert_close
 
 SPECS = {
     "none": PruneSpec("none"),

@@ -17,7 +17,7 @@ from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 import raggedvit.pruning.families.beit as beit_family
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.pruning.relpos import beit_table, dense_bias, relpos_table
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 GRIDS = [(3, 4), (4, 3), (1, 1), (5, 5)]
 HEADS = 3

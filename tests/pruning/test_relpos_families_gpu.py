@@ -8,7 +8,7 @@ import torch
 from _relpos_models import IMG, MODELS, WITH_CLASS_TOKEN, build, masked_dense_forward
 
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.testing import assert_close
+from tests.support.testing import assert_close
 
 pytestmark = [
     pytest.mark.gpu,

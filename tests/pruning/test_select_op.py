@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from raggedvit.pruning import PackedState, PruneSpec, packed_prune_stage
-from raggedvit.pruning._select_cases import SELECT_CASES, SelectCase, make_select_inputs
 from raggedvit.pruning.select import SELECT_POLICIES
 from raggedvit.pruning.select_op import select_rows, select_rows_op
+from tests.support.select_cases import SELECT_CASES, SelectCase, make_select_inputs
 
 
 def oracle(scores, cu, width, bound, p, k):

@@ -1,4 +1,4 @@
-"""One shared closeness check for every test and validator."""
+"""One shared closeness check for every test (and the fuzz drivers)."""
 
 from __future__ import annotations
 

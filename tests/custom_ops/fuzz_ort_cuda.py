@@ -1,6 +1,7 @@
-"""Fuzz com.raggedvit::RaggedAttention on ORT's CUDA EP (run under compute-sanitizer by gpu_ort_checks.sh).
+"""Fuzz com.raggedvit::RaggedAttention on ORT's CUDA EP (test_sanitized_fuzz_gpu.py runs it, alone and under
+compute-sanitizer); from the checkout's root:
 
-    python3 scripts/fuzz_ort_cuda.py --calls 1000 --out benchmarks/results/fuzz
+    python3 -m tests.custom_ops.fuzz_ort_cuda --calls 1000 --out /tmp/fuzz
 
 Random T (0 included), H, D in {32, 64, 80, 128}, dtypes, cu dtypes, cls_attn on/off; valid cu_seqlens
 (checked against the float64 reference) and invalid ones (decreasing, > T, negative, last != T: must
@@ -23,10 +24,10 @@ from pathlib import Path
 import torch
 from onnx import TensorProto
 
-from raggedvit.custom_ops._ort_models import attention_model
 from raggedvit.kernels.reference import pos_table_size, ragged_attention_reference
 from raggedvit.runtime import create_session, run_with_iobinding
-from raggedvit.testing import rel_error
+from tests.support.ort_models import attention_model
+from tests.support.testing import rel_error
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CU_DTYPES = (torch.int32, torch.int64)
@@ -72,7 +73,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--max-t", type=int, default=700)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks") / "results" / "fuzz")
+    ap.add_argument("--out", type=Path, default=Path("fuzz-cuda"), help="folder of fuzz.json")
     ap.add_argument(
         "--device",
         choices=("cuda", "cpu"),

@@ -2,7 +2,7 @@
 """Write a test checkpoint that exercises every bias: seeded timm weights, q/k sharpened, then random biases,
 LayerNorm gains/shifts, tokens and LayerScale gammas (raggedvit.weights.perturb_biases_and_norms_).
 
-    python scripts/perturbed_checkpoint.py deit_base_patch16_224 OUT.safetensors [--seed 0] [--sharpen 4] [--scale 0.1]
+    python -m tests.support.perturbed_checkpoint deit_base_patch16_224 OUT.safetensors [--seed 0] [--sharpen 4]
     raggedvit export deit_base_patch16_224 --checkpoint OUT.safetensors ... && raggedvit validate ...
 
 Seeded timm weights have every Linear bias and LayerNorm shift at 0 and every gain at 1, so validating exports of

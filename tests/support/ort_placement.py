@@ -1,7 +1,7 @@
 """Where ONNX Runtime's CUDA EP puts an export's nodes: the Memcpy nodes of the optimized graph (each one a host
 round trip, and what stops a CUDA-graph capture) and the nodes left to the CPU EP.
 
-    python3 scripts/ort_placement.py MODEL.onnx [--batch 1]
+    python3 -m tests.support.ort_placement MODEL.onnx [--batch 1]      # from the checkout's root
 """
 
 from __future__ import annotations

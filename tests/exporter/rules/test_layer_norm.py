@@ -1,4 +1,4 @@
-"""Graph passes of raggedvit/exporter/rewrites.py on hand-built graphs."""
+"""The LayerNormalization rules (raggedvit/exporter/rules/layer_norm.py) on hand-built graphs."""
 
 from __future__ import annotations
 
@@ -6,133 +6,9 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from raggedvit.exporter.rewrites import fold_weight_layout, fuse_for_ort
+from raggedvit.exporter.rules import fuse_for_ort
 
-
-def _const(name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=name, const_value=ir.tensor(array))
-    value.shape, value.type = value.const_value.shape, ir.TensorType(value.const_value.dtype)
-    return value
-
-
-def _model(w: np.ndarray, shape: list[int], perm: list[int] | None, allowzero: int = 0) -> tuple[ir.Model, ir.Value]:
-    """x @ Transpose(Reshape(W, shape)) with W and shape initializers; returns the model and x."""
-    x = ir.Value(name="x", shape=ir.Shape([2, w.size // w.shape[0]]), type=ir.TensorType(ir.DataType.FLOAT))
-    wv, sv = _const("w", w), _const("shape", np.array(shape, dtype=np.int64))
-    reshape = ir.node("Reshape", [wv, sv], {"allowzero": allowzero})
-    attrs = {} if perm is None else {"perm": perm}
-    transpose = ir.node("Transpose", [reshape.outputs[0]], attrs)
-    mm = ir.node("MatMul", [x, transpose.outputs[0]])
-    mm.outputs[0].name = "y"
-    graph = ir.Graph(
-        [x], [mm.outputs[0]], nodes=[reshape, transpose, mm], initializers=[wv, sv], opset_imports={"": 20}
-    )
-    return ir.Model(graph, ir_version=10), x
-
-
-def test_reshape_then_transpose_of_a_weight_become_one_initializer():
-    w = np.arange(4 * 3 * 2 * 2, dtype=np.float32).reshape(4, 3, 2, 2)  # a conv weight [C, cin, ph, pw]
-    model, _ = _model(w, [4, -1], None)
-    assert fold_weight_layout(model) == 2
-    ops = [n.op_type for n in model.graph]
-    assert ops == ["MatMul"]
-    folded = model.graph.node(0).inputs[1]
-    assert folded.name == "w_reshape_transpose" and folded.name in model.graph.initializers
-    np.testing.assert_array_equal(folded.const_value.numpy(), w.reshape(4, -1).T)
-
-
-def test_explicit_perm_and_zero_dims():
-    w = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
-    model, _ = _model(w, [0, 12], [1, 0])  # allowzero 0: the 0 copies W's first dim
-    assert fold_weight_layout(model) == 2
-    np.testing.assert_array_equal(model.graph.node(0).inputs[1].const_value.numpy(), w.reshape(2, 12).T)
-
-
-def test_nodes_with_a_runtime_input_are_left_alone():
-    w = np.ones((4, 6), dtype=np.float32)
-    model, x = _model(w, [4, 6], None)
-    reshape = model.graph.node(0)
-    reshape.replace_input_with(0, x)  # Reshape(x, shape): not a constant
-    assert fold_weight_layout(model) == 0
-    assert [n.op_type for n in model.graph] == ["Reshape", "Transpose", "MatMul"]
-
-
-def _embedding_model(p: int, rows: int, C: int, axis: int = 1) -> ir.Model:
-    """Add(Concat(prefix [B, p, C], Add(y [B, rows, C], b [C])), pos [1, p + rows, C]): timm ViT's embedding."""
-    gen = np.random.default_rng(0)
-    f32 = ir.TensorType(ir.DataType.FLOAT)
-    prefix = ir.Value(name="prefix", shape=ir.Shape(["B", p, C]), type=f32)
-    y = ir.Value(name="y", shape=ir.Shape(["B", rows, C]), type=f32)
-    b = _const("b", gen.standard_normal(C).astype(np.float32))
-    pos = _const("pos", gen.standard_normal((1, p + rows, C)).astype(np.float32))
-    add = ir.node("Add", [y, b])
-    cat = ir.node("Concat", [prefix, add.outputs[0]], {"axis": axis})
-    out = ir.node("Add", [cat.outputs[0], pos])
-    out.outputs[0].name = "tokens"
-    graph = ir.Graph(
-        [prefix, y], [out.outputs[0]], nodes=[add, cat, out], initializers=[b, pos], opset_imports={"": 20}
-    )
-    return ir.Model(graph, ir_version=10)
-
-
-def _run(model: ir.Model, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    from onnx.reference import ReferenceEvaluator
-
-    return ReferenceEvaluator(ir.serde.serialize_model(model)).run(None, feeds)[0]
-
-
-def test_patch_bias_joins_the_position_table():
-    from onnxscript.rewriter import rewrite
-
-    from raggedvit.exporter.rewrites import PatchBiasIntoPosition
-
-    gen = np.random.default_rng(1)
-    feeds = {"prefix": gen.standard_normal((2, 1, 8)).astype(np.float32)}
-    feeds["y"] = gen.standard_normal((2, 6, 8)).astype(np.float32)
-    want = _run(_embedding_model(1, 6, 8), feeds)
-    model = rewrite(_embedding_model(1, 6, 8), pattern_rewrite_rules=[PatchBiasIntoPosition.rule("p")])
-    assert [n.op_type for n in model.graph] == ["Concat", "Add"]  # no bias Add left
-    np.testing.assert_allclose(_run(model, feeds), want, rtol=1e-6, atol=1e-6)
-
-
-def test_patch_bias_rule_needs_a_row_concat():
-    from onnxscript.rewriter import rewrite
-
-    from raggedvit.exporter.rewrites import PatchBiasIntoPosition
-
-    model = rewrite(_embedding_model(1, 6, 8, axis=2), pattern_rewrite_rules=[PatchBiasIntoPosition.rule("p")])
-    assert [n.op_type for n in model.graph] == ["Add", "Concat", "Add"]
-
-
-def _gelu_model(dtype: ir.DataType, n: int, with_bias: bool) -> ir.Model:
-    """Gelu(Add(y [3, n], b [n])) (or Gelu(y)) in `dtype`."""
-    y = ir.Value(name="y", shape=ir.Shape([3, n]), type=ir.TensorType(dtype))
-    nodes, inits, g_in = [], [], y
-    if with_bias:
-        b = _const("b", np.ones(n, dtype=dtype.numpy()))
-        add = ir.node("Add", [y, b])
-        add.outputs[0].shape, add.outputs[0].type = y.shape, y.type
-        nodes, inits, g_in = [add], [b], add.outputs[0]
-    gelu = ir.node("Gelu", [g_in], {"approximate": "none"})
-    gelu.outputs[0].name, gelu.outputs[0].shape, gelu.outputs[0].type = "g", y.shape, y.type
-    graph = ir.Graph([y], [gelu.outputs[0]], nodes=[*nodes, gelu], initializers=inits, opset_imports={"": 20})
-    return ir.Model(graph, ir_version=10)
-
-
-@pytest.mark.parametrize(
-    ("dtype", "n", "with_bias", "domain", "inputs"),
-    [
-        (ir.DataType.FLOAT16, 48, True, "com.raggedvit", 2),
-        (ir.DataType.FLOAT16, 48, False, "com.raggedvit", 1),  # no zero bias to read
-        (ir.DataType.FLOAT16, 40, True, "com.microsoft", 2),  # width not a multiple of 16: no CUDA kernel of ours
-        (ir.DataType.FLOAT, 48, True, "com.microsoft", 2),
-        (ir.DataType.FLOAT, 48, False, "com.microsoft", 2),  # ONNX Runtime's op with a zero bias
-    ],
-)
-def test_gelu_rules_pick_the_op(dtype, n, with_bias, domain, inputs):
-    model = fuse_for_ort(_gelu_model(dtype, n, with_bias))
-    (node,) = list(model.graph)
-    assert (node.domain, node.op_type, len(node.inputs)) == (domain, "BiasGelu", inputs)
+from ._graphs import const as _const
 
 
 def _gather_norm_model(dtype: ir.DataType, D: int, *, skip: bool, bias: bool, add_used: bool = False) -> ir.Model:
@@ -172,7 +48,7 @@ def _gather_norm_model(dtype: ir.DataType, D: int, *, skip: bool, bias: bool, ad
     ("dtype", "D", "skip", "bias", "add_used", "ops", "norm_inputs"),
     [
         (ir.DataType.FLOAT16, 48, False, False, False, ["GatherLayerNorm"], 4),
-        # the residual Add stays (fused into the GEMM by ONNX Runtime; rewrites.py says why it is not absorbed)
+        # the residual Add stays (fused into the GEMM by ONNX Runtime; layer_norm.py says why it is not absorbed)
         (ir.DataType.FLOAT16, 48, True, False, False, ["Add", "GatherLayerNorm"], 4),
         (ir.DataType.FLOAT16, 48, True, True, True, ["Add", "Add", "GatherLayerNorm"], 4),
         (ir.DataType.FLOAT16, 40, True, False, False, ["Add", "Gather", "LayerNormalization"], 0),  # D % 16 != 0
@@ -197,75 +73,6 @@ def test_gather_layer_norm_rules(ort_session, dtype, D, skip, bias, add_used, op
     got = ort_session(model).run(None, feeds)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-3, atol=2e-3)
-
-
-def _patch_embed_model(
-    N: int = 32, prefix: int = 1, *, cast: bool = True, perm: tuple[int, ...] = (0, 2, 4, 1, 3, 5)
-) -> ir.Model:
-    """timm ViT's embedding as torch.onnx writes it for fp16-all: Cast(Add(Concat(Expand(cls)..., MatMul(Reshape(
-    Transpose(Reshape(images [2, 3, 16, 24]))), W [48, N])), pos [1, P + 6, N]), float16); patch 4."""
-    gen = np.random.default_rng(4)
-    B, C, H, W, p = 2, 3, 16, 24, 4
-    gh, gw, K = H // p, W // p, C * p * p
-    f32 = ir.TensorType(ir.DataType.FLOAT)
-    images = ir.Value(name="images", shape=ir.Shape([B, C, H, W]), type=f32)
-    grid = ir.node("Reshape", [images, _const("grid", np.array([-1, C, gh, p, gw, p], np.int64))], {"allowzero": 1})
-    grid.outputs[0].shape, grid.outputs[0].type = ir.Shape([B, C, gh, p, gw, p]), f32
-    tr = ir.node("Transpose", [grid.outputs[0]], {"perm": list(perm)})
-    tr.outputs[0].shape, tr.outputs[0].type = ir.Shape([B, gh, gw, C, p, p]), f32
-    flat = ir.node("Reshape", [tr.outputs[0], _const("flat", np.array([-1, gh * gw, K], np.int64))], {"allowzero": 1})
-    flat.outputs[0].shape, flat.outputs[0].type = ir.Shape([B, gh * gw, K]), f32
-    mm = ir.node("MatMul", [flat.outputs[0], _const("w", (gen.standard_normal((K, N)) / 7).astype(np.float32))])
-    mm.outputs[0].shape, mm.outputs[0].type = ir.Shape([B, gh * gw, N]), f32
-    nodes = [grid, tr, flat, mm]
-    parts = []
-    for j in range(prefix):
-        ex = ir.node("Expand", [_const(f"tok{j}", gen.standard_normal((1, 1, N)).astype(np.float32)),
-                                _const(f"shape{j}", np.array([B, 1, 1], np.int64))])  # fmt: skip
-        ex.outputs[0].shape, ex.outputs[0].type = ir.Shape([B, 1, N]), f32
-        nodes.append(ex)
-        parts.append(ex.outputs[0])
-    cat = ir.node("Concat", [*parts, mm.outputs[0]], {"axis": 1})
-    pos = _const("pos", gen.standard_normal((1, prefix + gh * gw, N)).astype(np.float32))
-    add = ir.node("Add", [cat.outputs[0], pos])
-    add.outputs[0].shape, add.outputs[0].type = ir.Shape([B, prefix + gh * gw, N]), f32
-    nodes += [cat, add]
-    out = add
-    if cast:
-        out = ir.node("Cast", [add.outputs[0]], {"to": ir.DataType.FLOAT16})
-        out.outputs[0].shape, out.outputs[0].type = add.outputs[0].shape, ir.TensorType(ir.DataType.FLOAT16)
-        nodes.append(out)
-    out.outputs[0].name = "tokens"
-    inits = [v for n in nodes for v in n.inputs if v is not None and v.const_value is not None]
-    graph = ir.Graph([images], [out.outputs[0]], nodes=nodes, initializers=inits, opset_imports={"": 20})
-    return ir.Model(graph, ir_version=10)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "fused"),
-    [
-        ({}, True),
-        ({"prefix": 2}, True),  # class + distillation tokens
-        ({"prefix": 0}, True),  # no prefix rows (Concat of the patch rows alone)
-        ({"cast": False}, False),  # float32 stream (the fp16 recipe): the embedding stays float32
-        ({"N": 40}, False),  # width not a multiple of 16: no CUDA kernel of ours
-        ({"perm": (0, 2, 4, 1, 5, 3)}, False),  # not the im2col of a conv
-    ],
-    ids=["cls", "cls_dist", "no_prefix", "float32_stream", "n40", "other_perm"],
-)
-def test_patch_embed_rule(ort_session, kwargs, fused):
-    feeds = {"images": np.random.default_rng(5).standard_normal((2, 3, 16, 24)).astype(np.float32)}
-    (want,) = ort_session(_patch_embed_model(**kwargs)).run(None, feeds)
-    model = fuse_for_ort(_patch_embed_model(**kwargs))
-    ops = [n.op_type for n in model.graph]
-    assert (ops == ["PatchEmbed"]) == fused, ops
-    if fused:
-        node = model.graph.node(0)
-        assert node.domain == "com.raggedvit" and node.attributes["patch"].as_int() == 4
-        assert node.inputs[1].const_value.dtype == ir.DataType.FLOAT16
-    (got,) = ort_session(model).run(None, feeds)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=4e-3, atol=4e-3)
 
 
 def _rows_norm_model(
@@ -351,7 +158,7 @@ def test_layer_norm_rows_index_folds_with_a_fixed_batch(tmp_path):
 
     from raggedvit.runtime import create_session, session_options
 
-    from .conftest import to_proto
+    from ..conftest import to_proto
 
     model = to_proto(fuse_for_ort(_rows_norm_model(ir.DataType.FLOAT16, 48, images=True))).SerializeToString()
     feeds = {"images": np.random.default_rng(7).standard_normal((2, 3, 48)).astype(np.float16)}
@@ -449,3 +256,78 @@ def test_ragged_linear_skip_layer_norm_rule_needs_the_live_count(ort_session):
     got = ort_session(model).run(None, feeds)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=4e-3, atol=4e-3)
+
+
+def _skip_norm_model(*, bias: bool, cast: bool, residual_first: bool, T: int = 5, C: int = 24) -> ir.Model:
+    """LayerNormalization(Add(r, B)) with B = Add(y, b), Cast(Add(y, b), float) (y float16) or y (no bias); r, y
+    [T, C] inputs; outputs: the normalised rows and the sum (the next residual)."""
+    f32, f16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
+    ydt = f16 if cast else f32
+    r = ir.Value(name="r", shape=ir.Shape([T, C]), type=ir.TensorType(f32))
+    y = ir.Value(name="y", shape=ir.Shape([T, C]), type=ir.TensorType(ydt))
+    gamma = _const("gamma", np.linspace(0.5, 1.5, C).astype(np.float32))
+    beta = _const("beta", np.linspace(-1, 1, C).astype(np.float32))
+    nodes, inits, branch = [], [gamma, beta], y
+    if bias:
+        b = _const("b", np.linspace(-0.3, 0.3, C).astype(ydt.numpy()))
+        add_b = ir.node("Add", [y, b])
+        nodes, inits, branch = [add_b], [*inits, b], add_b.outputs[0]
+        branch.shape, branch.type = y.shape, y.type
+    if cast:
+        to = ir.node("Cast", [branch], {"to": f32})
+        to.outputs[0].shape, to.outputs[0].type = y.shape, r.type
+        nodes, branch = [*nodes, to], to.outputs[0]
+    add = ir.node("Add", [r, branch] if residual_first else [branch, r])
+    add.outputs[0].name, add.outputs[0].shape, add.outputs[0].type = "s", r.shape, r.type
+    ln = ir.node("LayerNormalization", [add.outputs[0], gamma, beta], {"axis": -1, "epsilon": 1e-6})
+    ln.outputs[0].name, ln.outputs[0].shape, ln.outputs[0].type = "n", r.shape, r.type
+    graph = ir.Graph([r, y], [ln.outputs[0], add.outputs[0]], nodes=[*nodes, add, ln], initializers=inits,
+                     opset_imports={"": 20})  # fmt: skip
+    return ir.Model(graph, ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("bias", "cast", "residual_first", "rule", "ops"),
+    [
+        (True, False, True, "skip_layer_norm", ["SkipLayerNormalization"]),
+        (True, False, False, "skip_layer_norm", ["SkipLayerNormalization"]),
+        (True, True, True, "skip_layer_norm_cast", ["Cast", "SkipLayerNormalization"]),  # bias added in float32
+        (False, False, True, "skip_layer_norm_plain", ["SkipLayerNormalization"]),
+    ],
+)
+def test_skip_layer_norm_rules(ort_session, bias, cast, residual_first, rule, ops):
+    from onnxscript.rewriter import rewrite
+
+    from raggedvit.exporter.rules.layer_norm import PlainSkipLayerNorm, SkipLayerNorm
+
+    kw = {"bias": bias, "cast": cast, "residual_first": residual_first}
+    rules = {
+        "skip_layer_norm": SkipLayerNorm.rule(rule, cast=False, residual_first=residual_first),
+        "skip_layer_norm_cast": SkipLayerNorm.rule(rule, cast=True, residual_first=residual_first),
+        "skip_layer_norm_plain": PlainSkipLayerNorm.rule(rule),
+    }
+    gen = np.random.default_rng(5)
+    feeds = {"r": gen.standard_normal((5, 24)).astype(np.float32)}
+    feeds["y"] = gen.standard_normal((5, 24)).astype(np.float16 if cast else np.float32)
+    want = ort_session(_skip_norm_model(**kw)).run(None, feeds)
+    model = rewrite(_skip_norm_model(**kw), pattern_rewrite_rules=[rules[rule]])
+    assert [n.op_type for n in model.graph] == ops
+    node = model.graph.node(-1)
+    assert node.domain == "com.microsoft" and len(node.inputs) == (5 if bias else 4)
+    got = ort_session(model).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_skip_layer_norm_rule_needs_constant_weights():
+    """A LayerNormalization whose gamma is a graph input is not fused (SkipLayerNormalization wants constants)."""
+    from onnxscript.rewriter import rewrite
+
+    from raggedvit.exporter.rules.layer_norm import SkipLayerNorm
+
+    model = _skip_norm_model(bias=True, cast=False, residual_first=True)
+    gamma = model.graph.initializers.pop("gamma")
+    gamma.const_value = None
+    model.graph.inputs.append(gamma)
+    model = rewrite(model, pattern_rewrite_rules=[SkipLayerNorm.rule("s", cast=False, residual_first=True)])
+    assert [n.op_type for n in model.graph] == ["Add", "Add", "LayerNormalization"]

@@ -1,6 +1,7 @@
-"""RaggedSelect calls of the torch-free CUDA-EP fuzz (scripts/memcheck_ort_fuzz.py): numpy, onnx and onnxruntime
-only. `select_rows_numpy` is the op's math written again in numpy, with cu clamped as the device kernels clamp it
-(`_select_kernel._image`); on a cu that the CPU EP accepts it is the CPU EP's result too (DESIGN.md section 3).
+"""RaggedSelect calls of the torch-free CUDA-EP fuzz (tests/custom_ops/memcheck_ort_fuzz.py): numpy, onnx and
+onnxruntime only. `select_rows_numpy` is the op's math written again in numpy, with cu clamped as the device
+kernels clamp it (`_select_kernel._image`); on a cu that the CPU EP accepts it is the CPU EP's result too
+(DESIGN.md section 3).
 
 Each call draws B (up to 70: more than one 64-image chunk of `_select_scatter`), rows per image (0 and <= p
 included), cu[0] > 0 at times, dead rows past cu[B] (NaN: never read) and uses one of a few attribute sets (width,

@@ -1,9 +1,9 @@
 """Torch-free fuzz of the RaggedAttention, RaggedLinear, RaggedSelect, BiasGelu, GatherLayerNorm and PatchEmbed
-CUDA-EP kernels, run under compute-sanitizer.
+CUDA-EP kernels, run under compute-sanitizer (from the checkout's root; test_sanitized_fuzz_gpu.py runs it):
 
     compute-sanitizer --tool memcheck --kernel-name kns=_ragged --kernel-name kns=_select_ \
         --kernel-name kns=_bias_gelu --kernel-name kns=_gather_layer_norm --kernel-name kns=_patch_embed \
-        python3 scripts/memcheck_ort_fuzz.py
+        python3 -m tests.custom_ops.memcheck_ort_fuzz
 
 Only onnxruntime(-gpu), numpy and the op library are loaded (no torch: its CUDA modules make the sanitizer's
 start-up take minutes). A few sessions (dtype x cu dtype x heads x head dim) are reused for all calls; each call
@@ -38,7 +38,7 @@ up to 1024; valid calls must be finite and match a numpy oracle to float16's rou
 the first and last patch rows, random ones); N not a multiple of 16, a Weight of the wrong K, a Prefix of the wrong
 width, a Pos of the wrong row count or 3-D Images must come back as errors, never faults. Before them, sessions with
 a bad patch attribute (absent, 0, -1, 32769) or double images must be refused; they count as calls.
-Every fifth call of the --calls ones is a RaggedSelect call (raggedvit/custom_ops/_memcheck_select.py): random B,
+Every fifth call of the --calls ones is a RaggedSelect call (tests/support/memcheck_select.py): random B,
 rows per image, dead rows, a few attribute sets (width, bound <= width, num_prefix, both policies); its outputs must
 equal a numpy oracle of the op (cu clamped as the kernels clamp it), on the CUDA EP and on the CPU EP for the cu
 values the CPU EP accepts (it must refuse the others); bad attributes, element types and shapes must be refused.
@@ -46,7 +46,7 @@ Without a CUDA EP (onnxruntime without CUDA) only the RaggedSelect calls run, on
 Progress is printed every 100 calls; exit 1 on any unexpected error.
 
 compute-sanitizer's --kernel-name kns=SUBSTRING instruments only kernels whose name contains SUBSTRING, and each
-further --kernel-name adds a filter (a kernel matching any is checked): scripts/gpu_session.sh passes kns=_ragged
+further --kernel-name adds a filter (a kernel matching any is checked): the command above passes kns=_ragged
 (_ragged_attn_fwd, _ragged_cls_attn, _ragged_linear), kns=_select_ (_select_count, _select_scatter),
 kns=_bias_gelu, kns=_gather_layer_norm and kns=_patch_embed.
 """
@@ -60,8 +60,8 @@ import time
 import numpy as np
 from onnx import TensorProto, helper
 
-from raggedvit.custom_ops._memcheck_select import SelectCalls
 from raggedvit.runtime import create_session, session_options
+from tests.support.memcheck_select import SelectCalls
 
 CASES = [  # (numpy dtype, onnx dtype, cu dtype, heads, head dim)
     (np.float16, TensorProto.FLOAT16, np.int32, 12, 64),
@@ -167,7 +167,7 @@ def linear_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict
         N, K = 16 * int(rng.integers(1, 17)), 16 * int(rng.integers(1, 17))
         kind = "valid" if rng.random() < 0.8 else str(rng.choice(LINEAR_BAD))
         if kind == "residual_shape" and not full:
-            kind = "valid"  # no Residual input in this session
+            kind = "valid"  # no Residual input in this ORT session
         x_k, w_k, n, res_t = K, K, N, T
         if kind == "k_not_16":
             x_k = w_k = K + int(rng.integers(1, 16))
@@ -309,7 +309,7 @@ def norm_calls(rng: np.random.Generator, calls: int, max_t: int) -> tuple[dict[s
         D = 16 * int(rng.integers(1, 257)) if rng.random() < 0.3 else int(rng.choice([384, 768, 1024, 1280, 16]))
         kind = "valid" if rng.random() < 0.85 else str(rng.choice(NORM_BAD))
         if kind == "cu_shape" and cu_elem is None:
-            kind = "valid"  # no CuSeqlens input in this session
+            kind = "valid"  # no CuSeqlens input in this ORT session
         live = R
         if cu_elem is not None:
             cu_np = np.int32 if cu_elem == TensorProto.INT32 else np.int64

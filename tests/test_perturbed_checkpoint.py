@@ -1,28 +1,16 @@
-"""scripts/perturbed_checkpoint.py: the checkpoint loads back exactly and has nonzero biases and norm shifts."""
+"""tests/support/perturbed_checkpoint.py: the checkpoint loads back exactly and has nonzero biases and norm shifts."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import torch
 
 from raggedvit.weights import load_vit
-
-_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "perturbed_checkpoint.py"
-
-
-def _script():
-    """scripts/perturbed_checkpoint.py as a module (scripts/ is no package; nothing goes on sys.path)."""
-    spec = importlib.util.spec_from_file_location("perturbed_checkpoint", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.perturbed_checkpoint import write_checkpoint
 
 
 def test_checkpoint_round_trip(tmp_path):
     path = tmp_path / "tiny.safetensors"
-    sha = _script().write_checkpoint("deit_tiny_patch16_224", path, seed=3)
+    sha = write_checkpoint("deit_tiny_patch16_224", path, seed=3)
     vit, info = load_vit("deit_tiny_patch16_224", checkpoint=path)
     assert info.source == "checkpoint" and info.checkpoint_sha256 == sha and info.sharpen_qk == 1.0
     want, _ = load_vit("deit_tiny_patch16_224", seed=3)  # sharpened q/k, zero biases
