@@ -28,8 +28,8 @@ is reached. Sync only grows (int64), so replays of a CUDA graph need no reset, a
 size at a time and one launch at a time (the launcher keeps one counter per device and grid size). A spin gives up
 after SPIN_LIMIT polls (the result is then wrong, never a hang).
 
-Tiles: GEMM tiles are BM x BN of the output, ordered column-block-major (the BM-row tiles of one weight column
-block are adjacent, so a weight tile comes from HBM once and from L2 after); the number of row tiles follows live.
+Tiles: GEMM tiles are BM x BN of the output, ordered column-block-major with M_FAST (the BM-row tiles of one weight
+column block are adjacent) or row-block-major; the number of row tiles follows live.
 fp32 (GEMM dtype) uses input_precision="ieee" (no tf32); fp16 / bf16 dots accumulate in fp32.
 """
 
@@ -135,22 +135,30 @@ def _linear_phase(
     A, W, Bias, Gamma, Res, Y, Part, Ctr, pid, nprog, live, T, K, N,
     HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
     ZERO_DEAD: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    M_FAST: tl.constexpr,
 ):  # fmt: skip
     """This program's tasks of one GEMM phase Y = epilogue(A @ W^T) (`_epilogue`) over the live rows.
 
-    Output tiles (cdiv(live, BM) x cdiv(N, BN), row tile fastest) times SPLIT slices of K are tasks t = pid, pid +
-    nprog, ... (slice-major). SPLIT == 1: a task owns its tile. SPLIT > 1: a task writes its fp32 partial tile to
-    Part[s] ([SPLIT, T, N]) and counts itself in Ctr[tile] (release / acquire); the task that counts last sums
-    Part[0..SPLIT-1] in order (deterministic), runs the epilogue and sets Ctr[tile] back to 0 for the next launch.
+    Output tiles (cdiv(live, BM) x cdiv(N, BN), row tile fastest with M_FAST, else column block fastest) times
+    SPLIT slices of K are tasks t = pid, pid + nprog, ... (slice-major). SPLIT == 1: a task owns its tile. SPLIT > 1:
+    a task writes its fp32 partial tile to Part[s] ([SPLIT, T, N]) and counts itself in Ctr[tile] (release /
+    acquire); the task that counts last sums Part[0..SPLIT-1] in order (deterministic), runs the epilogue and sets
+    Ctr[tile] back to 0 for the next launch.
     With ZERO_DEAD the rows [cdiv(live, BM) * BM, T) are zeroed by the tasks after the last."""
     n_m = (live + BM - 1) // BM
-    n_tiles = n_m * ((N + BN - 1) // BN)
+    n_n = (N + BN - 1) // BN
+    n_tiles = n_m * n_n
     k_len = (((K + SPLIT - 1) // SPLIT + BK - 1) // BK) * BK
     for t in range(pid, n_tiles * SPLIT, nprog):
         s = t // n_tiles
         tile = t - s * n_tiles
-        nb = tile // n_m
-        rows = (tile - nb * n_m) * BM + tl.arange(0, BM)
+        if M_FAST:  # the row tiles of one weight column block are adjacent tasks
+            nb = tile // n_m
+            mb = tile - nb * n_m
+        else:  # adjacent tasks read different weight column blocks
+            mb = tile // n_n
+            nb = tile - mb * n_n
+        rows = mb * BM + tl.arange(0, BM)
         cols = nb * BN + tl.arange(0, BN)
         row_ok = rows < live
         col_ok = cols < N
@@ -214,7 +222,7 @@ def _vit_block(
     BM: tl.constexpr, BN_WIDE: tl.constexpr, BN_NARROW: tl.constexpr, BK: tl.constexpr,
     SPLIT_PROJ: tl.constexpr, SPLIT_FC2: tl.constexpr, NORM_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
     ATT_BM: tl.constexpr, ATT_BN: tl.constexpr, BLOCK_D: tl.constexpr, CLS_BN: tl.constexpr, CLS_HG: tl.constexpr,
-    SPIN_LIMIT: tl.constexpr,
+    M_FAST: tl.constexpr, SPIN_LIMIT: tl.constexpr,
 ):  # fmt: skip
     """Phases [ph_lo, ph_hi) of the block (module docstring) on a co-resident grid of any size >= 1.
 
@@ -233,7 +241,7 @@ def _vit_block(
         _grid_sync(Sync, nprog, SPIN_LIMIT)
     if (ph_lo <= 1) & (ph_hi > 1):
         _linear_phase(Xn, Wqkv, Bqkv, Bqkv, X, Qkv, Ctr, Ctr, pid, nprog, live, T, C, 3 * C,
-                      HAS_QKV_B, False, False, False, False, 1, BM, BN_WIDE, BK)  # fmt: skip
+                      HAS_QKV_B, False, False, False, False, 1, BM, BN_WIDE, BK, M_FAST)  # fmt: skip
     if (ph_lo <= 1) & (ph_hi > 2):
         _grid_sync(Sync, nprog, SPIN_LIMIT)
     if (ph_lo <= 2) & (ph_hi > 2):
@@ -251,7 +259,7 @@ def _vit_block(
         else:
             p3 = pid
         _linear_phase(Att, Wproj, Bproj, Ls1, X, X1, Part, Ctr, p3, nprog, live, T, C, C,
-                      HAS_PROJ_B, HAS_LS1, True, False, False, SPLIT_PROJ, BM, BN_NARROW, BK)  # fmt: skip
+                      HAS_PROJ_B, HAS_LS1, True, False, False, SPLIT_PROJ, BM, BN_NARROW, BK, M_FAST)  # fmt: skip
     if (ph_lo <= 3) & (ph_hi > 4):
         _grid_sync(Sync, nprog, SPIN_LIMIT)
     if (ph_lo <= 4) & (ph_hi > 4):
@@ -260,9 +268,9 @@ def _vit_block(
         _grid_sync(Sync, nprog, SPIN_LIMIT)
     if (ph_lo <= 5) & (ph_hi > 5):
         _linear_phase(Xn, Wfc1, Bfc1, Bfc1, X1, Hid, Ctr, Ctr, pid, nprog, live, T, C, F,
-                      HAS_FC1_B, False, False, True, False, 1, BM, BN_WIDE, BK)  # fmt: skip
+                      HAS_FC1_B, False, False, True, False, 1, BM, BN_WIDE, BK, M_FAST)  # fmt: skip
     if (ph_lo <= 5) & (ph_hi > 6):
         _grid_sync(Sync, nprog, SPIN_LIMIT)
     if (ph_lo <= 6) & (ph_hi > 6):
         _linear_phase(Hid, Wfc2, Bfc2, Ls2, X1, Y, Part, Ctr + max_tiles, pid, nprog, live, T, F, C,
-                      HAS_FC2_B, HAS_LS2, True, False, True, SPLIT_FC2, BM, BN_NARROW, BK)  # fmt: skip
+                      HAS_FC2_B, HAS_LS2, True, False, True, SPLIT_FC2, BM, BN_NARROW, BK, M_FAST)  # fmt: skip

@@ -55,6 +55,11 @@ def test_gate_takes_the_faster_per_op_block_and_the_worst_case() -> None:
     assert passed["passed"] and passed["speedups"] == {"197": 3.0, "99": 2.5}
     failed = gate([_rec(197, 10.0, 35.0, 30.0), _rec(99, 12.0, 33.0, 20.0)])
     assert not failed["passed"] and "1.67x < 2.0x" in failed["reason"]
+    swept = [_rec(197, 10.0, 35.0, 30.0), _rec(99, 12.0, 33.0, 20.0)]
+    swept[0]["sweep"] = [{"us": 12.0, "rel_err": 4e-4}]
+    swept[1]["sweep"] = [{"us": 9.0, "rel_err": 4e-4}, {"us": 5.0, "rel_err": 0.5}, {"error": "x"}]  # wrong: skipped
+    best = gate(swept, best=True)
+    assert best["passed"] and best["speedups"]["99"] == pytest.approx(20.0 / 9.0)
     missing = gate([_rec(197, 10.0, 35.0, 30.0), _rec(99, 1.0, 33.0, 20.0, model="deit_small")])
     assert not missing["passed"] and "missing" in missing["reason"]
 

@@ -16,7 +16,7 @@ from raggedvit.kernels.reference import (
     ragged_linear_reference,
     vit_block_reference,
 )
-from raggedvit.testing import assert_close, default_tolerance
+from tests.support.testing import assert_close, default_tolerance
 
 C, H, F = 64, 2, 256
 
