@@ -7,9 +7,11 @@ q/k rows of qkv x4 as the exports' seeded weights), at 197 / 99 rows (B=1, unpru
   the same inputs twice (a race shows as a moving result), and a CUDA graph of the engine replayed on new inputs;
 - us per block: a chain of BLOCKS distinct blocks (a forward's worth of weights, so weights come from HBM as in
   serving, not from L2) captured as one CUDA graph, GPU time of its replays / BLOCKS (median): the engine, the
-  engine with cls_attn, the engine on a layout whose rows are all dead (launch and barriers only), and today's
+  engine with cls_attn, the engine with one block's weights every time (L2-resident), the engine on a layout whose
+  rows are all dead (launch and barriers only) and that with its first phase only (the launch), and today's
   per-op block (raggedvit.pruning.packed_block.packed_block_forward on the timm Block) with nn.Linear (cuBLAS) and
   with the ragged linear kernels;
+- a sweep of engine configs (sweep_configs) per case, each checked against the reference;
 - per phase: each phase of the engine alone (`phases=(p, p + 1)`, a launch of its own), against its roofline
   (weight and activation bytes at HBM_BYTES_PER_S, FLOPs at TENSOR_FLOPS).
 
@@ -38,7 +40,16 @@ BLOCKS = 12  # distinct blocks per timed chain
 HBM_BYTES_PER_S = 4.8e12
 TENSOR_FLOPS = 800e12
 QK_SHARPEN = 4.0
-GATE_SPEEDUP = 2.0  # the engine must be this much faster than the faster per-op block at B = 1
+GATE_SPEEDUP = 2.0
+# engine: the block; engine_cls: with cls_attn; engine_l2: one block's weights in every chain step (L2-resident);
+# engine_dead: a layout with no live row (launch + barriers); engine_launch: that with the first phase only (launch)
+ENGINE_VARIANTS = (
+    "engine",
+    "engine_cls",
+    "engine_l2",
+    "engine_dead",
+    "engine_launch",
+)  # the engine must be this much faster than the faster per-op block at B = 1
 
 
 def seq_lengths(T: int, B: int) -> list[int]:
@@ -113,13 +124,15 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     def f(v: Any) -> str:
         return f"{v:8.2f}" if isinstance(v, (int, float)) and math.isfinite(v) else f"{'-':>8}"
 
-    lines = [f"{'model':<11}{'T':>5}{'B':>3} {'engine':>8} {'eng+cls':>8} {'dead':>8} {'cuBLAS':>8} {'ragged':>8} "
+    lines = [f"{'model':<11}{'T':>5}{'B':>3} {'engine':>8} {'eng+cls':>8} {'L2 wts':>8} {'dead':>8} {'launch':>8} "
+             f"{'cuBLAS':>8} {'ragged':>8} "
              f"{'speedup':>8} {'swept':>8} {'roofline':>8}   us per block"]  # fmt: skip
     for r in records:
         ops = [r[k] for k in ("per_op_cublas_us", "per_op_ragged_us") if r.get(k)]
         sp = min(ops) / r["engine_us"] if ops and r.get("engine_us") else None
         lines.append(f"{r['model']:<11}{r['T']:>5}{r['B']:>3} {f(r.get('engine_us'))} {f(r.get('engine_cls_us'))} "
-                     f"{f(r.get('engine_dead_us'))} {f(r.get('per_op_cublas_us'))} {f(r.get('per_op_ragged_us'))} "
+                     f"{f(r.get('engine_l2_us'))} {f(r.get('engine_dead_us'))} {f(r.get('engine_launch_us'))} "
+                     f"{f(r.get('per_op_cublas_us'))} {f(r.get('per_op_ragged_us'))} "
                      f"{f(sp)} {f(best_swept_us(r))} {f(r.get('roofline_us'))}")  # fmt: skip
     lines.append(
         f"{'model':<11}{'T':>5}{'B':>3} " + " ".join(f"{p:>13}" for p in PHASES) + "   phase alone / roofline us"
@@ -229,8 +242,9 @@ def chain_fn(
     C = blocks[0].norm1.weight.shape[0]
     lengths = seq_lengths(T, B)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
-    if variant == "engine_dead":
+    if variant in ("engine_dead", "engine_launch"):  # no live row: launch and barriers (dead), launch alone
         cu = torch.zeros_like(cu)
+        phase = 0 if variant == "engine_launch" else phase
     x0 = torch.randn(T, C, device="cuda").half()
     if variant.startswith("per_op"):
         ragged = variant == "per_op_ragged"
@@ -246,8 +260,10 @@ def chain_fn(
     ws = [block_workspace(T, C, 4 * C, H, torch.float16, torch.float16, x0.device, cls, config) for _ in range(2)]
     ys = [torch.empty_like(x0) for _ in range(2)]
     ws_all = [block_weights(b) for b in blocks]
+    if variant == "engine_l2":  # one block's weights every time: they stay in L2
+        ws_all = ws_all[:1] * len(ws_all)
     phases = (0, len(PHASES)) if phase is None else (phase, phase + 1)
-    if phase is not None:  # the phase's inputs: the scratch of a whole run
+    if phase is not None and variant != "engine_launch":  # the phase's inputs: the scratch of a whole run
         for i in range(2):
             vit_block_engine(x0, cu, ws_all[i], H, workspace=ws[i], out=ys[i], config=config)
 
@@ -356,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
             except Exception as exc:  # noqa: BLE001 - recorded, the timings still run
                 rec["check"] = {"passed": False, "errors": [f"{type(exc).__name__}: {str(exc)[:400]}"]}
             print(f"{model} T={T} B={B} check: {rec['check']}", flush=True)
-            for variant in ("engine", "engine_cls", "engine_dead", "per_op_cublas", "per_op_ragged"):
+            for variant in ENGINE_VARIANTS + ("per_op_cublas", "per_op_ragged"):
                 try:
                     us, how = graph_time_us(chain_fn(blocks, H, T, B, variant), inner=2, reps=15)
                     rec[f"{variant}_us"] = us / BLOCKS
