@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from raggedvit.exporter._io import Interrupted, interrupts_raise
 from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 
 __all__ = [
@@ -53,35 +51,6 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt: `except Exception` does not stop it,
-    `except BaseException` cleanup (raggedvit.exporter._io.atomic_write) runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signal_name = signal.Signals(signum).name
-
-
-def _raise_interrupted(signum: int, frame) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not disturb the cleanup
-        signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
-
-
-def interrupts_raise() -> Callable[[], None]:
-    """SIGINT and SIGTERM raise Interrupted in the main thread from now on; returns the function that restores
-    the previous handlers (a no-op outside the main thread, where handlers cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
 
 
 def is_ort_error(exc: BaseException) -> bool:

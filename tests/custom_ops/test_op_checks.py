@@ -53,8 +53,10 @@ WRONG_TYPE = [
     ("RaggedLinear", "activation", lambda: linear_model(F32, activation=1.0)),
     ("GatherLayerNorm", "epsilon", lambda: norm_model(F32, epsilon=100)),
     ("PatchEmbed", "patch", lambda: embed_model(patch=16.0)),
-    *[("RaggedSelect", k, lambda k=k: select_model({**SELECT, k: float(SELECT[k])})) for k in
-      ("width", "bound", "num_prefix", "policy")],  # fmt: skip
+    *[
+        ("RaggedSelect", k, lambda k=k: select_model({**SELECT, k: float(SELECT[k])}))
+        for k in ("width", "bound", "num_prefix", "policy")
+    ],  # fmt: skip
     ("RaggedSelect", "keep", lambda: select_model({**SELECT, "keep": 1})),
     ("RaggedSelect", "mass", lambda: select_model({**SELECT, "mass": 0})),
 ]
