@@ -13,6 +13,7 @@ from raggedvit._cli_support import (
     check_range,
     check_writable,
     is_ort_error,
+    parse_int_list,
     require_device,
     require_onnxruntime_cli,
 )
@@ -53,12 +54,7 @@ def bench(
 
     if not onnx_file.is_file():
         raise CliError(f"no such file: {onnx_file}")
-    try:
-        sizes = tuple(int(b) for b in batches.split(","))
-        if not sizes or min(sizes) < 1:
-            raise ValueError
-    except ValueError:
-        raise CliError(f"--batch must be comma-separated positive integers, got {batches!r}") from None
+    sizes = parse_int_list("--batch", batches, lo=1, what="positive integers")
     check_range("--seconds", seconds, 0.0, lo_open=True)
     if cuda_graph and device != "cuda":
         raise CliError("--cuda-graph needs --device cuda")

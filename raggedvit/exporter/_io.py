@@ -3,8 +3,8 @@
 `staging_dir` is the one mechanism (export, triton-repo, validate's report and bench's JSON use it): SIGINT and
 SIGTERM raise `Interrupted` from before the temp folder exists, its name is fixed before it is created (so the
 cleanup knows it at every moment), and it is removed however the block ends, a second signal included. `commit`
-renames staged entries onto their targets all together: a signal during the renames is acted on after the last
-one, and a failed rename undoes the earlier ones (a report is both its files or neither).
+renames staged entries onto their targets as a set: a failed rename or a signal before the last one undoes the
+earlier ones (a report is both its files or neither).
 """
 
 from __future__ import annotations
@@ -106,28 +106,17 @@ def staging_dir(parent: str | Path, name: str) -> Iterator[Path]:
 
 
 def commit(moves: Mapping[Path, Path]) -> None:
-    """os.replace each staged entry onto its target, all together: a signal arriving meanwhile is raised after the
-    last rename; if a rename fails, the targets already replaced are removed (none of the new outputs stays) and
-    the OSError propagates."""
-    done: list[Path] = []
-
-    def run() -> None:
+    """os.replace each staged entry onto its target, as a set: if a rename fails or a signal arrives before the
+    last one is done, the targets already replaced are removed again (none of the new outputs stays), and the
+    OSError or Interrupted propagates."""
+    started: list[tuple[Path, Path]] = []
+    try:
         for src, dst in moves.items():
-            if dst in done:
-                continue
-            if not os.path.lexists(src) and os.path.lexists(dst):  # renamed just before a signal cut this short
-                done.append(dst)
-                continue
-            try:
-                os.replace(src, dst)
-            except OSError:
-                for d in done:
-                    _remove(d)
-                done.clear()
-                raise
-            done.append(dst)
-
-    _finish(run)
+            started.append((src, dst))  # recorded first: a signal right after the rename still undoes it
+            os.replace(src, dst)
+    except BaseException:
+        _finish(lambda: [_remove(dst) for src, dst in started if not os.path.lexists(src)])
+        raise
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
