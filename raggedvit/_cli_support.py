@@ -27,6 +27,7 @@ __all__ = [
     "IGNORED_BY_POLICY",
     "CliError",
     "Interrupted",
+    "check_folder",
     "check_img_size",
     "check_memory",
     "check_range",
@@ -138,6 +139,20 @@ def check_readable_file(path: Path, what: str) -> None:
         raise CliError(f"{what} {str(path)!r} is a directory, not a file")
     if not stat.S_ISREG(mode):
         raise CliError(f"{what} {str(path)!r} is not a regular file")
+
+
+def check_folder(path: Path, what: str) -> None:
+    """CliError when `path` exists (or is a link) but is not a folder one can enter: a file, a symlink loop."""
+    if not os.path.lexists(path) or path.is_dir():
+        return
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CliError(f"{what} {str(path)!r} is a symlink loop") from None
+        if e.errno == errno.ENOENT:
+            raise CliError(f"{what} {str(path)!r} is a link to nothing") from None
+    raise CliError(f"{what} {str(path)!r} exists and is not a directory")
 
 
 def parse_int_list(option: str, text: str, *, lo: int, what: str) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ import click
 
 from raggedvit._cli_support import (
     CliError,
+    check_folder,
     check_memory,
     check_range,
     check_writable,
@@ -118,6 +119,7 @@ def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, serv
     op library)."""
     from raggedvit.triton_repo import write_model_repository
 
+    check_folder(repo_dir, "DIR")
     try:
         repo = write_model_repository(
             onnx_file,
@@ -128,8 +130,11 @@ def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, serv
             kind=kind,
             server_repo=server_repo,
         )
-    except (ValueError, OSError) as e:  # bad model or arguments, op library not built, unwritable DIR
+    except ValueError as e:  # bad model or arguments
         raise CliError(str(e)) from None
+    except OSError as e:  # op library not built, unwritable DIR
+        where = f" {str(e.filename)!r}" if e.filename else ""
+        raise CliError(f"cannot write the model repository{where}: {e.strerror or e}") from None
     batching = f"batches up to {repo.max_batch_size}" if repo.max_batch_size else "fixed batch: max_batch_size 0"
     click.echo(f"wrote {repo.model_dir} (config.pbtxt, 1/model.onnx, {repo.library.name}; {batching})")
     click.echo(f"serve with: tritonserver --model-repository={server_repo} (DIR mounted at {server_repo})")

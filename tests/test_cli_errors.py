@@ -175,6 +175,7 @@ CASES = {
     "output is a symlink loop": (["export", MODEL, "--seed", "0", "-o", "{out}/a"], "'{out}/a': a symlink loop"),
     "symlink loop above the output": ([*EXPORT[:3], "{out}/a/m.onnx"], "'{out}/a/m.onnx': a symlink loop in its"),
     "checkpoint is a directory": ([*EXPORT, "--checkpoint", "{img_bomb}"], "is a directory, not a file"),
+    "triton-repo DIR is a symlink loop": (["triton-repo", "{fake}", "{out}/a"], "DIR '{out}/a' is a symlink loop"),
     "checkpoint is a symlink loop": ([*EXPORT, "--checkpoint", "{out}/a"], "'{out}/a' is a symlink loop"),
     # sizes the model cannot take, checked before tracing
     "img-size 7": ([*EXPORT, "--seed", "0", "--img-size", "7"], "--img-size 7 is too small for deit_tiny_patch16"),
