@@ -9,34 +9,44 @@ not an exception: `validate` returns 1.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import os
-import signal
-import threading
-from collections.abc import Callable
+import stat
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
+from raggedvit.exporter._io import Interrupted, interrupts_raise
 from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 
 __all__ = [
     "IGNORED_BY_POLICY",
     "CliError",
     "Interrupted",
+    "check_folder",
+    "check_img_size",
     "check_memory",
     "check_range",
+    "check_readable_file",
     "check_writable",
     "exit_status",
     "interrupts_raise",
     "is_ort_error",
+    "parse_int_list",
+    "quiet_numerics",
     "refuse_ignored_options",
+    "refuse_unused_checkpoint",
     "require_device",
     "warn_nonfinite",
 ]
 
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2: a group called without a command
 INPUT_ERRORS = (ValidationInputError, OpLibraryMissing)  # typed library errors about the user's inputs
+_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's RuntimeError when an allocation fails
 
 # Pruning options each policy ignores (fuse with topk-l2 / cls-mass: PruneSpec's own, more specific error).
 IGNORED_BY_POLICY = {
@@ -53,35 +63,6 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt: `except Exception` does not stop it,
-    `except BaseException` cleanup (raggedvit.exporter._io.atomic_write) runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signal_name = signal.Signals(signum).name
-
-
-def _raise_interrupted(signum: int, frame) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not disturb the cleanup
-        signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
-
-
-def interrupts_raise() -> Callable[[], None]:
-    """SIGINT and SIGTERM raise Interrupted in the main thread from now on; returns the function that restores
-    the previous handlers (a no-op outside the main thread, where handlers cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
 
 
 def is_ort_error(exc: BaseException) -> bool:
@@ -111,6 +92,8 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 2, "out of memory" + (
             f": {_one_line(str(exc))}" if str(exc) else " (are the sizes asked for too large?)"
         )
+    if isinstance(exc, RuntimeError) and _ALLOCATOR_FAILURE in str(exc):  # torch's CPU allocator
+        return 2, "out of memory: " + _one_line(str(exc).split(_ALLOCATOR_FAILURE, 1)[1]).lstrip(": ")
     if isinstance(exc, OSError) and exc.strerror:
         where = f" {str(exc.filename)!r}" if exc.filename else ""
         return 2, f"cannot access{where}: {exc.strerror}"
@@ -119,8 +102,18 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
 
 
 def check_writable(path: Path, what: str) -> None:
-    """CliError unless `path` can be created or replaced: a regular file (or nothing) in a writable folder."""
-    parent = path.resolve().parent
+    """CliError unless `path` can be created or replaced: a regular file (or nothing) in a writable folder, with no
+    symlink loop on the way."""
+    try:
+        parent = path.resolve().parent
+        if path.is_symlink():
+            path.stat()  # a dangling link is fine (FileNotFoundError), a looping one is not
+    except FileNotFoundError:
+        pass
+    except (RuntimeError, OSError) as e:  # pathlib raises RuntimeError("Symlink loop ...") before Python 3.13
+        if isinstance(e, OSError) and e.errno != errno.ELOOP:
+            raise CliError(f"cannot write {what} {str(path)!r}: {e.strerror or e}") from None
+        raise CliError(f"cannot write {what} {str(path)!r}: a symlink loop in its path") from None
     if path.is_dir():
         raise CliError(f"{what} {str(path)!r} is a directory")
     if path.exists() and not path.is_file():  # a device or a fifo: replacing it would be a surprise
@@ -129,6 +122,82 @@ def check_writable(path: Path, what: str) -> None:
         raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK):
         raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} is not writable")
+
+
+def check_readable_file(path: Path, what: str) -> None:
+    """CliError unless `path` is a regular file (through links) that exists: says which of missing, a directory,
+    a symlink loop or something else it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise CliError(f"{what} {str(path)!r} does not exist") from None
+        if e.errno == errno.ELOOP:
+            raise CliError(f"{what} {str(path)!r} is a symlink loop") from None
+        raise CliError(f"cannot read {what} {str(path)!r}: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
+        raise CliError(f"{what} {str(path)!r} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise CliError(f"{what} {str(path)!r} is not a regular file")
+
+
+def check_folder(path: Path, what: str) -> None:
+    """CliError when `path` exists (or is a link) but is not a folder one can enter: a file, a symlink loop."""
+    if not os.path.lexists(path) or path.is_dir():
+        return
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CliError(f"{what} {str(path)!r} is a symlink loop") from None
+        if e.errno == errno.ENOENT:
+            raise CliError(f"{what} {str(path)!r} is a link to nothing") from None
+    raise CliError(f"{what} {str(path)!r} exists and is not a directory")
+
+
+def parse_int_list(option: str, text: str, *, lo: int, what: str) -> tuple[int, ...]:
+    """The comma-separated integers of `text`, each >= lo; CliError for an empty list or item ("1,,2") or another
+    value. `what` names the items in the message ("positive integers", "block indices >= 1")."""
+    parts = text.split(",")
+    try:
+        values = tuple(int(p.strip()) for p in parts)
+    except ValueError:
+        values = ()
+    if not values or min(values) < lo:
+        raise CliError(f"{option} must be comma-separated {what}, got {text!r}")
+    return values
+
+
+def check_img_size(model: str, vit, img_size: int | None) -> None:
+    """CliError, before any tracing, when --img-size leaves `vit` (timm, built at that size) no whole patch: the
+    smallest valid size is its patch size."""
+    patch = getattr(getattr(vit, "patch_embed", None), "patch_size", None)
+    if img_size is None or patch is None:
+        return
+    smallest = max(int(p) for p in (patch if isinstance(patch, (tuple, list)) else (patch, patch)))
+    if img_size < smallest:
+        raise CliError(
+            f"--img-size {img_size} is too small for {model}: the smallest valid size is {smallest} (its patch size)"
+        )
+
+
+def refuse_unused_checkpoint(recipe: dict, checkpoint: Path | None, onnx_name: str) -> None:
+    """CliError when --checkpoint is given for an export whose weights did not come from a checkpoint."""
+    source = (recipe.get("weights") or {}).get("source")
+    if checkpoint is not None and source != "checkpoint":
+        raise CliError(
+            f"--checkpoint does not apply: {onnx_name} was exported with {source or 'unrecorded'} weights; leave it out"
+        )
+
+
+@contextlib.contextmanager
+def quiet_numerics() -> Iterator[None]:
+    """No numpy / torch RuntimeWarnings (NaN or Inf in a comparison): the command reports them in its verdict."""
+    import numpy as np
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def check_range(option: str, value: float, lo: float, hi: float = math.inf, *, lo_open: bool = False) -> None:

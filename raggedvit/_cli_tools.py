@@ -10,10 +10,12 @@ import click
 
 from raggedvit._cli_support import (
     CliError,
+    check_folder,
     check_memory,
     check_range,
     check_writable,
     is_ort_error,
+    parse_int_list,
     require_device,
     require_onnxruntime_cli,
 )
@@ -65,12 +67,7 @@ def bench(
 
     if not onnx_file.is_file():
         raise CliError(f"no such file: {onnx_file}")
-    try:
-        sizes = tuple(int(b) for b in batches.split(","))
-        if not sizes or min(sizes) < 1:
-            raise ValueError
-    except ValueError:
-        raise CliError(f"--batch must be comma-separated positive integers, got {batches!r}") from None
+    sizes = parse_int_list("--batch", batches, lo=1, what="positive integers")
     check_range("--seconds", seconds, 0.0, lo_open=True)
     if cuda_graph and device != "cuda":
         raise CliError("--cuda-graph needs --device cuda")
@@ -149,6 +146,7 @@ def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, serv
     op library)."""
     from raggedvit.triton_repo import write_model_repository
 
+    check_folder(repo_dir, "DIR")
     try:
         repo = write_model_repository(
             onnx_file,
@@ -159,8 +157,11 @@ def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, serv
             kind=kind,
             server_repo=server_repo,
         )
-    except (ValueError, OSError) as e:  # bad model or arguments, op library not built, unwritable DIR
+    except ValueError as e:  # bad model or arguments
         raise CliError(str(e)) from None
+    except OSError as e:  # op library not built, unwritable DIR
+        where = f" {str(e.filename)!r}" if e.filename else ""
+        raise CliError(f"cannot write the model repository{where}: {e.strerror or e}") from None
     batching = f"batches up to {repo.max_batch_size}" if repo.max_batch_size else "fixed batch: max_batch_size 0"
     click.echo(f"wrote {repo.model_dir} (config.pbtxt, 1/model.onnx, {repo.library.name}; {batching})")
     click.echo(f"serve with: tritonserver --model-repository={server_repo} (DIR mounted at {server_repo})")

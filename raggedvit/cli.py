@@ -16,11 +16,17 @@ import click
 
 from raggedvit._cli_support import (
     CliError,
+    check_img_size,
+    check_memory,
     check_range,
+    check_readable_file,
     check_writable,
     exit_status,
     interrupts_raise,
+    parse_int_list,
+    quiet_numerics,
     refuse_ignored_options,
+    refuse_unused_checkpoint,
     require_onnxruntime_cli,
     warn_nonfinite,
 )
@@ -130,21 +136,23 @@ def export(
     refuse_ignored_options(click.get_current_context(), policy)
     if sum([checkpoint is not None, pretrained, seed is not None]) > 1:
         raise CliError("give at most one of --checkpoint, --pretrained, --seed")
-    if checkpoint is not None and not Path(checkpoint).is_file():
-        raise CliError(f"checkpoint {str(checkpoint)!r} does not exist")
+    if checkpoint is not None:
+        check_readable_file(Path(checkpoint), "checkpoint")
     if img_size is not None and img_size <= 0:
         raise CliError(f"--img-size must be positive, got {img_size}")
     check_writable(output, "output")
     from raggedvit.pruning import PruneSpec
 
+    indices = parse_int_list("--prune-at", prune_at, lo=0, what="block indices") if policy != "none" else ()
     try:
-        spec = PruneSpec.from_strings(policy, prune_at if policy != "none" else (), keep, mass, fuse)
+        spec = PruneSpec.from_strings(policy, indices, keep, mass, fuse)
     except ValueError as e:
         raise CliError(f"bad pruning parameters: {e}") from None
 
     steps = tqdm(total=3, desc="export", unit="step", file=sys.stderr, disable=None, leave=False)
     steps.set_postfix_str("loading weights")
     vit, info = _load_vit(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
+    check_img_size(model, vit, img_size)
     warn_nonfinite(vit)
     steps.update()
     from raggedvit.exporter import export_onnx
@@ -297,6 +305,12 @@ def validate(
     from raggedvit.validators.session import open_session
 
     recipe = load_recipe(onnx_file)
+    refuse_unused_checkpoint(recipe, checkpoint, onnx_file.name)
+    if checkpoint is not None:
+        check_readable_file(Path(checkpoint), "checkpoint")
+    if random_n is not None:  # the float32 images are made up front
+        size = int(recipe.get("img_size") or 0)
+        check_memory(f"--random {random_n}", random_n * 3 * size * size * 4)
     # fail fast (before torch is imported): op library, providers, model loads; then validated with this ORT session
     session = open_session(onnx_file, device, recipe=recipe)
     pairs = _decoded_images(image_dir)  # unreadable images fail before the reference is built
@@ -305,22 +319,23 @@ def validate(
 
     vit, spec = load_reference(recipe, checkpoint=checkpoint)
     images, names = _validation_images(vit, pairs, random_n)
-    result = run_validation(
-        onnx_file,
-        images,
-        names,
-        vit=vit,
-        spec=spec,
-        recipe=recipe,
-        device=device,
-        thresholds=Thresholds.for_dtype(
-            str(recipe.get("dtype", "fp32")), atol=atol, rtol=rtol, min_top1=min_top1, tie_eps=tie_eps
-        ),
-        batch_size=batch_size,
-        progress=True,
-        session=session,
-        floor=floor,
-    )
+    with quiet_numerics():  # NaN / Inf logits are the verdict's to report, not numpy's warnings
+        result = run_validation(
+            onnx_file,
+            images,
+            names,
+            vit=vit,
+            spec=spec,
+            recipe=recipe,
+            device=device,
+            thresholds=Thresholds.for_dtype(
+                str(recipe.get("dtype", "fp32")), atol=atol, rtol=rtol, min_top1=min_top1, tie_eps=tie_eps
+            ),
+            batch_size=batch_size,
+            progress=True,
+            session=session,
+            floor=floor,
+        )
     click.echo(result.to_markdown(), nl=False)
     if report is not None:
         try:

@@ -17,7 +17,6 @@ as the server sees the repository (`server_repo`, "/models" for `docker run -v $
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -28,6 +27,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
 from raggedvit.custom_ops import LIBRARY_NAME, library_path
+from raggedvit.exporter._io import commit, staging_dir
 
 __all__ = ["ModelRepository", "TensorConfig", "model_config", "tensor_configs", "write_model_repository"]
 
@@ -219,9 +219,9 @@ def write_model_repository(
     )
 
     repo_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repo_dir))  # renamed into place when complete
-    try:
-        (staging / "1").mkdir()
+    with staging_dir(repo_dir, name) as tmp:  # renamed into place when complete
+        staging = tmp / name
+        (staging / "1").mkdir(parents=True)
         shutil.copyfile(onnx_path, staging / "1" / "model.onnx")
         for rel in external:
             (staging / "1" / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -229,10 +229,7 @@ def write_model_repository(
         shutil.copyfile(library, staging / LIBRARY_NAME)
         (staging / "config.pbtxt").write_text(config)
         staging.chmod(0o755)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        commit({staging: target})
     return ModelRepository(
         model_dir=target,
         config=target / "config.pbtxt",

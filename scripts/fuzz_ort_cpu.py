@@ -1,12 +1,12 @@
 """Seeded fuzz of the com.raggedvit ops on the CPU EP (CI: 10,000 calls, test_fuzz_cpu.py): RaggedAttention,
-RaggedLinear, RaggedSelect, BiasGelu, GatherLayerNorm and PatchEmbed (their cases: raggedvit/custom_ops/_fuzz_*.py).
+RaggedLinear, RaggedSelect, BiasGelu, GatherLayerNorm and PatchEmbed (their cases: tests/custom_ops/fuzz/).
 
     python3 scripts/fuzz_ort_cpu.py --calls 100000 --seed 14
     python3 scripts/fuzz_ort_cpu.py --seed 14 --first 5123 --calls 1      # replay one reported call
 
 Every batch of calls runs in a child process; a crash or hang is reported with the seed and call index.
-Prints the summary; exit 1 on any crash or failure. The cases: raggedvit/custom_ops/_fuzz_cases.py. Needs raggedvit
-importable (the editable install of the README, or PYTHONPATH=.).
+Prints the summary; exit 1 on any crash or failure. The cases: tests/custom_ops/fuzz/ (test helpers, not in the
+wheel: run this from a checkout).
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from pathlib import Path
 
-from raggedvit.custom_ops._fuzz_driver import run_fuzz
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_ROOT / "tests" / "custom_ops"), str(_ROOT)]  # the fuzz package and this checkout's raggedvit
+from fuzz.driver import run_fuzz  # noqa: E402
 
 
 def main() -> int:

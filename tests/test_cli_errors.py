@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 from onnx import TensorProto, helper
 
@@ -54,15 +55,26 @@ def assert_one_error(code: int, stderr: str, expected_code: int, fragment: str) 
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
-def _fake_export(path: Path, *, unknown_op: bool = False) -> Path:
+def _fake_export(path: Path, *, unknown_op: bool = False, nan_logits: bool = False) -> Path:
     """A model with a raggedvit recipe (img 16) whose graph maps images [B, 3, 16, 16] to logits [B, 3] and
-    token counts [B, 3]; unknown_op adds a node no registered library implements."""
+    token counts [B, 3]; unknown_op adds a node no registered library implements; nan_logits makes the logits
+    [B, 1000] NaN (as weights with a NaN give), with a recipe complete enough to validate (seeded, no pruning)."""
     from raggedvit.exporter.metadata import write_recipe
 
     nodes = [
         helper.make_node("ReduceMean", ["images"], ["logits"], axes=[2, 3], keepdims=0),
         helper.make_node("Abs", ["logits"], ["token_counts"]),
     ]
+    init, classes = [], 3
+    if nan_logits:  # 0 / 0 on every class
+        zero = onnx.numpy_helper.from_array(np.zeros((3, 1000), np.float32), "zero")
+        nodes[0:1] = [
+            helper.make_node("ReduceMean", ["images"], ["mean"], axes=[2, 3], keepdims=0),
+            helper.make_node("MatMul", ["mean", "zero"], ["z"]),
+            helper.make_node("Div", ["z", "z"], ["logits"]),
+        ]
+        nodes[-1] = helper.make_node("Abs", ["mean"], ["token_counts"])
+        init, classes = [zero], 1000
     opsets = [helper.make_opsetid("", 17)]
     if unknown_op:
         nodes[1] = helper.make_node("Missing", ["logits"], ["token_counts"], domain="com.example")
@@ -72,13 +84,18 @@ def _fake_export(path: Path, *, unknown_op: bool = False) -> Path:
         "fake",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["B", 3, 16, 16])],
         [
-            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 3]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", classes]),
             helper.make_tensor_value_info("token_counts", TensorProto.FLOAT, ["B", 3]),
         ],
+        initializer=init,
     )
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
-    write_recipe(model, {"model": MODEL, "img_size": 16, "dtype": "fp32", "weights": {"source": "seeded"}})
+    recipe = {"model": MODEL, "img_size": 16, "dtype": "fp32", "weights": {"source": "seeded", "seed": 0}}
+    if nan_logits:
+        prune = {"policy": "none", "prune_at": [], "keep": 0.5, "mass": 0.9, "fuse": False}
+        recipe |= {"prune": prune, "num_prefix_tokens": 1}
+    write_recipe(model, recipe)
     onnx.save(model, path)
     return path
 
@@ -102,6 +119,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 
     d = tmp_path_factory.mktemp("inputs")
     files = {"fake": _fake_export(d / "fake.onnx"), "unknown_op": _fake_export(d / "op.onnx", unknown_op=True)}
+    files["nan"] = _fake_export(d / "nan.onnx", nan_logits=True)
     (d / "empty.pth").write_bytes(b"")
     torch.save({"head.weight": torch.zeros(10, 192)}, d / "mismatch.pth")
     (d / "truncated.pth").write_bytes((d / "mismatch.pth").read_bytes()[:300])
@@ -153,6 +171,26 @@ CASES = {
     "bench huge batch": ([*BENCH[:2], "--batch", "99999999999"], "--batch 99999999999 needs"),
     "bench seconds nan": ([*BENCH, "--seconds", "nan"], "--seconds must be > 0 and finite"),
     "bench json to a fifo": ([*BENCH[:-1], "{out}/fifo"], "exists and is not a regular file"),
+    # paths: OS errors are one line naming the path and the problem
+    "output is a symlink loop": (["export", MODEL, "--seed", "0", "-o", "{out}/a"], "'{out}/a': a symlink loop"),
+    "symlink loop above the output": ([*EXPORT[:3], "{out}/a/m.onnx"], "'{out}/a/m.onnx': a symlink loop in its"),
+    "checkpoint is a directory": ([*EXPORT, "--checkpoint", "{img_bomb}"], "is a directory, not a file"),
+    "triton-repo DIR is a symlink loop": (["triton-repo", "{fake}", "{out}/a"], "DIR '{out}/a' is a symlink loop"),
+    "checkpoint is a symlink loop": ([*EXPORT, "--checkpoint", "{out}/a"], "'{out}/a' is a symlink loop"),
+    # sizes the model cannot take, checked before tracing
+    "img-size 7": ([*EXPORT, "--seed", "0", "--img-size", "7"], "--img-size 7 is too small for deit_tiny_patch16"),
+    "img-size 8": ([*EXPORT, "--img-size", "8"], "the smallest valid size is 16 (its patch size)"),
+    # memory needed up front
+    "validate random too many": (["validate", "{fake}", "--random", "1000000000"], "--random 1000000000 needs"),
+    # an option the export does not use
+    "checkpoint for a seeded export": (
+        [*VALIDATE[:4], "--checkpoint", "{mismatch}"],
+        "--checkpoint does not apply: fake.onnx was exported with seeded weights",
+    ),
+    # lists parsed alike
+    "prune-at empty item": ([*EXPORT, "--prune-at", "1,,2"], "--prune-at must be comma-separated block indices"),
+    "prune-at not a number": ([*EXPORT, "--prune-at", "4,x"], "got '4,x'"),
+    "bench batch empty item": ([*BENCH[:2], "--batch", "1,,2"], "--batch must be comma-separated positive integers"),
 }
 
 
@@ -163,9 +201,13 @@ def test_input_error_exits_2(inputs, tmp_path, case):
     out.mkdir()
     if any("{out}/fifo" in a for a in args):
         os.mkfifo(out / "fifo")
+    if any(a.startswith("{out}/a") for a in args):  # a -> b -> a
+        os.symlink("b", out / "a")
+        os.symlink("a", out / "b")
+    before = sorted(p.name for p in out.iterdir())
     res = cli(*(a.format(out=out, **inputs) for a in args))
-    assert_one_error(res.returncode, res.stderr, 2, fragment)
-    assert sorted(p.name for p in out.iterdir()) == (["fifo"] if (out / "fifo").exists() else [])
+    assert_one_error(res.returncode, res.stderr, 2, fragment.format(out=out))
+    assert sorted(p.name for p in out.iterdir()) == before
 
 
 def test_bench_cuda_without_cuda(inputs, tmp_path):
@@ -188,6 +230,14 @@ def test_bench_json_on_a_full_disk_leaves_nothing(inputs, tmp_path):
     res = cli(*(a.format(out=tmp_path, **inputs) for a in BENCH), preexec_fn=_full_disk)
     assert_one_error(res.returncode, res.stderr, 2, "cannot write --json")
     assert list(tmp_path.iterdir()) == []  # neither b.json nor a temp file
+
+
+def test_validate_nan_logits_prints_only_its_verdict(inputs):
+    """NaN logits (as weights with a NaN give): exit 1 with the report, and no numpy RuntimeWarning before it."""
+    res = cli("validate", str(inputs["nan"]), "--random", "2")
+    assert res.returncode == 1, res.stderr
+    assert "Warning" not in res.stderr and "Warning" not in res.stdout, res.stderr
+    assert "raggedvit validation: FAIL" in res.stdout
 
 
 # ---- interrupts ---------------------------------------------------------------------------------------

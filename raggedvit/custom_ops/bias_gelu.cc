@@ -25,13 +25,11 @@ GeluValues ReadGeluInputs(Ort::KernelContext& ctx) {
 std::string CheckGeluInputs(const GeluValues& v, GeluDims* dims) {
   if (v.x_shape.empty()) return "input 'X' must have rank >= 1 [..., N], got a scalar";
   const int64_t N = v.x_shape.back();
-  int64_t M = 1, elements = 0, bytes = 0;
-  for (size_t i = 0; i + 1 < v.x_shape.size(); ++i) {
-    if (!CheckedMul(M, v.x_shape[i], &M)) return "X shape " + ShapeString(v.x_shape) + " overflows int64 elements";
-  }
-  if (!CheckedMul(M, N, &elements) || !CheckedMul(elements, static_cast<int64_t>(sizeof(float)), &bytes)) {
+  if (!CheckedSize(v.x_shape, static_cast<int64_t>(sizeof(float)))) {
     return "X shape " + ShapeString(v.x_shape) + " overflows int64 bytes";
   }
+  int64_t M = 1;  // the product of the leading dims: no overflow once the whole size fits
+  for (size_t i = 0; i + 1 < v.x_shape.size(); ++i) M *= v.x_shape[i];
   if (v.has_bias) {
     if (v.bias_shape.size() != 1 || v.bias_shape[0] != N) {
       return "input 'Bias' must be 1-D [N] = [" + std::to_string(N) + "] (X shape " + ShapeString(v.x_shape) +

@@ -62,9 +62,8 @@ std::string CheckNormInputs(const NormValues& v, NormDims* dims) {
            ElementTypeName(v.index_type);
   }
   const int64_t R = v.index_shape[0];
-  int64_t elements = 0, bytes = 0;
   for (int64_t rows : {T, R}) {
-    if (!CheckedMul(rows, D, &elements) || !CheckedMul(elements, static_cast<int64_t>(sizeof(float)), &bytes)) {
+    if (!CheckedSize({rows, D}, static_cast<int64_t>(sizeof(float)))) {
       return "X shape " + ShapeString(v.x_shape) + " and Index shape " + ShapeString(v.index_shape) +
              " overflow int64 bytes";
     }
@@ -95,14 +94,8 @@ std::string CheckNormInputs(const NormValues& v, NormDims* dims) {
 
 float ReadNormEpsilon(const OrtKernelInfo* info) {
   float eps = 1e-5f;
-  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, "epsilon", &eps);
-  if (st != nullptr) {
-    Ort::GetApi().ReleaseStatus(st);
-    eps = 1e-5f;
-  }
-  if (!std::isfinite(eps) || eps < 0.0f) {
-    throw std::invalid_argument("attribute 'epsilon' must be a finite float >= 0, got " + std::to_string(eps));
-  }
+  const std::string err = ReadFloatAttr(info, "epsilon", 0.0f, kFloatMax, &eps);
+  if (!err.empty()) throw std::invalid_argument(err);
   return eps;
 }
 

@@ -9,7 +9,7 @@
 //   Bias   [D]     X's type (optional input: the branch's bias, added too)
 //   CuSeqlens [B+1] int32 | int64, B >= 0 (optional input): live = clamp(CuSeqlens[B], 0, R) output rows, else
 //                  live = R (the capacity layout's live count, as RaggedLinear's; only CuSeqlens[B] is read)
-//   attribute epsilon: float (default 1e-5)
+//   attribute epsilon: float >= 0 (default 1e-5; an int or other type is refused)
 //   Normed [R, D]  X's type: LayerNorm(S) * Gamma + Beta over the float32 sum S = X[i] + Skip[i] + Bias (biased
 //                  variance), rounded once
 //   Sum    [R, D]  X's type: S rounded once (the gathered stream, the next block's residual)
@@ -68,7 +68,7 @@ int64_t LiveNormRows(const I* cu, const NormDims& d) {
   return last < 0 ? 0 : (last > d.R ? d.R : last);
 }
 
-// The epsilon attribute (default 1e-5); throws on a non-finite or negative value.
+// The epsilon attribute (default 1e-5); throws on another type, a non-finite or a negative value.
 float ReadNormEpsilon(const OrtKernelInfo* info);
 
 // Shape inference: Normed and Sum are [R, D] of X's element type.

@@ -39,9 +39,7 @@ std::string CheckInput(const char* name, const std::vector<int64_t>& shape, ONNX
 }
 
 bool FitsBytes(int64_t a, int64_t b, int64_t c, int64_t d) {  // a * b * c * d * sizeof(float) fits int64
-  int64_t x = 0;
-  return CheckedMul(a, b, &x) && CheckedMul(x, c, &x) && CheckedMul(x, d, &x) &&
-         CheckedMul(x, static_cast<int64_t>(sizeof(float)), &x);
+  return CheckedSize({a, b, c, d}, static_cast<int64_t>(sizeof(float)));
 }
 
 }  // namespace
@@ -71,8 +69,8 @@ std::string CheckEmbedInputs(const EmbedValues& v, int64_t patch, EmbedDims* dim
   d.patch = patch;
   d.gh = d.H / patch;
   d.gw = d.W / patch;
-  d.L = d.gh * d.gw;  // <= H * W: no overflow once Images' byte size fits
-  if (!FitsBytes(d.B, d.C, d.H, d.W) || !CheckedMul(d.C, patch * patch, &d.K)) {  // patch <= H or W, or gh = 0
+  // CheckedSize also bounds the non-zero dims' product: gh * gw <= H * W fits even when B or C is 0
+  if (!FitsBytes(d.B, d.C, d.H, d.W) || !CheckedMul(d.C, patch * patch, &d.K) || !CheckedMul(d.gh, d.gw, &d.L)) {
     return "Images shape " + ShapeString(v.images_shape) + " and patch " + std::to_string(patch) +
            " overflow int64 bytes";
   }
@@ -107,14 +105,8 @@ std::string CheckEmbedInputs(const EmbedValues& v, int64_t patch, EmbedDims* dim
 
 int64_t ReadEmbedPatch(const OrtKernelInfo* info) {
   int64_t patch = 0;
-  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, "patch", &patch);
-  if (st != nullptr) {
-    Ort::GetApi().ReleaseStatus(st);
-    throw std::invalid_argument("attribute 'patch' (int >= 1) is required");
-  }
-  if (patch < 1 || patch > (int64_t{1} << 15)) {
-    throw std::invalid_argument("attribute 'patch' must be in [1, 32768], got " + std::to_string(patch));
-  }
+  const std::string err = ReadIntAttr(info, "patch", 1, int64_t{1} << 15, &patch, /*required=*/true);
+  if (!err.empty()) throw std::invalid_argument(err);
   return patch;
 }
 

@@ -32,59 +32,16 @@ const char* ElementTypeName(ONNXTensorElementDataType type) {
   }
 }
 
-bool TryAttrInt(const OrtKernelInfo* info, const char* name, int64_t* out) {
-  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, out);
-  if (st == nullptr) return true;
-  Ort::GetApi().ReleaseStatus(st);
-  return false;
-}
-
-bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out) {
-  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, out);
-  if (st == nullptr) return true;
-  Ort::GetApi().ReleaseStatus(st);
-  return false;
-}
-
 std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs) {
-  float as_float = 0.0f;
-  int64_t as_int = 0;
-  if (!TryAttrInt(info, "num_heads", &attrs->num_heads)) {
-    if (TryAttrFloat(info, "num_heads", &as_float)) return "attribute 'num_heads' must be an int, got a float";
-    return "attribute 'num_heads' (int) is required";
-  }
-  if (attrs->num_heads <= 0) {
-    return "attribute 'num_heads' must be > 0, got " + std::to_string(attrs->num_heads);
-  }
-  if (attrs->num_heads > kMaxNumHeads) {  // 3*num_heads (the qkv width per head dim) must fit int64
-    return "attribute 'num_heads' = " + std::to_string(attrs->num_heads) + " is too large: 3*num_heads overflows " +
-           "int64 (at most " + std::to_string(kMaxNumHeads) + ")";
-  }
-  attrs->has_scale = TryAttrFloat(info, "scale", &attrs->scale);
-  if (!attrs->has_scale && TryAttrInt(info, "scale", &as_int)) {  // would be ignored silently otherwise
-    return "attribute 'scale' must be a float, got an int (" + std::to_string(as_int) + ")";
-  }
-  if (attrs->has_scale && !(std::isfinite(attrs->scale))) {
-    return "attribute 'scale' must be finite, got " + std::to_string(attrs->scale);
-  }
-  int64_t max_seqlen = -1;
-  if (TryAttrInt(info, "max_seqlen", &max_seqlen)) {
-    if (max_seqlen < 0) return "attribute 'max_seqlen' must be >= 0, got " + std::to_string(max_seqlen);
-    attrs->max_seqlen = max_seqlen;
-  } else if (TryAttrFloat(info, "max_seqlen", &as_float)) {
-    return "attribute 'max_seqlen' must be an int, got a float";
-  }
-  const std::pair<const char*, int64_t*> pos_attrs[] = {
-      {"grid_h", &attrs->grid_h}, {"grid_w", &attrs->grid_w}, {"num_prefix", &attrs->num_prefix}};
-  for (const auto& [name, value] : pos_attrs) {
-    if (!TryAttrInt(info, name, value)) {
-      if (TryAttrFloat(info, name, &as_float)) {
-        return std::string("attribute '") + name + "' must be an int, got a float";
-      }
-      *value = 0;
-    }
-    if (*value < 0) return std::string("attribute '") + name + "' must be >= 0, got " + std::to_string(*value);
-  }
+  // num_heads <= kMaxNumHeads: 3*num_heads (the qkv width per head dim) fits int64
+  std::string err = ReadIntAttr(info, "num_heads", 1, kMaxNumHeads, &attrs->num_heads, /*required=*/true);
+  if (err.empty()) err = ReadFloatAttr(info, "scale", -kFloatMax, kFloatMax, &attrs->scale);
+  if (err.empty()) err = ReadIntAttr(info, "max_seqlen", 0, kInt64Max, &attrs->max_seqlen);
+  if (err.empty()) err = ReadIntAttr(info, "grid_h", 0, kInt64Max, &attrs->grid_h);
+  if (err.empty()) err = ReadIntAttr(info, "grid_w", 0, kInt64Max, &attrs->grid_w);
+  if (err.empty()) err = ReadIntAttr(info, "num_prefix", 0, kInt64Max, &attrs->num_prefix);
+  if (!err.empty()) return err;
+  attrs->has_scale = std::string(AttrTypeName(info, "scale")) == "float";
   if (attrs->grid_h > 0 && attrs->grid_w > 0) {
     // R = (2*grid_h-1)*(2*grid_w-1) + 3 and num_prefix + grid_h*grid_w, each step checked
     int64_t h2 = 0, w2 = 0, r = 0, area = 0, end = 0;
@@ -131,8 +88,9 @@ std::string CheckPos(bool has_table, const std::vector<int64_t>& table_shape, ON
            ShapeString(token_pos_shape) + where;
   }
   if (token_pos_type != cu_type) {
-    return std::string("input 'token_pos' (shape ") + ShapeString(token_pos_shape) + ") has element type " +
-           ElementTypeName(token_pos_type) + ", cu_seqlens has " + ElementTypeName(cu_type) + where;
+    return std::string("input 'token_pos' (shape ") + ShapeString(token_pos_shape) + ") must have cu_seqlens's " +
+           "element type (int32 or int64, both the same; cu_seqlens is " + ElementTypeName(cu_type) + "), got " +
+           ElementTypeName(token_pos_type) + where;
   }
   return "";
 }
@@ -155,8 +113,8 @@ std::string CheckShapes(const std::vector<int64_t>& qkv_shape, const std::vector
     return "input 'qkv' width " + std::to_string(W) + " must be a positive multiple of 3*num_heads = " +
            std::to_string(three_h) + " " + shapes;
   }
-  int64_t elements = 0;  // T*W: every row offset t*W and out's T*H*D stay below it
-  if (!CheckedMul(T, W, &elements)) {
+  // T*W elements (every row offset t*W and out's T*H*D stay below it) and their float bytes fit int64
+  if (!CheckedSize({T, W}, static_cast<int64_t>(sizeof(float)))) {
     return "input 'qkv' holds T*W = " + std::to_string(T) + "*" + std::to_string(W) + " elements, which overflows " +
            "int64 " + shapes;
   }

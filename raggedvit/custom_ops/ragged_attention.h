@@ -6,7 +6,7 @@
 //   bias       [3*H*D] qkv's type (optional input): the qkv Linear's bias, added to q, k, v on load
 //   pos_table  [H, R] float (optional input, with token_pos): relative position bias table,
 //              R = (2*grid_h-1)*(2*grid_w-1) + 3 (attributes grid_h, grid_w, num_prefix)
-//   token_pos  [T] cu_seqlens's type (optional input, with pos_table): each row's original token index;
+//   token_pos  [T] int32 | int64, cu_seqlens's type (optional input, with pos_table): each row's original token index;
 //              logit(q, k) += pos_table[h, RelIndex(token_pos[q], token_pos[k])] (DESIGN.md section 3)
 //   out        [T, H*D] same type as qkv
 //   cls_attn   [T] float (optional output)
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "onnxruntime_cxx_api.h"
+#include "op_checks.h"  // CheckedMul, CheckedAdd, CheckedSize, ReadIntAttr, ReadFloatAttr
 
 namespace raggedvit {
 
@@ -42,29 +43,11 @@ struct Dims {
   int64_t T = 0, B = 0, H = 0, D = 0;
 };
 
-// Overflow-checked int64 arithmetic: false (and *out untouched) when the exact result does not fit.
-inline bool CheckedMul(int64_t a, int64_t b, int64_t* out) {
-  int64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) return false;
-  *out = r;
-  return true;
-}
-inline bool CheckedAdd(int64_t a, int64_t b, int64_t* out) {
-  int64_t r = 0;
-  if (__builtin_add_overflow(a, b, &r)) return false;
-  *out = r;
-  return true;
-}
-
 // Largest num_heads for which 3*num_heads fits int64 (ReadAttrs refuses more).
 constexpr int64_t kMaxNumHeads = INT64_MAX / 3;
 
 std::string ShapeString(const std::vector<int64_t>& shape);
 const char* ElementTypeName(ONNXTensorElementDataType type);
-
-// Optional attribute read through the C API (absent or of another type -> false, no exception, no leaked status).
-bool TryAttrInt(const OrtKernelInfo* info, const char* name, int64_t* out);
-bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out);
 
 // Reads and checks the node attributes; "" on success, else the error text.
 std::string ReadAttrs(const OrtKernelInfo* info, Attrs* attrs);
@@ -154,11 +137,14 @@ Ort::ShapeInferContext::SymbolicInteger FreshSymbol();
 // Shape inference shared by every registration: out [T, W/3], cls_attn [T].
 OrtStatusPtr InferRaggedAttentionShapes(OrtShapeInferContext* ctx) noexcept;
 
-// One OrtCustomOp per (EP, cu_seqlens type); qkv is declared UNDEFINED so that the kernel validates its
+// One OrtCustomOp per (EP, cu_seqlens type, token_pos type); qkv is declared UNDEFINED so that the kernel validates its
 // element type itself (and ORT infers out's type from qkv's).
 template <typename TKernel>
 struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel, /*WithStatus=*/true> {
-  RaggedAttentionOp(const char* provider, ONNXTensorElementDataType cu_type) : provider_(provider), cu_type_(cu_type) {
+  // token_pos_type: every int type pair is registered so that a token_pos of the other int type reaches the kernel,
+  // whose check names the input and the type it must have (instead of ORT's "no kernel def matches").
+  RaggedAttentionOp(const char* provider, ONNXTensorElementDataType cu_type, ONNXTensorElementDataType token_pos_type)
+      : provider_(provider), cu_type_(cu_type), token_pos_type_(token_pos_type) {
     this->InferOutputShapeFn = [](const OrtCustomOp*, OrtShapeInferContext* ctx) -> OrtStatusPtr {
       return InferRaggedAttentionShapes(ctx);
     };
@@ -179,9 +165,10 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
   const char* GetName() const { return kOpName; }
   const char* GetExecutionProviderType() const { return provider_; }
   size_t GetInputTypeCount() const { return kNumInputs; }
-  // qkv, bias: UNDEFINED (one type constraint, checked by the kernel); pos_table float; token_pos cu_seqlens's type
+  // qkv, bias: UNDEFINED (one type constraint, checked by the kernel); pos_table float; token_pos int32 | int64
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    if (i == 1 || i == kTokenPosInput) return cu_type_;
+    if (i == 1) return cu_type_;
+    if (i == kTokenPosInput) return token_pos_type_;
     return i == kPosTableInput ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
@@ -198,6 +185,7 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
  private:
   const char* provider_;
   ONNXTensorElementDataType cu_type_;
+  ONNXTensorElementDataType token_pos_type_;
 };
 
 // Runs f() and turns any escaping exception into an ORT status (named after op).

@@ -11,10 +11,7 @@ namespace {
 std::string TypeName(ONNXTensorElementDataType t) { return ElementTypeName(t); }
 
 // Element count a*b and its float byte size, both fitting int64 (every buffer the kernels touch is below it).
-bool FitsBytes(int64_t a, int64_t b) {
-  int64_t elements = 0, bytes = 0;
-  return CheckedMul(a, b, &elements) && CheckedMul(elements, static_cast<int64_t>(sizeof(float)), &bytes);
-}
+bool FitsBytes(int64_t a, int64_t b) { return CheckedSize({a, b}, static_cast<int64_t>(sizeof(float))); }
 
 void Describe(const Ort::ConstValue& v, std::vector<int64_t>* shape, ONNXTensorElementDataType* type) {
   auto info = v.GetTensorTypeAndShapeInfo();
@@ -25,15 +22,8 @@ void Describe(const Ort::ConstValue& v, std::vector<int64_t>* shape, ONNXTensorE
 }  // namespace
 
 std::string ReadLinearAttrs(const OrtKernelInfo* info, LinearAttrs* attrs) {
-  float as_float = 0.0f;
-  if (!TryAttrInt(info, "activation", &attrs->activation)) {
-    if (TryAttrFloat(info, "activation", &as_float)) return "attribute 'activation' must be an int, got a float";
-    attrs->activation = 0;
-  }
-  if (attrs->activation != 0 && attrs->activation != 1) {
-    return "attribute 'activation' must be 0 (none) or 1 (GELU, erf), got " + std::to_string(attrs->activation);
-  }
-  return "";
+  attrs->activation = 0;
+  return ReadIntAttr(info, "activation", 0, 1, &attrs->activation);  // 0 none, 1 GELU (erf)
 }
 
 LinearValues ReadLinearInputs(Ort::KernelContext& ctx) {

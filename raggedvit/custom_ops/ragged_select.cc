@@ -10,50 +10,21 @@ namespace raggedvit {
 namespace {
 
 // Element count a*b and its int64 byte size fit int64.
-bool FitsBytes(int64_t a, int64_t b) {
-  int64_t elements = 0, bytes = 0;
-  return CheckedMul(a, b, &elements) && CheckedMul(elements, static_cast<int64_t>(sizeof(int64_t)), &bytes);
-}
-
-std::string ReadInt(const OrtKernelInfo* info, const char* name, bool required, int64_t* out) {
-  float as_float = 0.0f;
-  if (TryAttrInt(info, name, out)) return "";
-  if (TryAttrFloat(info, name, &as_float)) return std::string("attribute '") + name + "' must be an int, got a float";
-  if (required) return std::string("attribute '") + name + "' (int) is required";
-  return "";
-}
-
-std::string ReadFloat(const OrtKernelInfo* info, const char* name, float* out) {
-  int64_t as_int = 0;
-  if (TryAttrFloat(info, name, out)) {
-    if (!std::isfinite(*out)) return std::string("attribute '") + name + "' must be finite, got " + std::to_string(*out);
-    return "";
-  }
-  if (TryAttrInt(info, name, &as_int)) {
-    return std::string("attribute '") + name + "' must be a float, got an int (" + std::to_string(as_int) + ")";
-  }
-  return "";
-}
+bool FitsBytes(int64_t a, int64_t b) { return CheckedSize({a, b}, static_cast<int64_t>(sizeof(int64_t))); }
 
 }  // namespace
 
 std::string ReadSelectAttrs(const OrtKernelInfo* info, SelectAttrs* a) {
-  std::string err = ReadInt(info, "width", true, &a->width);
-  if (err.empty()) err = ReadInt(info, "bound", true, &a->bound);
-  if (err.empty()) err = ReadInt(info, "num_prefix", false, &a->num_prefix);
-  if (err.empty()) err = ReadInt(info, "policy", false, &a->policy);
-  if (err.empty()) err = ReadFloat(info, "keep", &a->keep);
-  if (err.empty()) err = ReadFloat(info, "mass", &a->mass);
+  std::string err = ReadIntAttr(info, "width", 1, kInt64Max, &a->width, /*required=*/true);
+  if (err.empty()) err = ReadIntAttr(info, "bound", 0, a->width, &a->bound, /*required=*/true);
+  if (err.empty()) err = ReadIntAttr(info, "num_prefix", 0, kInt64Max, &a->num_prefix);
+  if (err.empty()) err = ReadIntAttr(info, "policy", 0, 1, &a->policy);
+  // the fraction the policy uses is in (0, 1] (ceil(P*keep) stays <= P); the other one is 0 (unset) or in (0, 1]
+  if (err.empty()) err = ReadFloatAttr(info, "keep", 0.0f, 1.0f, &a->keep, /*lo_open=*/a->policy == 0);
+  if (err.empty()) err = ReadFloatAttr(info, "mass", 0.0f, 1.0f, &a->mass, /*lo_open=*/a->policy == 1);
   if (!err.empty()) return err;
-  if (a->width < 1) return "attribute 'width' must be >= 1, got " + std::to_string(a->width);
-  if (a->bound < 0 || a->bound > a->width) {
-    return "attribute 'bound' must be in [0, width = " + std::to_string(a->width) + "], got " +
-           std::to_string(a->bound);
-  }
-  if (a->num_prefix < 0) return "attribute 'num_prefix' must be >= 0, got " + std::to_string(a->num_prefix);
-  if (a->policy != 0 && a->policy != 1) {
-    return "attribute 'policy' must be 0 (count) or 1 (cls mass), got " + std::to_string(a->policy);
-  }
+  if (a->policy == 0 && !(a->keep > 0.0f)) return "attribute 'keep' (float in (0, 1]) is required with policy 0 (count)";
+  if (a->policy == 1 && !(a->mass > 0.0f)) return "attribute 'mass' (float in (0, 1]) is required with policy 1 (mass)";
   return "";
 }
 

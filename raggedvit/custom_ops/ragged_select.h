@@ -11,14 +11,15 @@
 //   pos    [B*bound]  int64: position among its image's kept slots (0 before the first kept slot)
 //   k      [B]        int64: patch rows kept per image, clamp(k, 1, P_b), P_b = n_b - num_prefix
 //   attributes width (>= 1), bound (0..width), num_prefix (>= 0, default 0), policy (0 count: k = ceil(P_b*keep);
-//   1 mass: cls mass, DESIGN.md section 4 step 3), keep, mass (float, default 0)
+//   1 mass: cls mass, DESIGN.md section 4 step 3), keep, mass (float in [0, 1], default 0: unset; the policy's
+//   own fraction in (0, 1]; another attribute type is refused)
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "ragged_attention.h"  // ShapeString, ElementTypeName, CheckedMul, MakeStatus, GuardStatus, TryAttr*
+#include "ragged_attention.h"  // ShapeString, ElementTypeName, CheckedMul, MakeStatus, GuardStatus, ReadIntAttr
 
 namespace raggedvit {
 

@@ -36,7 +36,7 @@ const OpSet& Ops() {
     constexpr ONNXTensorElementDataType kCuTypes[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
                                                       ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
     for (auto cu : kCuTypes) {
-      set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu));
+      for (auto token_pos : kCuTypes) set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu, token_pos));
       set.ops.push_back(std::make_unique<RaggedLinearCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
       set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
     }
@@ -53,7 +53,9 @@ const OpSet& Ops() {
         set.ops.push_back(std::make_unique<BiasGeluCudaOp>(kCudaExecutionProvider, dtype));
       }
       for (auto cu : kCuTypes) {
-        set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu));
+        for (auto token_pos : kCuTypes) {
+          set.ops.push_back(std::make_unique<RaggedAttentionCudaOp>(kCudaExecutionProvider, cu, token_pos));
+        }
         // typed: float RaggedLinear / GatherLayerNorm nodes find no CUDA kernel and run on the CPU EP (no fp32 cubins)
         for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
           set.ops.push_back(std::make_unique<RaggedLinearCudaOp>(kCudaExecutionProvider, dtype, cu));

@@ -1,30 +1,151 @@
-"""Atomic file writes: a temp file in the target folder, then os.replace (no partial output on failure)."""
+"""Atomic outputs: everything is written in a temp folder beside the targets, then renamed into place.
+
+`staging_dir` is the one mechanism (export, triton-repo, validate's report and bench's JSON use it): SIGINT and
+SIGTERM raise `Interrupted` from before the temp folder exists, its name is fixed before it is created (so the
+cleanup knows it at every moment), and it is removed however the block ends, a second signal included. `commit`
+renames staged entries onto their targets as a set: a failed rename or a signal before the last one undoes the
+earlier ones (a report is both its files or neither).
+"""
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_write", "open_file_mode"]
+__all__ = [
+    "Interrupted",
+    "atomic_write",
+    "atomic_write_all",
+    "commit",
+    "interrupts_raise",
+    "open_file_mode",
+    "staging_dir",
+]
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_UNWIND = (KeyboardInterrupt,)  # with Interrupted (below): the signals that unwind the stack
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt: `except Exception` does not stop it,
+    cleanup in `finally` (staging_dir) runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal_name = signal.Signals(signum).name
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    for sig in _SIGNALS:  # a second signal must not disturb the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def interrupts_raise(*, only_defaults: bool = False) -> Callable[[], None]:
+    """SIGINT and SIGTERM raise Interrupted in the main thread from now on; returns the function that restores the
+    previous handlers (a no-op outside the main thread, where handlers cannot be set). only_defaults: leave the
+    handlers alone unless both are Python's defaults (a program's own handlers, or ours, stay)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    current = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    if only_defaults and current != defaults:
+        return lambda: None
+    for sig in _SIGNALS:
+        signal.signal(sig, _raise_interrupted)
+
+    def restore() -> None:
+        for sig, handler in current.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _finish(step: Callable[[], None]) -> None:
+    """Runs `step` to its end even if a signal interrupts it (the handler ignores further signals, so the retry
+    runs undisturbed), then re-raises that signal's exception."""
+    pending: BaseException | None = None
+    for _ in range(3):
+        try:
+            step()
+            break
+        except (Interrupted, *_UNWIND) as e:
+            pending = pending or e
+    if pending is not None:
+        raise pending
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
+
+
+@contextmanager
+def staging_dir(parent: str | Path, name: str) -> Iterator[Path]:
+    """A new empty folder `parent/.NAME.<random>` for outputs to be committed beside it (same file system, so the
+    renames are atomic); removed with everything left in it when the block ends, normally or not."""
+    parent = Path(parent)
+    tmp = parent / f".{name}.{secrets.token_hex(4)}"  # named before it exists: the cleanup always knows it
+    restore = interrupts_raise(only_defaults=True)  # installed before the folder can exist
+    try:
+        try:
+            os.mkdir(tmp, 0o700)
+            yield tmp
+        finally:
+            _finish(lambda: _remove(tmp))
+    finally:
+        restore()
+
+
+def commit(moves: Mapping[Path, Path]) -> None:
+    """os.replace each staged entry onto its target, as a set: if a rename fails or a signal arrives before the
+    last one is done, the targets already replaced are removed again (none of the new outputs stays), and the
+    OSError or Interrupted propagates."""
+    started: list[tuple[Path, Path]] = []
+    try:
+        for src, dst in moves.items():
+            started.append((src, dst))  # recorded first: a signal right after the rename still undoes it
+            os.replace(src, dst)
+    except BaseException:
+        _finish(lambda: [_remove(dst) for src, dst in started if not os.path.lexists(src)])
+        raise
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
     """Write `data` (str as UTF-8) to `path` atomically; the folder must exist. Returns the path.
 
-    The file gets the permissions a plain open() would give it (0666 minus the umask), not mkstemp's 0600."""
+    The file gets the permissions a plain open() would give it (0666 minus the umask)."""
     path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, open_file_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_all({path: data})
     return path
+
+
+def atomic_write_all(files: Mapping[Path, bytes | str]) -> list[Path]:
+    """Write several files of one folder atomically as a set: all of them or none (see commit)."""
+    paths = [Path(p) for p in files]
+    if not paths:
+        return []
+    parent = paths[0].parent
+    if any(p.parent != parent for p in paths):
+        raise ValueError(f"atomic_write_all writes files of one folder, got {[str(p) for p in paths]}")
+    mode = open_file_mode()
+    with staging_dir(parent, paths[0].name) as tmp:
+        for p, data in zip(paths, files.values()):
+            payload = data.encode("utf-8") if isinstance(data, str) else data
+            staged = tmp / p.name
+            with open(staged, "wb") as f:
+                f.write(payload)
+            os.chmod(staged, mode)
+        commit({tmp / p.name: p for p in paths})
+    return paths
 
 
 def open_file_mode() -> int:

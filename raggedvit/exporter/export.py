@@ -8,8 +8,6 @@ ONNX Runtime does not find by itself (rules/), and writes the recipe into the me
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from torch import nn
 
 import raggedvit
 from raggedvit.describe import PRODUCER_NAME, doc_string, scrub_paths
-from raggedvit.exporter._io import open_file_mode
+from raggedvit.exporter._io import commit, open_file_mode, staging_dir
 from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rules import fuse_for_ort
@@ -39,6 +37,7 @@ __all__ = [
     "export_onnx",
     "output_names",
     "save_model",
+    "strip_local_metadata",
 ]
 
 IR_VERSION = 10  # onnxruntime 1.31 rejects IR 14
@@ -179,25 +178,58 @@ def build_model(
     return ir_model
 
 
+# Metadata torch.onnx writes about where each node came from: stack traces (absolute paths of the exporting machine's
+# source tree and site-packages), FX node names, module scopes. None of it is needed to run or validate the model.
+LOCAL_METADATA_PREFIX = "pkg.torch."
+LOCAL_METADATA_KEYS = ("namespace",)
+
+
+def _drop_local(props: dict[str, str]) -> None:
+    for key in [k for k in props if k.startswith(LOCAL_METADATA_PREFIX) or k in LOCAL_METADATA_KEYS]:
+        del props[key]
+
+
+def strip_local_metadata(model: ir.Model) -> ir.Model:
+    """Remove the metadata keyed LOCAL_METADATA_PREFIX* or LOCAL_METADATA_KEYS from the model, every graph and
+    function, node and value, and the doc_string of every node and value (torch.onnx may put source text there):
+    the same export is then byte-identical on every machine and from every directory. In place; returns `model`."""
+
+    def scrub(obj: ir.Node | ir.Value) -> None:
+        _drop_local(obj.metadata_props)
+        if obj.doc_string:
+            obj.doc_string = None
+
+    _drop_local(model.metadata_props)
+    for graph in (model.graph, *model.functions.values()):
+        _drop_local(graph.metadata_props)
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            scrub(node)
+            for value in (*node.inputs, *node.outputs):
+                if value is not None:
+                    scrub(value)
+        for value in (*graph.inputs, *graph.outputs, *graph.initializers.values()):
+            scrub(value)
+    return model
+
+
 def save_model(model: ir.Model, path: str | Path) -> Path:
     """Check (onnx.checker, full) and write `model` to `path` atomically; weights over EXTERNAL_DATA_BYTES go to
     `path`.data beside it. Nothing is left at `path` (or beside it) if anything fails."""
     path = Path(path)
     size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
     data_name = f"{path.name}.data" if size > EXTERNAL_DATA_BYTES else None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staging_dir(path.parent, path.name) as tmp:
         staged = tmp / path.name
+        strip_local_metadata(model)
         ir.save(model, staged, external_data=data_name)
         onnx.checker.check_model(str(staged), full_check=True)
         mode = open_file_mode()
         for f in tmp.iterdir():
             os.chmod(f, mode)
+        moves = {staged: path}
         if data_name is not None:
-            os.replace(tmp / data_name, path.parent / data_name)
-        os.replace(staged, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            moves = {tmp / data_name: path.parent / data_name, **moves}
+        commit(moves)
     return path
 
 

@@ -8,6 +8,7 @@ computation of a capacity stage (the CPU implementation of `torch.ops.raggedvit.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -20,6 +21,7 @@ __all__ = [
     "SelectedRows",
     "Selection",
     "capacity_order",
+    "check_fractions",
     "cu_of",
     "pad_rows",
     "pad_scores",
@@ -112,6 +114,17 @@ def select_policy(policy: str) -> int:
     raise ValueError(f"policy {policy!r} has no selection stage")
 
 
+def check_fractions(policy: int, keep: float, mass: float) -> None:
+    """ValueError unless the policy's own fraction (keep for count, mass for mass) is in (0, 1] and the other one is
+    0 (unset) or in (0, 1]: RaggedSelect's attribute rule (a keep above 1 would overflow ceil(P_b * keep))."""
+    own = "keep" if policy == SELECT_POLICIES["count"] else "mass"
+    for name, value in (("keep", keep), ("mass", mass)):
+        lo_ok = value > 0.0 if name == own else value >= 0.0
+        if not (math.isfinite(value) and lo_ok and value <= 1.0):
+            want = "(0, 1]" if name == own else "[0, 1]"
+            raise ValueError(f"{name} must be in {want} (policy {policy}), got {value}")
+
+
 def _select(S: torch.Tensor, n: torch.Tensor, num_prefix: int, policy: int, keep: float, mass: float) -> Selection:
     """select_tokens by policy code (SELECT_POLICIES): k = ceil(P_b * keep) (count) or the cls-mass count."""
     B, W = S.shape
@@ -175,6 +188,7 @@ def select_rows_reference(
     Returns:
         SelectedRows (src, cu, seq_id, pos of B*bound output rows; k [B]).
     """
+    check_fractions(policy, keep, mass)
     n = cu[1:] - cu[:-1]
     S = pad_scores(scores, cu, n, width, num_prefix)
     sel = _select(S, n, num_prefix, policy, keep, mass)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from raggedvit.exporter._io import atomic_write
+from raggedvit.exporter._io import atomic_write_all
 from raggedvit.validators.rules import Thresholds
 
 __all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
@@ -261,8 +261,8 @@ class ValidationReport:
         base = Path(base)
         if base.suffix in (".json", ".md"):
             base = base.with_suffix("")
-        js = atomic_write(base.with_name(base.name + ".json"), self.to_json())
-        md = atomic_write(base.with_name(base.name + ".md"), self.to_markdown())
+        js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+        atomic_write_all({js: self.to_json(), md: self.to_markdown()})  # both files or neither
         return js, md
 
 

@@ -8,19 +8,23 @@ The seed is fixed so that CI is reproducible; RAGGEDVIT_FUZZ_SEED=<n> explores a
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-from raggedvit.custom_ops._fuzz_cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
-from raggedvit.custom_ops._fuzz_driver import run_fuzz
-from raggedvit.custom_ops._fuzz_embed import EMBED_AT, EmbedCase, check_embed_output, draw_embed_case, embed_feeds
-from raggedvit.custom_ops._fuzz_linear import LinearCase, draw_any, draw_linear_case, expected_any
-from raggedvit.custom_ops._fuzz_norm import NORM_AT, NormCase, draw_norm_case, live_rows
-from raggedvit.custom_ops._fuzz_select import SelectFuzzCase, draw_select_case
+from fuzz.attrs import ATTRS, crafted_cases
+from fuzz.cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_error
+from fuzz.driver import run_fuzz
+from fuzz.embed import EMBED_AT, EmbedCase, check_embed_output, draw_embed_case, embed_feeds
+from fuzz.linear import LinearCase, draw_any, draw_linear_case, expected_any
+from fuzz.norm import NORM_AT, NormCase, draw_norm_case, live_rows
+from fuzz.select import SelectFuzzCase, draw_select_case
 
 CALLS = 10_000
 SEED = int(os.environ.get("RAGGEDVIT_FUZZ_SEED", "14"))
@@ -90,6 +94,9 @@ def test_select_cases_cover_valid_and_refused_inputs():
     assert len(select) == CALLS // 10
     reasons = Counter(expected_any(c) or "valid" for c in select)
     assert reasons["valid"] > 300 and reasons["select attributes"] > 50 and reasons["select cu"] > 50, reasons
+    assert reasons["select fraction"] > 50, reasons  # keep / mass outside (0, 1]: 1e20, 1.5, 0, -0.1, nan, inf
+    bad = [c.keep if not 0 < c.keep <= 1 else c.mass for c in select if expected_any(c) == "select fraction"]
+    assert {1e20, 1.5} <= set(bad) and any(v != v for v in bad), sorted(set(map(str, bad)))
     assert draw_select_case(SEED, 12) == draw_any(SEED, 12)  # a reported call replays alone
 
 
@@ -168,7 +175,8 @@ def test_norm_cases_cover_valid_and_refused_inputs():
 
 def test_norm_check_refuses_written_dead_rows():
     """_fuzz_norm._check accepts the reference and refuses a dead row that is not zero, or a live row 1% off."""
-    from raggedvit.custom_ops._fuzz_norm import _check, _tensors
+    from fuzz.norm import _check, _tensors
+
     from raggedvit.kernels.gather_layer_norm import gather_layer_norm_reference
 
     drawn = (draw_norm_case(SEED, i) for i in range(NORM_AT, 10**5, 10))
@@ -185,3 +193,26 @@ def test_norm_check_refuses_written_dead_rows():
     off = n.clone()
     off[0] = torch.where(off[0] != 0, off[0] * 1.01, torch.ones_like(off[0]))
     assert "differs" in _check(off, s, feeds, c.epsilon, live)
+
+
+def test_crafted_attributes_and_sizes_of_every_op(ort_library):
+    """fuzz.attrs in a child process: every attribute of every op as an int and as a float, at int64 / float32
+    limits, and zero-size tensors whose other dims multiply past 2**63 (all six ops): no crash, each valid node
+    loads, each invalid one is refused naming the attribute or input."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1])]), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "fuzz.attrs"], capture_output=True, text=True, env=env,
+                         timeout=300, check=False)  # fmt: skip
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    cases = crafted_cases()
+    assert res.returncode == 0 and len(rows) == len(cases), res.stderr[-2000:]  # a crash ends the lines early
+    assert not [r for r in rows if r["outcome"] == "failed"], [r for r in rows if r["outcome"] == "failed"]
+    ops = Counter(r["case"].split()[0] for r in rows)
+    assert set(ops) == {*ATTRS, "BiasGelu"}, ops  # all six ops
+    refused = Counter(r["outcome"] for r in rows)
+    assert refused["refused"] > 200 and refused["loaded"] > 50 and refused["ran"] == 0, refused
+    for op, attrs in ATTRS.items():  # each attribute given as the other numeric type is refused naming it
+        for name, (kind, _) in attrs.items():
+            other = "float" if kind is int else "int"
+            hits = [r for r in rows if r["case"].startswith(f"{op} {name}=") and r["case"].endswith(f"({other})")]
+            assert hits and all(r["outcome"] == "refused" and f"'{name}'" in r["error"] for r in hits), (op, name)

@@ -54,9 +54,9 @@ def test_cpu_ep_continuous_scores(ort_library, B, policy):
 GOOD = {"width": 8, "bound": 8, "num_prefix": 1, "policy": 1, "keep": 0.5, "mass": 0.9}
 BAD_ATTRS = [
     ({"width": 0}, "attribute 'width' must be >= 1, got 0"),
-    ({"bound": 9}, "attribute 'bound' must be in [0, width = 8], got 9"),
+    ({"bound": 9}, "attribute 'bound' must be in [0, 8], got 9"),
     ({"num_prefix": -1}, "attribute 'num_prefix' must be >= 0, got -1"),
-    ({"policy": 2}, "attribute 'policy' must be 0 (count) or 1 (cls mass), got 2"),
+    ({"policy": 2}, "attribute 'policy' must be in [0, 1], got 2"),
     ({"width": 8.0}, "attribute 'width' must be an int, got a float"),
     ({"keep": 1}, "attribute 'keep' must be a float, got an int (1)"),
 ]

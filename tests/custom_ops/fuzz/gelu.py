@@ -1,4 +1,4 @@
-"""Fuzz cases of com.raggedvit::BiasGelu on the CPU EP (calls with index % 10 == GELU_AT of `_fuzz_linear.draw_any`).
+"""Fuzz cases of com.raggedvit::BiasGelu on the CPU EP (calls with index % 10 == GELU_AT of `fuzz.linear.draw_any`).
 
 A case is a pure function of (seed, index): random X rank (1-4) and shape (empty included), values with specials
 (inf, -inf, nan, huge, subnormal), optional Bias; and broken ones (scalar X, Bias shape and type, X types the CPU
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, refusal, run_bound
+from fuzz.cases import ELEM, TORCH, cpu_session, refusal, run_bound
 from tests.support.testing import gelu_float64
 
 __all__ = ["GELU_AT", "GeluCase", "draw_gelu_case", "gelu_expected_error", "run_gelu_case"]
@@ -97,7 +97,7 @@ def _check(y: torch.Tensor, feeds: dict[str, torch.Tensor]) -> str | None:
 
 
 def run_gelu_case(c: GeluCase, sessions: dict) -> tuple[str, str | None]:
-    """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
+    """Runs `c`; (outcome, failure text or None) with the outcomes of `fuzz.cases.run_case`."""
     from tests.support.ort_models import gelu_model
 
     expected = gelu_expected_error(c)

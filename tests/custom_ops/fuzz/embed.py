@@ -1,5 +1,5 @@
 """Fuzz cases of com.raggedvit::PatchEmbed on the CPU EP (calls with index % 10 == EMBED_AT of
-`_fuzz_linear.draw_any`).
+`fuzz.linear.draw_any`).
 
 A case is a pure function of (seed, index): random B (0 included), C (0 included), patch 1..16 (a few larger valid
 ones: 17..40, and 32768 with C = 0), grids gh x gw from 0 (no patch rows) with H, W crops that are not multiples of
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, refusal, run_bound
+from fuzz.cases import ELEM, TORCH, cpu_session, refusal, run_bound
 
 __all__ = [
     "EMBED_AT",
@@ -190,7 +190,7 @@ def check_embed_output(out: np.ndarray, feeds: dict[str, torch.Tensor], patch: i
 
 
 def run_embed_case(c: EmbedCase, sessions: dict) -> tuple[str, str | None]:
-    """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
+    """Runs `c`; (outcome, failure text or None) with the outcomes of `fuzz.cases.run_case`."""
     from tests.support.ort_models import embed_model
 
     expected = embed_expected_error(c)

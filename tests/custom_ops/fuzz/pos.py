@@ -1,4 +1,4 @@
-"""Relative position bias cases of the RaggedAttention fuzz (`_fuzz_cases`): drawing the attributes grid_h,
+"""Relative position bias cases of the RaggedAttention fuzz (`fuzz.cases`): drawing the attributes grid_h,
 grid_w, num_prefix and the inputs pos_table / token_pos (valid, or broken in one way), the op's contract for them
 (written independently of the C++ checks), and the token_pos values (out-of-range ones are valid: class rows)."""
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from raggedvit.custom_ops._fuzz_cases import Case
+    from fuzz.cases import Case
 
 __all__ = ["draw_pos", "pos_attr_error", "pos_input_error", "token_pos"]
 

@@ -1,9 +1,9 @@
 """Fuzz cases of com.raggedvit::RaggedLinear on the CPU EP, and the dispatch over the ops of the CPU fuzz.
 
 Every FIFTH call of a fuzz run (index % 5 == 4) is a RaggedLinear case (`draw_any`), index % 10 == 2 a RaggedSelect
-case (`_fuzz_select`), index % 10 == 7 a BiasGelu case (`_fuzz_gelu`), index % 10 == 5 a GatherLayerNorm case
-(`_fuzz_norm`), the others RaggedAttention cases of
-`_fuzz_cases`. A linear case is a pure function of (seed, index) too: random T (0 included), N, K, dead
+case (`fuzz.select`), index % 10 == 7 a BiasGelu case (`fuzz.gelu`), index % 10 == 5 a GatherLayerNorm case
+(`fuzz.norm`), the others RaggedAttention cases of
+`fuzz.cases`. A linear case is a pure function of (seed, index) too: random T (0 included), N, K, dead
 rows through CuSeqlens values of any kind (above T, negative, the dtype's extremes, B = 0: all valid, the op clamps
 cu[B]), optional Bias / Residual / CuSeqlens, activation 0 / 1; and broken ones (ranks, K mismatch, Bias and
 Residual shapes and types, CuSeqlens shapes and types, X types the CPU EP lacks, bad activation values and types).
@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from onnx import TensorProto, helper
 
-from raggedvit.custom_ops import _fuzz_cases
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, Case, cpu_session, quiet_run_options, refusal
-from raggedvit.custom_ops._fuzz_embed import EMBED_AT, EmbedCase, draw_embed_case, embed_expected_error, run_embed_case
-from raggedvit.custom_ops._fuzz_gelu import GELU_AT, GeluCase, draw_gelu_case, gelu_expected_error, run_gelu_case
-from raggedvit.custom_ops._fuzz_norm import NORM_AT, NormCase, draw_norm_case, norm_expected_error, run_norm_case
-from raggedvit.custom_ops._fuzz_select import (
+from fuzz import cases as fuzz_cases
+from fuzz.cases import ELEM, TORCH, Case, cpu_session, quiet_run_options, refusal
+from fuzz.embed import EMBED_AT, EmbedCase, draw_embed_case, embed_expected_error, run_embed_case
+from fuzz.gelu import GELU_AT, GeluCase, draw_gelu_case, gelu_expected_error, run_gelu_case
+from fuzz.norm import NORM_AT, NormCase, draw_norm_case, norm_expected_error, run_norm_case
+from fuzz.select import (
     SELECT_AT,
     SelectFuzzCase,
     draw_select_case,
@@ -181,7 +181,7 @@ def _reference(c: LinearCase, feeds: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
-    """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
+    """Runs `c`; (outcome, failure text or None) with the outcomes of `fuzz.cases.run_case`."""
     from raggedvit.runtime import bind_tensor
     from tests.support.testing import assert_close
 
@@ -238,7 +238,7 @@ def draw_any(seed: int, index: int) -> AnyCase:
         return draw_norm_case(seed, index)
     if index % 10 == EMBED_AT:
         return draw_embed_case(seed, index)
-    return _fuzz_cases.draw_case(seed, index)
+    return fuzz_cases.draw_case(seed, index)
 
 
 def expected_any(c: AnyCase) -> str | None:
@@ -250,7 +250,7 @@ def expected_any(c: AnyCase) -> str | None:
         return norm_expected_error(c)
     if isinstance(c, EmbedCase):
         return embed_expected_error(c)
-    return linear_expected_error(c) if isinstance(c, LinearCase) else _fuzz_cases.expected_error(c)
+    return linear_expected_error(c) if isinstance(c, LinearCase) else fuzz_cases.expected_error(c)
 
 
 def run_any(c: AnyCase, sessions: dict) -> tuple[str, str | None]:
@@ -262,4 +262,4 @@ def run_any(c: AnyCase, sessions: dict) -> tuple[str, str | None]:
         return run_norm_case(c, sessions)
     if isinstance(c, EmbedCase):
         return run_embed_case(c, sessions)
-    return run_linear_case(c, sessions) if isinstance(c, LinearCase) else _fuzz_cases.run_case(c, sessions)
+    return run_linear_case(c, sessions) if isinstance(c, LinearCase) else fuzz_cases.run_case(c, sessions)

@@ -1,5 +1,5 @@
 """Fuzz cases of com.raggedvit::GatherLayerNorm on the CPU EP (calls with index % 10 == NORM_AT of
-`_fuzz_linear.draw_any`).
+`fuzz.linear.draw_any`).
 
 A case is a pure function of (seed, index): random T, R (0 included), D, indices of any value (negative, out of
 range, the int64 extremes: all valid, those outside [-T, T) give zero rows), values with specials (inf, nan,
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from raggedvit.custom_ops._fuzz_cases import ELEM, TORCH, cpu_session, refusal, run_bound
+from fuzz.cases import ELEM, TORCH, cpu_session, refusal, run_bound
 
 __all__ = ["NORM_AT", "NormCase", "draw_norm_case", "live_rows", "norm_expected_error", "run_norm_case"]
 
@@ -178,7 +178,7 @@ def _check(n: torch.Tensor, s: torch.Tensor, feeds: dict[str, torch.Tensor], eps
 
 
 def run_norm_case(c: NormCase, sessions: dict) -> tuple[str, str | None]:
-    """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
+    """Runs `c`; (outcome, failure text or None) with the outcomes of `fuzz.cases.run_case`."""
     from tests.support.ort_models import norm_model
 
     expected = norm_expected_error(c)

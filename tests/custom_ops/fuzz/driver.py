@@ -2,8 +2,8 @@
 
     summary = run_fuzz(seed=14, calls=10_000)      # or: python3 scripts/fuzz_ort_cpu.py --seed 14
 
-A child (`python3 -m raggedvit.custom_ops._fuzz_driver --worker ...`) runs the cases [first, first + count) of
-`_fuzz_linear.draw_any(seed, i)` (every fifth call a RaggedLinear case, then RaggedSelect, BiasGelu,
+A child (`python3 -m fuzz.driver --worker ...`) runs the cases [first, first + count) of
+`fuzz.linear.draw_any(seed, i)` (every fifth call a RaggedLinear case, then RaggedSelect, BiasGelu,
 GatherLayerNorm, PatchEmbed and RaggedAttention ones by i % 10) and announces each call on stdout before making it,
 so a crash (a signal, an abort) or a hang is pinned to one call: it is reported with the seed, the call index, the
 case and a replay command, and the batch resumes after that call in a fresh child. pytest never runs the op in its
@@ -25,8 +25,9 @@ from pathlib import Path
 
 __all__ = ["FuzzSummary", "run_fuzz"]
 
-_MODULE = "raggedvit.custom_ops._fuzz_driver"  # what a child runs: python3 -m _MODULE --worker SEED FIRST COUNT
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder holding this raggedvit: the children import it
+_MODULE = "fuzz.driver"  # what a child runs: python3 -m _MODULE --worker SEED FIRST COUNT
+FUZZ_PARENT = Path(__file__).resolve().parents[1]  # tests/custom_ops: the children import this package from it
+PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # the checkout holding raggedvit: the children import it
 MAX_RESTARTS = 5  # crashes tolerated per batch before the rest of it is skipped
 
 
@@ -73,7 +74,7 @@ def _replay(seed: int, index: int) -> str:
 
 
 def _describe(seed: int, index: int) -> str:
-    from raggedvit.custom_ops._fuzz_linear import draw_any, expected_any
+    from fuzz.linear import draw_any, expected_any
 
     case = draw_any(seed, index)
     return f"{case.describe()}; expected: {expected_any(case) or 'valid'}"
@@ -82,7 +83,7 @@ def _describe(seed: int, index: int) -> str:
 def _run_batch(
     seed: int, first: int, count: int, deadline: float, timeout_s: float, summary: FuzzSummary, lock
 ) -> None:
-    path = [str(PACKAGE_PARENT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    path = [str(FUZZ_PARENT), str(PACKAGE_PARENT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     restarts, end = 0, first + count
@@ -180,7 +181,7 @@ def _worker(seed: int, first: int, count: int) -> None:
     """Child: runs the cases; prints "S i" before call i, "F <report>" if it failed, "R i <outcome> <category>"."""
     import torch
 
-    from raggedvit.custom_ops._fuzz_linear import draw_any, expected_any, run_any
+    from fuzz.linear import draw_any, expected_any, run_any
 
     torch.set_num_threads(1)
     sessions: dict = {}

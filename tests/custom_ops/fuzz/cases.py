@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from onnx import TensorProto, helper
 
-from raggedvit.custom_ops._fuzz_pos import draw_pos, pos_attr_error, pos_input_error, token_pos
+from fuzz.pos import draw_pos, pos_attr_error, pos_input_error, token_pos
 from tests.support.ort_models import model_bytes
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "draw_case",
     "expected_error",
     "quiet_run_options",
+    "refusal_names",
     "refusal",
     "run_bound",
     "run_case",
@@ -425,11 +426,56 @@ def run_bound(sess: Any, feeds: dict[str, torch.Tensor], outputs: tuple[str, ...
 
 def refusal(e: Exception, expected: str | None, stage: str) -> tuple[str, str | None]:
     """The outcome of an exception at `stage` ("session" creation or "run"): "rejected_<stage>" for ORT's refusal
-    of an invalid case, "failed" for a valid case or a non-ORT error."""
+    of an invalid case that names the input or attribute at fault (refusal_names), "failed" for a valid case, a
+    non-ORT error or a refusal that names none of them."""
     if expected is None:
         what = "session creation refused a valid node" if stage == "session" else "valid input refused"
         return "failed", f"{what}: {e}"
-    return (f"rejected_{stage}", None) if _is_ort_error(e) else ("failed", f"non-ORT error {e!r}")
+    if not _is_ort_error(e):
+        return "failed", f"non-ORT error {e!r}"
+    names = refusal_names(expected)
+    text = " ".join(str(e).split())
+    if _ORT_TYPE_CHECK in text:  # ORT's graph type inference (before any kernel): it names the node's output arg
+        names = (*names, "output arg")
+    named = any(f"'{n}'" in text or f"({n})" in text or f"{n} " in text for n in names)
+    if not named and not any(f"'{n}'" in text or f"({n})" in text or f"input: {n} " in text for n in ARGUMENT_NAMES):
+        return "failed", f"refusal of ({expected}) names none of {names} (nor another argument): {text[:400]}"
+    return f"rejected_{stage}", None
+
+
+# ORT refuses an optional input whose type differs from X's while inferring types: outputs of an UNDEFINED type take
+# the last UNDEFINED input's, so its message names the output it would mistype, not the input
+_ORT_TYPE_CHECK = "Type Error: Type (tensor("
+
+# every input and attribute of the six ops: a case with several faults may be refused for another one than the
+# category names, as long as the refusal names it
+ARGUMENT_NAMES = (
+    "qkv", "cu_seqlens", "bias", "pos_table", "token_pos", "num_heads", "scale", "max_seqlen", "grid_h", "grid_w",
+    "num_prefix", "X", "W", "Bias", "Residual", "CuSeqlens", "activation", "scores", "cu", "width", "bound",
+    "policy", "keep", "mass", "Index", "Gamma", "Beta", "Skip", "epsilon", "Images", "Weight", "Prefix", "Pos",
+    "patch",
+)  # fmt: skip
+
+# categories whose refusal may name any of several attributes; other categories name theirs in their words
+_NAMED = {
+    "select attributes": ("width", "bound", "num_prefix", "policy"),
+    "select fraction": ("keep", "mass"),
+    "pos attributes": ("grid_h", "grid_w", "num_prefix"),
+}
+_OPS = ("linear", "norm", "embed", "gelu", "select")
+_DESCRIPTORS = ("type", "rank", "shape", "values", "width")
+
+
+def refusal_names(expected: str) -> tuple[str, ...]:
+    """The inputs or attributes a refusal of the expected error "<category>: <detail>" must name: the category's
+    words without the op and the descriptor ("linear X type" -> X, "cu_seqlens values" -> cu_seqlens)."""
+    category = expected.split(":")[0].strip()
+    if category in _NAMED:
+        return _NAMED[category]
+    words = category.split()
+    if len(words) > 1 and words[0] in _OPS:
+        words = words[1:]
+    return tuple(w for w in words if w not in _DESCRIPTORS) or (category,)
 
 
 def _is_ort_error(e: Exception) -> bool:

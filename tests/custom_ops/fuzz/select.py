@@ -1,5 +1,5 @@
 """Fuzz cases of com.raggedvit::RaggedSelect on the CPU EP (call index % 10 == SELECT_AT of a fuzz run, through
-`_fuzz_linear.draw_any`): valid calls with dead rows, ties and capacity bounds (checked against the torch op's
+`fuzz.linear.draw_any`): valid calls with dead rows, ties and capacity bounds (checked against the torch op's
 CPU math, select_rows_reference), and every refusal kind (attributes, cu values, shapes, types)."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from raggedvit.custom_ops._fuzz_cases import cpu_session, refusal
+from fuzz.cases import cpu_session, refusal
 
 __all__ = ["SELECT_AT", "SelectFuzzCase", "draw_select_case", "run_select_case", "select_expected_error"]
 
 SELECT_AT = 2  # call i is a RaggedSelect case when i % 10 == SELECT_AT (never a RaggedLinear index: i % 5 == 4)
-_BREAKS = ("none",) * 6 + ("width", "bound", "policy", "prefix", "decreasing", "past_t", "too_long", "cu_rank")
+_BREAKS = ("none",) * 6 + ("width", "bound", "policy", "prefix", "decreasing", "past_t", "too_long", "cu_rank",
+           "fraction")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,22 @@ def draw_select_case(seed: int, index: int) -> SelectFuzzCase:
     elif brk == "too_long":
         counts = (*counts[:-1], width + rng.randint(1, 9))
     policy = rng.choice((0, 1)) if brk != "policy" else rng.choice((2, -1))
+    keep, mass = rng.choice((0.1, 0.5, 0.99, 1.0)), rng.choice((0.0, 0.5, 0.9, 1.0))
+    if brk == "fraction":  # outside [0, 1] or (0, 1]: ceil(P * 1e20) overflows int64
+        bad = rng.choice((0.0, 1.5, -0.1, 1e20, float("nan"), float("inf")))
+        keep, mass = (bad, mass) if rng.random() < 0.5 else (keep, bad)
     return SelectFuzzCase(
-        width, bound, -1 if brk == "prefix" else p, policy, rng.choice((0.1, 0.5, 0.99, 1.0)),
-        rng.choice((0.0, 0.5, 0.9, 1.0)), counts, rng.choice((0, 0, 3)), brk, rng.randrange(2**31),
+        width, bound, -1 if brk == "prefix" else p, policy, keep, mass, counts, rng.choice((0, 0, 3)), brk,
+        rng.randrange(2**31),
     )  # fmt: skip
 
 
 def select_expected_error(c: SelectFuzzCase) -> str | None:
     if c.width < 1 or not 0 <= c.bound <= c.width or c.num_prefix < 0 or c.policy not in (0, 1):
         return "select attributes"
+    own, other = (c.keep, c.mass) if c.policy == 0 else (c.mass, c.keep)  # the policy's fraction, the unused one
+    if not (0 < own <= 1 and 0 <= other <= 1):  # NaN fails both
+        return "select fraction"
     if c.cu_break in ("decreasing", "past_t", "too_long", "cu_rank"):
         return "select cu"
     return None
@@ -79,7 +87,7 @@ def _inputs(c: SelectFuzzCase) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_select_case(c: SelectFuzzCase, sessions: dict) -> tuple[str, str | None]:
-    """Runs `c`; (outcome, failure text or None) with the outcomes of `_fuzz_cases.run_case`."""
+    """Runs `c`; (outcome, failure text or None) with the outcomes of `fuzz.cases.run_case`."""
     import torch
 
     from raggedvit.pruning.select import select_rows_reference
