@@ -75,8 +75,8 @@ std::string CheckBlockInputs(const BlockInputs& in, const BlockAttrs& attrs, Blo
   const std::vector<int64_t>& fc1 = in.shape[kFc1Weight];
   const std::string where = " (x shape " + ShapeString(x) + ", fc1_weight shape " + ShapeString(fc1) +
                             ", num_heads = " + std::to_string(attrs.num_heads) + ")";
-  if (fc1.size() != 2 || fc1[0] < 1 || fc1[1] != C) {
-    return "input 'fc1_weight' must be 2-D [F, C] with F >= 1 and C = " + std::to_string(C) + where;
+  if (fc1.size() != 2 || fc1[0] < 0 || fc1[1] != C) {
+    return "input 'fc1_weight' must be 2-D [F, C] with C = " + std::to_string(C) + where;
   }
   const int64_t F = fc1[0];
   int64_t three_c = 0;
@@ -84,6 +84,7 @@ std::string CheckBlockInputs(const BlockInputs& in, const BlockAttrs& attrs, Blo
       !FitsBytes(F, C)) {
     return "T*3C, 3C*C, T*F or F*C elements overflow int64 bytes" + where;
   }
+  if (F < 1) return "input 'fc1_weight' must have F >= 1 rows" + where;
   if (C % attrs.num_heads != 0) return "attribute 'num_heads' must divide C = " + std::to_string(C) + where;
   const std::vector<int64_t>& cu = in.shape[kBlockCu];
   if (cu.size() != 1 || cu[0] < 1) return "input 'cu_seqlens' must be 1-D [B+1] with B >= 0, got shape " + ShapeString(cu) + where;

@@ -84,7 +84,11 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const BlockAttrs& attrs, const Blo
   ad.D = d.C / d.H;
   Attrs check;  // cu_seqlens values: no max_seqlen
   std::string err = CheckCuValues(cu, ad, check, v.info.shape[kBlockX]);
-  if (!err.empty()) return MakeBlockStatus(ORT_INVALID_ARGUMENT, err);
+  if (!err.empty()) {  // CheckCuValues names the rows' input qkv (RaggedAttention's): here they are x
+    const size_t at = err.find("qkv shape");
+    if (at != std::string::npos) err.replace(at, 3, "x");
+    return MakeBlockStatus(ORT_INVALID_ARGUMENT, err);
+  }
   const int64_t T = d.T, C = d.C, F = d.F, live = static_cast<int64_t>(cu[d.B]);
   const ONNXTensorElementDataType S = v.info.type[kBlockX], G = v.info.type[kQkvWeight];
 
