@@ -124,3 +124,40 @@ def test_block_weights_refuses_other_blocks(gen: torch.Generator) -> None:
     tanh.mlp.act = torch.nn.GELU(approximate="tanh")
     assert block_weights(tanh, torch.float32) is None
     assert block_weights(Block(64, 4).train(), torch.float32) is None
+
+
+def test_cuda_dispatch_engine_then_ops(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vit_block_cuda's choice (run here on CPU tensors): the block engine's result when it takes the call, the
+    per-op composition when the engine module is missing or refuses the case with TypeError."""
+    import sys
+    import types
+
+    from raggedvit.kernels._block_op import vit_block_cuda
+
+    w = _weights(_block(gen), torch.float32, torch.float32)
+    x, cu = _rows(gen, [6, 3], 1, 64, torch.float32)
+    kwargs = {"eps": 1e-6, "scale": 0.25, "return_cls_attn": True}
+    want_y, want_cls = vit_block_ops(x, cu, w, 4, **kwargs)
+    module = types.ModuleType("raggedvit.kernels.block_engine")
+    monkeypatch.setitem(sys.modules, "raggedvit.kernels.block_engine", None)  # missing: ImportError
+    y, cls = vit_block_cuda(x, cu, w, 4, **kwargs)
+    assert torch.equal(y, want_y) and torch.equal(cls, want_cls)
+
+    def refuse(*args, **kw):
+        raise TypeError("unsupported")
+
+    module.vit_block_engine = refuse
+    monkeypatch.setitem(sys.modules, "raggedvit.kernels.block_engine", module)
+    y, cls = vit_block_cuda(x, cu, w, 4, **kwargs)
+    assert torch.equal(y, want_y)
+    seen = {}
+
+    def engine(x_, cu_, w_, heads, *, eps, scale=None, return_cls_attn=False):
+        seen.update(heads=heads, eps=eps, scale=scale)
+        return (x_ + 1, x_.new_ones(x_.shape[0])) if return_cls_attn else x_ + 1
+
+    module.vit_block_engine = engine
+    y, cls = vit_block_cuda(x, cu, w, 4, **kwargs)
+    assert torch.equal(y, x + 1) and seen == {"heads": 4, "eps": 1e-6, "scale": 0.25}
+    y, none = vit_block_cuda(x, cu, w, 4, eps=1e-6, scale=0.25, return_cls_attn=False)
+    assert torch.equal(y, x + 1) and none.shape == (0,)
