@@ -85,3 +85,11 @@ def test_unsupported_blocks_keep_the_ops(vit, images, monkeypatch) -> None:
 def test_engine_argument_is_checked(vit) -> None:
     with pytest.raises(ValueError, match="engine must be one of ops, block"):
         PrunedViT(vit, SPECS["topk-l2"], engine="fast")
+
+
+def test_other_families_refuse_the_block_engine() -> None:
+    from timm.models.beit import Beit
+
+    beit = Beit(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=3).eval()
+    with pytest.raises(ValueError, match="engine='block' needs a timm VisionTransformer; Beit runs as"):
+        PrunedViT(beit, SPECS["topk-l2"], engine="block")
