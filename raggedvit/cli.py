@@ -112,6 +112,14 @@ def main() -> None:
     help="With --ragged-linear: every block, or only the blocks whose rows include dead rows (--capacity after a "
     "cls-mass stage); the other blocks keep MatMul, which is faster on full rows.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["ops", "block"]),
+    default="ops",
+    show_default=True,
+    help="block: each timm pre-norm Block as one com.raggedvit::RaggedViTBlock node (the block engine; blocks it "
+    "cannot take keep their ops); ops: each block as its ops.",
+)
 def export(
     model,
     output,
@@ -129,6 +137,7 @@ def export(
     capacity,
     ragged_linear,
     ragged_linear_blocks,
+    engine,
 ) -> None:
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm
@@ -176,6 +185,8 @@ def export(
             check_ragged_linear(vit, dtype)
         except ValueError as e:
             raise CliError(f"--ragged-linear: {e}") from None
+    if engine == "block" and not backbone.supports_block_op:
+        raise CliError(f"--engine block needs a timm VisionTransformer; {model} runs as {type(backbone).__name__}")
     weights = info.to_dict()  # the checkpoint's file name and sha256, never a local path
     recipe = {"model": model, "weights": weights}
     steps.set_postfix_str("building graph")
@@ -189,6 +200,7 @@ def export(
             diagnostics=diagnostics,
             capacity=capacity,
             ragged_linear=ragged_linear_blocks if ragged_linear else False,
+            engine=engine,
         )
     except OSError as e:
         raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None

@@ -12,6 +12,7 @@
 #include "cpu/ragged_attention_cpu.h"
 #include "cpu/ragged_linear_cpu.h"
 #include "cpu/ragged_select_cpu.h"
+#include "cpu/vit_block_cpu.h"
 #include "cuda/bias_gelu_cuda.h"
 #include "cuda/gather_layer_norm_cuda.h"
 #include "cuda/launcher.h"
@@ -39,6 +40,10 @@ const OpSet& Ops() {
       for (auto token_pos : kCuTypes) set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu, token_pos));
       set.ops.push_back(std::make_unique<RaggedLinearCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
       set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
+      for (auto stream : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+                          ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+        set.ops.push_back(std::make_unique<RaggedViTBlockCpuOp>(nullptr, stream, cu));
+      }
     }
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
     set.ops.push_back(std::make_unique<BiasGeluCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
@@ -96,7 +101,7 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
            raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
-           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\", \"" + raggedvit::kBlockOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

@@ -117,6 +117,7 @@ def build_model(
     diagnostics: bool = False,
     capacity: bool = False,
     ragged_linear: bool | str = False,
+    engine: str = "ops",
 ) -> ir.Model:
     """The ONNX model (onnx_ir) of PrunedViT(vit, spec, capacity=capacity) in the export recipe `dtype`.
 
@@ -127,7 +128,9 @@ def build_model(
     graph runs as a CUDA graph (GraphRunner). `ragged_linear`: block GEMMs as com.raggedvit::RaggedLinear nodes,
     True / "all" in every block, "dead-rows" in the blocks with dead rows only (PrunedViT's `ragged_linear`;
     `check_ragged_linear` refusals), recipe key "ragged_linear" (True or "dead-rows"; only written when on, so
-    default exports are unchanged).
+    default exports are unchanged). `engine`: "block" exports each block PrunedViT(engine="block") runs as one op
+    as one com.raggedvit::RaggedViTBlock node (its weights as initializers), recipe key "engine" (only written for
+    "block").
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -135,7 +138,7 @@ def build_model(
     if mode is not None:
         check_ragged_linear(vit, dtype)
     model = PrunedViT(  # checks model and spec
-        apply_dtype(vit.float().eval(), dtype), spec, capacity=capacity, ragged_linear=ragged_linear
+        apply_dtype(vit.float().eval(), dtype), spec, capacity=capacity, ragged_linear=ragged_linear, engine=engine
     )
     h, w = (int(s) for s in vit.patch_embed.img_size)
     example = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
@@ -166,6 +169,7 @@ def build_model(
         "prune": spec.to_dict(),
         "capacity": bool(capacity),
         **({"ragged_linear": True if mode == "all" else mode} if mode is not None else {}),
+        **({"engine": engine} if engine != "ops" else {}),
         "dtype": dtype,
         "img_size": h,
         "num_prefix_tokens": model.num_prefix,
@@ -243,9 +247,17 @@ def export_onnx(
     diagnostics: bool = False,
     capacity: bool = False,
     ragged_linear: bool | str = False,
+    engine: str = "ops",
 ) -> Path:
     """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
     model = build_model(
-        vit, spec, dtype=dtype, recipe=recipe, diagnostics=diagnostics, capacity=capacity, ragged_linear=ragged_linear
+        vit,
+        spec,
+        dtype=dtype,
+        recipe=recipe,
+        diagnostics=diagnostics,
+        capacity=capacity,
+        ragged_linear=ragged_linear,
+        engine=engine,
     )
     return save_model(model, path)

@@ -81,6 +81,7 @@ def test_library_info(ort_library):
         "BiasGelu",
         "GatherLayerNorm",
         "PatchEmbed",
+        "RaggedViTBlock",
     ]
 
 

@@ -1,0 +1,97 @@
+"""engine="block" exports: one com.raggedvit::RaggedViTBlock node per block (weights as initializers) for every
+policy, the CPU EP session against PrunedViT, and `raggedvit export --engine block` passing `raggedvit validate`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+import torch
+
+from raggedvit.exporter.export import build_model
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.weights import load_vit
+
+from .conftest import to_proto
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPTH = 4
+SPECS = {
+    "topk-l2": (PruneSpec.from_strings("topk-l2", "1,3", 0.5, 0.9, False), False),
+    "cls-mass-capacity": (PruneSpec.from_strings("cls-mass", "1,3", 0.5, 0.9, False), True),
+    "evit-fuse": (PruneSpec.from_strings("evit", "1,3", 0.5, 0.9, True), False),
+}
+
+
+@pytest.fixture(scope="module")
+def small_vit():
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, model_kwargs={"depth": DEPTH})
+    return vit
+
+
+def _ops(model: ir.Model) -> Counter:
+    return Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_one_node_per_block(small_vit, name: str) -> None:
+    spec, capacity = SPECS[name]
+    model = build_model(small_vit, spec, capacity=capacity, engine="block")
+    ops = _ops(model)
+    assert ops["com.raggedvit::RaggedViTBlock"] == DEPTH, ops
+    assert not ops["com.raggedvit::RaggedAttention"], ops
+    # MatMul: the embedding's, the head's, evit's fused token per stage; LayerNormalization: the head's
+    assert ops["MatMul"] <= 2 + len(spec.prune_at) and ops["LayerNormalization"] <= 1, ops
+    assert model.ir_version <= 13 and model.opset_imports["com.raggedvit"] == 1
+    assert ir.to_proto(model).metadata_props  # the recipe
+    blocks = [n for n in model.graph if n.op_type == "RaggedViTBlock"]
+    for node in blocks:
+        assert node.attributes["num_heads"].value == 3
+        assert node.attributes["epsilon"].value == pytest.approx(1e-6)
+        assert node.attributes["scale"].value == pytest.approx(64**-0.5)
+        weights = [v for v in node.inputs[2:] if v is not None]
+        assert weights and all(v.const_value is not None for v in weights)  # initializers
+    # cls attention out of the blocks a cls-attention stage follows (blocks 0 and 2), for evit and cls-mass only
+    with_cls = [i for i, n in enumerate(blocks) if len(n.outputs) > 1 and n.outputs[1].uses()]
+    assert with_cls == ([] if spec.policy == "topk-l2" else [0, 2])
+
+
+def test_default_engine_unchanged(small_vit) -> None:
+    spec, _ = SPECS["topk-l2"]
+    ops = _ops(build_model(small_vit, spec))
+    assert not ops["com.raggedvit::RaggedViTBlock"] and ops["com.raggedvit::RaggedAttention"] == DEPTH
+
+
+def test_cpu_ep_matches_pruned_vit(deit_tiny, images, ort_session) -> None:
+    """deit_tiny (12 blocks), fp32: the session's logits within 1e-5 of PrunedViT's largest logit, same counts."""
+    spec = PruneSpec.from_strings("cls-mass", "3,6,9", 0.5, 0.9, False)
+    sess = ort_session(to_proto(build_model(deit_tiny, spec, capacity=True, engine="block")))
+    logits, counts = sess.run(None, {"images": images.numpy()})[:2]
+    with torch.no_grad():
+        ref = PrunedViT(deit_tiny, spec, capacity=True)(images)
+    np.testing.assert_array_equal(counts, ref.token_counts.numpy())
+    assert np.abs(logits - ref.logits.numpy()).max() <= 1e-5 * float(ref.logits.abs().max())
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, "-m", "raggedvit.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
+
+
+def test_cli_export_engine_block_validates(tmp_path) -> None:
+    out = tmp_path / "block.onnx"
+    args = ("--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "--dtype", "fp16", "--engine", "block")
+    res = _cli("export", "deit_tiny_patch16_224", *args, "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert _ops(ir.load(out))["com.raggedvit::RaggedViTBlock"] == 12
+    res = _cli("validate", str(out), "--random", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("## raggedvit validation: PASS")
