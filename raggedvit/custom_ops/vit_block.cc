@@ -3,8 +3,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
-#include <utility>
 
 namespace raggedvit {
 
@@ -15,11 +15,8 @@ const char* const kBlockInputNames[kBlockNumInputs] = {
 
 namespace {
 
-// Element count a*b and its float byte size, both fitting int64.
-bool FitsBytes(int64_t a, int64_t b) {
-  int64_t elements = 0, bytes = 0;
-  return CheckedMul(a, b, &elements) && CheckedMul(elements, static_cast<int64_t>(sizeof(float)), &bytes);
-}
+// Element count a*b and its float byte size, both fitting int64 (op_checks.h's CheckedSize).
+bool FitsBytes(int64_t a, int64_t b) { return CheckedSize({a, b}, static_cast<int64_t>(sizeof(float))); }
 
 bool IsFloatType(ONNXTensorElementDataType t) {
   return t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
@@ -29,25 +26,12 @@ bool IsFloatType(ONNXTensorElementDataType t) {
 }  // namespace
 
 std::string ReadBlockAttrs(const OrtKernelInfo* info, BlockAttrs* attrs) {
-  float as_float = 0.0f;
-  int64_t as_int = 0;
-  if (!TryAttrInt(info, "num_heads", &attrs->num_heads)) {
-    if (TryAttrFloat(info, "num_heads", &as_float)) return "attribute 'num_heads' must be an int, got a float";
-    return "attribute 'num_heads' (int) is required";
-  }
-  if (attrs->num_heads <= 0) return "attribute 'num_heads' must be >= 1, got " + std::to_string(attrs->num_heads);
-  const std::pair<const char*, float*> floats[] = {{"epsilon", &attrs->epsilon}, {"scale", &attrs->scale}};
-  for (const auto& [name, value] : floats) {
-    if (!TryAttrFloat(info, name, value)) {
-      if (TryAttrInt(info, name, &as_int)) {
-        return std::string("attribute '") + name + "' must be a float, got an int (" + std::to_string(as_int) + ")";
-      }
-      return std::string("attribute '") + name + "' (float) is required";
-    }
-    if (!std::isfinite(*value)) return std::string("attribute '") + name + "' must be finite, got " + std::to_string(*value);
-  }
-  if (attrs->epsilon < 0.0f) return "attribute 'epsilon' must be >= 0, got " + std::to_string(attrs->epsilon);
-  return "";
+  constexpr float kMax = std::numeric_limits<float>::max();
+  std::string err = ReadIntAttr(info, "num_heads", 1, std::numeric_limits<int64_t>::max(), &attrs->num_heads,
+                                /*required=*/true);
+  if (err.empty()) err = ReadFloatAttr(info, "epsilon", 0.0f, kMax, &attrs->epsilon, false, false, /*required=*/true);
+  if (err.empty()) err = ReadFloatAttr(info, "scale", -kMax, kMax, &attrs->scale, false, false, /*required=*/true);
+  return err;
 }
 
 BlockValues ReadBlockInputs(Ort::KernelContext& ctx) {

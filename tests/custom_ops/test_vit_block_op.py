@@ -84,7 +84,7 @@ def test_bad_attributes_are_named(ort_library):
         ({**ATTRS, "num_heads": 5}, "attribute 'num_heads' must divide C = 32 (x shape [18, 32]"),
         ({**ATTRS, "num_heads": 0}, "attribute 'num_heads' must be >= 1"),
         ({**ATTRS, "epsilon": 1}, "attribute 'epsilon' must be a float, got an int"),
-        ({**ATTRS, "scale": float("inf")}, "attribute 'scale' must be finite"),
+        ({**ATTRS, "scale": float("inf")}, "attribute 'scale' must be a finite float"),
     ]
     for attrs, text in cases:
         assert text in _refusal(feeds, ort_library, attrs)
