@@ -55,6 +55,22 @@ inline bool CheckedSize(const std::vector<int64_t>& dims, int64_t elem_bytes, in
 
 // ---- attributes --------------------------------------------------------------------------------------------------
 
+// Low-level probes: true and *out set when the node has attribute `name` of that type; false (no status leaked)
+// when it is absent or of another type. Ops read attributes through ReadIntAttr / ReadFloatAttr below, which add
+// the type and range checks.
+inline bool TryAttrInt(const OrtKernelInfo* info, const char* name, int64_t* out) {
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, out);
+  if (st == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(st);
+  return false;
+}
+inline bool TryAttrFloat(const OrtKernelInfo* info, const char* name, float* out) {
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, out);
+  if (st == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(st);
+  return false;
+}
+
 // The type a node gives attribute `name` ("absent" when the node has none of that name).
 inline const char* AttrTypeName(const OrtKernelInfo* info, const char* name) {
   const OrtApi& api = Ort::GetApi();
@@ -66,8 +82,8 @@ inline const char* AttrTypeName(const OrtKernelInfo* info, const char* name) {
   int64_t i = 0;
   float f = 0.0f;
   size_t size = 0;
-  if (ok(api.KernelInfoGetAttribute_int64(info, name, &i))) return "int";
-  if (ok(api.KernelInfoGetAttribute_float(info, name, &f))) return "float";
+  if (TryAttrInt(info, name, &i)) return "int";
+  if (TryAttrFloat(info, name, &f)) return "float";
   if (ok(api.KernelInfoGetAttribute_string(info, name, nullptr, &size))) return "string";
   size = 0;
   if (ok(api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size))) return "ints";
@@ -104,11 +120,11 @@ inline std::string ReadIntAttr(const OrtKernelInfo* info, const char* name, int6
   if (type == "absent") return required ? attr + " (int) is required" : "";
   if (type != "int") {
     float f = 0.0f;
-    const bool is_float = type == "float" && Ort::GetApi().KernelInfoGetAttribute_float(info, name, &f) == nullptr;
+    const bool is_float = type == "float" && TryAttrFloat(info, name, &f);
     return attr + " must be an int, got " + WithArticle(type) + (is_float ? " (" + AttrNumber(f) + ")" : "");
   }
   int64_t v = 0;
-  Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &v));
+  TryAttrInt(info, name, &v);
   if (v < lo || v > hi) {
     const std::string want = hi == std::numeric_limits<int64_t>::max()
                                  ? ">= " + std::to_string(lo)
@@ -129,11 +145,11 @@ inline std::string ReadFloatAttr(const OrtKernelInfo* info, const char* name, fl
   if (type == "absent") return required ? attr + " (float) is required" : "";
   if (type != "float") {
     int64_t i = 0;
-    const bool is_int = type == "int" && Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &i) == nullptr;
+    const bool is_int = type == "int" && TryAttrInt(info, name, &i);
     return attr + " must be a float, got " + WithArticle(type) + (is_int ? " (" + std::to_string(i) + ")" : "");
   }
   float v = 0.0f;
-  Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAttribute_float(info, name, &v));
+  TryAttrFloat(info, name, &v);
   const bool above = lo_open ? v > lo : v >= lo;
   const bool below = hi_open ? v < hi : v <= hi;
   if (!std::isfinite(v) || !above || !below) {

@@ -217,8 +217,9 @@ def strip_local_metadata(model: ir.Model) -> ir.Model:
 
 
 def save_model(model: ir.Model, path: str | Path) -> Path:
-    """Check (onnx.checker, full) and write `model` to `path` atomically; weights over EXTERNAL_DATA_BYTES go to
-    `path`.data beside it. Nothing is left at `path` (or beside it) if anything fails."""
+    """Strip the exporting machine's metadata (strip_local_metadata, in place), check (onnx.checker, full) and write
+    `model` to `path` atomically (staging_dir); weights over EXTERNAL_DATA_BYTES go to `path`.data beside it.
+    Nothing is left at `path` (or beside it) if anything fails or a signal arrives."""
     path = Path(path)
     size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
     data_name = f"{path.name}.data" if size > EXTERNAL_DATA_BYTES else None
