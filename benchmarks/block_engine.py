@@ -294,6 +294,10 @@ def sweep_configs() -> list[dict[str, Any]]:
         {"att_bm": 32},
         {"split_fc2": 8, "split_proj": 4},
         {"bn_wide": 32, "bn_narrow": 32, "m_fast": False},
+        {"prefetch": True},
+        {"prefetch": True, "bk": 128, "num_stages": 3},
+        {"prefetch": True, "split_fc2": 8, "split_proj": 4},
+        {"prefetch": True, "bk": 128, "num_stages": 3, "split_fc2": 8, "split_proj": 4},
     ]
 
 

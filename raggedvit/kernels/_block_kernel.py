@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from raggedvit.kernels._kernel import _add_fn, _cls_attn_tile, _dot, _fwd_tile
+from raggedvit.kernels._kernel import _INTERPRETED, _add_fn, _cls_attn_tile, _dot, _fwd_tile
 from raggedvit.kernels._linear_kernel import gelu_erf
 
 __all__ = ["PHASES", "_vit_block"]
@@ -58,6 +58,20 @@ def _grid_sync(Sync, nprog, SPIN_LIMIT: tl.constexpr):
         cur = tl.atomic_add(Sync, 0, sem="acquire", scope="gpu")  # the poll that sees the target acquires
         spins += 1
     tl.debug_barrier()
+
+
+@triton.jit
+def _prefetch_l2(W, numel, pid, nprog, LINE: tl.constexpr, LINES: tl.constexpr):
+    """Asks L2 for this program's 1/nprog share of W[0:numel] (prefetch.global.L2, one per LINE elements = 128 bytes;
+    no register result, nothing waits for it); the interpreter skips it."""
+    if not _INTERPRETED:
+        share = (numel + nprog - 1) // nprog
+        lo = pid * share
+        hi = tl.minimum(lo + share, numel)
+        for i in range(lo, hi, LINE * LINES):
+            idx = tl.minimum(i + tl.arange(0, LINES) * LINE, numel - 1).to(tl.int64)
+            tl.inline_asm_elementwise("mov.u32 $0, 0; prefetch.global.L2 [$1];", "=r,l", [W + idx], dtype=tl.int32,
+                                      is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -222,7 +236,7 @@ def _vit_block(
     BM: tl.constexpr, BN_WIDE: tl.constexpr, BN_NARROW: tl.constexpr, BK: tl.constexpr,
     SPLIT_PROJ: tl.constexpr, SPLIT_FC2: tl.constexpr, NORM_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
     ATT_BM: tl.constexpr, ATT_BN: tl.constexpr, BLOCK_D: tl.constexpr, CLS_BN: tl.constexpr, CLS_HG: tl.constexpr,
-    M_FAST: tl.constexpr, SPIN_LIMIT: tl.constexpr,
+    M_FAST: tl.constexpr, PREFETCH: tl.constexpr, PF_LINE: tl.constexpr, SPIN_LIMIT: tl.constexpr,
 ):  # fmt: skip
     """Phases [ph_lo, ph_hi) of the block (module docstring) on a co-resident grid of any size >= 1.
 
@@ -230,11 +244,22 @@ def _vit_block(
     B >= 0 (CU has B + 1 entries). Qkv's width is 3C = 3 * H * D; BN_WIDE tiles qkv and fc1, BN_NARROW proj and
     fc2, whose K is split SPLIT_PROJ / SPLIT_FC2 ways. Xn [T, C] (GEMM dtype) holds LN1(X), later LN2(X1); Part
     [max(SPLIT_PROJ, SPLIT_FC2), T, C] fp32 the split-K partial tiles; Ctr [2 * max_tiles] int32 (zeros between
-    launches, max_tiles = cdiv(T, BM) * cdiv(C, BN_NARROW)) their counters, proj's then fc2's."""
+    launches, max_tiles = cdiv(T, BM) * cdiv(C, BN_NARROW)) their counters, proj's then fc2's. PREFETCH: each
+    program first asks L2 for its share of the four weights (`_prefetch_l2`, PF_LINE weight elements = 128 bytes),
+    so the weight stream from HBM overlaps the norms, the attention and the barriers."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T)
     live = tl.where(B == 0, 0, live)
+    if PREFETCH:  # every weight of the phases to run into L2 now: the GEMMs then wait on L2, not HBM
+        if (ph_lo <= 1) & (ph_hi > 1):
+            _prefetch_l2(Wqkv, 3 * C * C, pid, nprog, PF_LINE, 64)
+        if (ph_lo <= 3) & (ph_hi > 3):
+            _prefetch_l2(Wproj, C * C, pid, nprog, PF_LINE, 64)
+        if (ph_lo <= 5) & (ph_hi > 5):
+            _prefetch_l2(Wfc1, F * C, pid, nprog, PF_LINE, 64)
+        if (ph_lo <= 6) & (ph_hi > 6):
+            _prefetch_l2(Wfc2, C * F, pid, nprog, PF_LINE, 64)
     if (ph_lo <= 0) & (ph_hi > 0):
         _norm_phase(X, Ln1W, Ln1B, Xn, pid, nprog, live, C, eps, NORM_ROWS, BLOCK_C)
     if (ph_lo <= 0) & (ph_hi > 1):

@@ -53,6 +53,7 @@ class EngineConfig:
     norm_rows: int = 4  # rows per LayerNorm task
     programs_per_sm: int = 1  # wanted; the launcher takes fewer where registers or shared memory do not allow it
     m_fast: bool = True  # GEMM tasks ordered row tile fastest (else weight column block fastest)
+    prefetch: bool = False  # all four weights asked into L2 at the start of the launch
 
 
 def engine_config(gemm_dtype: torch.dtype) -> EngineConfig:
@@ -246,7 +247,8 @@ def vit_block_engine(
         CLS_ATTN=return_cls_attn, BM=cfg.bm, BN_WIDE=cfg.bn_wide, BN_NARROW=cfg.bn_narrow, BK=cfg.bk,
         SPLIT_PROJ=cfg.split_proj, SPLIT_FC2=cfg.split_fc2, NORM_ROWS=cfg.norm_rows,
         BLOCK_C=1 << (C - 1).bit_length(), ATT_BM=cfg.att_bm, ATT_BN=cfg.att_bn, BLOCK_D=block_d(D),
-        CLS_BN=cfg.cls_bn, CLS_HG=cfg.cls_hg, M_FAST=cfg.m_fast, SPIN_LIMIT=_SPIN_LIMIT, num_warps=cfg.num_warps,
+        CLS_BN=cfg.cls_bn, CLS_HG=cfg.cls_hg, M_FAST=cfg.m_fast, PREFETCH=cfg.prefetch,
+        PF_LINE=128 // w.qkv_weight.element_size(), SPIN_LIMIT=_SPIN_LIMIT, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
     key = (str(x.device), x.dtype, gemm, cu_seqlens.dtype, tuple(sorted(consts.items())))

@@ -115,7 +115,10 @@ def check_configs(gen) -> None:
     cu = torch.tensor([0, 4, 21, 26])
     gold = vit_block_reference(x, cu, w, H, compute_dtype=torch.float64)
     base = engine_config(torch.float32)
-    for cfg in (replace(base, split_proj=1, split_fc2=1), replace(base, bk=64, split_proj=3, split_fc2=3, norm_rows=2)):
+    for cfg in (
+        replace(base, split_proj=1, split_fc2=1),
+        replace(base, bk=64, split_proj=3, split_fc2=3, norm_rows=2, m_fast=False, prefetch=True),
+    ):
         y = vit_block_engine(x, cu, w, H, config=cfg)
         assert_close(y, gold, rtol=1e-5, name=f"y with {cfg}")
 
