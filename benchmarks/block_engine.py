@@ -285,18 +285,12 @@ def sweep_configs() -> list[dict[str, Any]]:
         {"m_fast": False},
         {"programs_per_sm": 1},
         {"split_proj": 1, "split_fc2": 1},
-        {"split_proj": 1, "split_fc2": 2, "m_fast": False},
         {"bk": 128, "num_stages": 3},
         {"num_warps": 8},
-        {"bm": 128, "num_warps": 8, "m_fast": False},
-        {"bm": 32, "m_fast": False},
-        {"bn_wide": 128, "num_stages": 3},
         {"att_bm": 32},
         {"split_fc2": 8, "split_proj": 4},
-        {"bn_wide": 32, "bn_narrow": 32, "m_fast": False},
         {"prefetch": True},
         {"prefetch": True, "bk": 128, "num_stages": 3},
-        {"prefetch": True, "split_fc2": 8, "split_proj": 4},
         {"prefetch": True, "bk": 128, "num_stages": 3, "split_fc2": 8, "split_proj": 4},
     ]
 
