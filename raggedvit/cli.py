@@ -169,6 +169,10 @@ def export(
         except ValueError as e:
             raise CliError(f"--ragged-linear: {e}") from None
     weights = info.to_dict()  # the checkpoint's file name and sha256, never a local path
+    if checkpoint is not None:  # and its path relative to the model's directory (validate looks there)
+        from raggedvit.exporter.metadata import checkpoint_relpath
+
+        weights["checkpoint_relpath"] = checkpoint_relpath(checkpoint, output)
     recipe = {"model": model, "weights": weights}
     steps.set_postfix_str("building graph")
     try:
@@ -256,6 +260,25 @@ def _load_vit(model: str, **kwargs):
     help="Also report the precision floor of the export dtype: PyTorch with fp16-rounded weights, and PyTorch's own "
     "fp16 forward, against the fp32 reference (default: for fp16 exports). Does not change pass/fail.",
 )
+@click.option(
+    "--block-k",
+    type=float,
+    default=None,
+    show_default="3",
+    help="Per-block rule: an image fails when a block's drift exceeds BLOCK_K x that block's precision floor "
+    "+ BLOCK_ATOL.",
+)
+@click.option(
+    "--block-atol", type=float, default=None, show_default="1e-5", help="Absolute part of the per-block rule."
+)
+@click.option(
+    "--junit-xml",
+    "junit",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a JUnit XML file: one test case per image (the first failing block in its message) and one "
+    "for the rule. The Markdown report is appended to $GITHUB_STEP_SUMMARY when that is set.",
+)
 def validate(
     onnx_file,
     image_dir,
@@ -270,6 +293,9 @@ def validate(
     checkpoint,
     batch_size,
     floor,
+    block_k,
+    block_atol,
+    junit,
 ) -> int:
     """Run MODEL.onnx in ONNX Runtime and the PyTorch reference on the same images; print a Markdown report.
 
@@ -290,6 +316,12 @@ def validate(
         check_range("--rtol", rtol, 0.0)
     check_range("--min-top1", min_top1, 0.0, 1.0)
     check_range("--tie-eps", tie_eps, 0.0)
+    if block_k is not None:
+        check_range("--block-k", block_k, 0.0, lo_open=True)
+    if block_atol is not None:
+        check_range("--block-atol", block_atol, 0.0)
+    if junit is not None:
+        check_writable(junit, "JUnit XML")
     if report is not None:
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
         check_writable(base.with_name(base.name + ".json"), "report")
@@ -303,7 +335,7 @@ def validate(
     from raggedvit.validators import Thresholds, load_reference
     from raggedvit.validators import validate as run_validation
 
-    vit, spec = load_reference(recipe, checkpoint=checkpoint)
+    vit, spec = load_reference(recipe, checkpoint=checkpoint, model_path=onnx_file)
     images, names = _validation_images(vit, pairs, random_n)
     result = run_validation(
         onnx_file,
@@ -314,7 +346,13 @@ def validate(
         recipe=recipe,
         device=device,
         thresholds=Thresholds.for_dtype(
-            str(recipe.get("dtype", "fp32")), atol=atol, rtol=rtol, min_top1=min_top1, tie_eps=tie_eps
+            str(recipe.get("dtype", "fp32")),
+            atol=atol,
+            rtol=rtol,
+            min_top1=min_top1,
+            tie_eps=tie_eps,
+            block_k=block_k,
+            block_atol=block_atol,
         ),
         batch_size=batch_size,
         progress=True,
@@ -328,6 +366,17 @@ def validate(
         except OSError as e:
             raise CliError(f"cannot write report {str(report)!r}: {e.strerror or e}") from None
         click.echo(f"wrote {js} and {md}", err=True)
+    from raggedvit.validators.junit import append_step_summary, write_junit
+
+    if junit is not None:
+        try:
+            write_junit(result, junit)
+        except OSError as e:
+            raise CliError(f"cannot write JUnit XML {str(junit)!r}: {e.strerror or e}") from None
+    try:
+        append_step_summary(result)
+    except OSError as e:
+        raise CliError(f"cannot append to $GITHUB_STEP_SUMMARY: {e.strerror or e}") from None
     return 0 if result.passed else 1
 
 

@@ -23,7 +23,7 @@ from raggedvit.validators.blocks import (
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
 from raggedvit.validators.reference import run_reference
-from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport
+from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport, blocks_before
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
 from raggedvit.validators.ties import first_moved_stage, precision_tie, stage_margins
@@ -129,8 +129,7 @@ def validate(
         drift = block_drift(run_b, ref_b, spec)
         clean = [i for i in range(len(names)) if i not in tied]
         block_floor = [
-            max((floors[i][bi] for i in clean if floors[i][bi] is not None), default=None)
-            for bi in range(len(names_b))
+            max((floors[i][bi] for i in clean if floors[i][bi] is not None), default=None) for bi in range(len(names_b))
         ]
         th = th.with_logit_floor(max((logit_floor[i] for i in clean), default=0.0))
     elif blocks:
@@ -227,10 +226,10 @@ def block_failure_text(row: ImageRow, floor: list[float | None], th: Thresholds,
     d, f = row.block_drift[bi], floor[bi]
     ratio = d / f if f else math.inf
     where = f" (the first block after stage {spec_blocks[bi]})" if bi in spec_blocks else ""
-    before = "it is the first block" if bi == 0 else f"blocks 0-{bi - 1} within {within:.2g}x"
+    before = blocks_before(bi, within)
     return (
-        f"block {bi}{where} drifts {ratio:.3g}x its {th.floor_name()} floor (drift {d:.2e} > bar {th.block_bar(f):.2e}); "
-        f"{before}"
+        f"block {bi}{where} drifts {ratio:.3g}x its {th.floor_name()} floor "
+        f"(drift {d:.2e} > bar {th.block_bar(f):.2e}); {before}"
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from raggedvit.exporter._io import atomic_write
 from raggedvit.validators.rules import Thresholds
 
-__all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
+__all__ = ["blocks_before", "Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
 
 FailureKind = Literal["block_drift", "max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"]
 
@@ -184,9 +184,7 @@ class ValidationReport:
             return f"every block within {max(ratios, default=0.0):.2g}x its {name} floor"
         first = bad[0]
         before = [t["ratio"] for t in table[: first["block"]] if t["ratio"] is not None]
-        rest = "it is the first block" if first["block"] == 0 else f"blocks 0-{first['block'] - 1} within "
-        if first["block"]:
-            rest += f"{max(before, default=0.0):.2g}x"
+        rest = blocks_before(first["block"], max(before, default=0.0))
         n = len(self.judged)
         return (
             f"block {first['block']} drifts {first['ratio']:.3g}x its {name} floor ({first['images_over']} of {n} "
@@ -327,6 +325,13 @@ class ValidationReport:
         js = atomic_write(base.with_name(base.name + ".json"), self.to_json())
         md = atomic_write(base.with_name(base.name + ".md"), self.to_markdown())
         return js, md
+
+
+def blocks_before(block: int, within: float) -> str:
+    """'blocks 0-6 within 1.2x' (the blocks before a failing `block` and their largest drift / floor ratio)."""
+    if block == 0:
+        return "it is the first block"
+    return f"{'block 0' if block == 1 else f'blocks 0-{block - 1}'} within {within:.2g}x"
 
 
 def _num(v: float | None, same_counts: bool | None = None) -> str:

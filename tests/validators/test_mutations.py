@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import onnxruntime as ort
@@ -108,8 +109,16 @@ def test_cli_exits_1_and_names_the_images(base, target, tmp_path):
     device, dtype, *_ = target
     mutant = next(m for m in MUTANTS if m.name == "keep_one_more_token")
     path = export_mutant(mutant, vit, BASE_SPEC, recipe, tmp_path / "m.onnx", dtype=dtype)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "GITHUB_STEP_SUMMARY": str(summary),
+    }
+    junit = tmp_path / "validate.xml"
     args = ["validate", str(path), "--sample-images", "--checkpoint", str(ckpt), "--device", device, "--no-floor"]
+    args += ["--junit-xml", str(junit)]
     res = subprocess.run(
         [sys.executable, "-m", "raggedvit.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
     )
@@ -119,3 +128,11 @@ def test_cli_exits_1_and_names_the_images(base, target, tmp_path):
         failed = f"token_counts: image {i} ({name}): token_counts" in res.stdout
         assert failed or f"- image {i}, stage" in res.stdout, res.stdout
     assert "moved at stage 0 (block 3) by +1 token: topk-l2 keeps ceil(P x keep) tokens" in res.stdout
+    assert summary.read_text() == "earlier step\n" + res.stdout + "\n"  # appended to the step summary
+    suite = ET.parse(junit).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == [f"image {i} ({n})" for i, n in enumerate(names)] + ["validation rule"]
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert failed and cases[-1] in failed and int(suite.get("failures")) == len(failed)
+    for case in failed[:-1]:  # each failed image names the moved stage first
+        assert "moved at stage 0 (block 3)" in case.find("failure").get("message")
