@@ -1,6 +1,7 @@
 """The figures behind the per-block rule's constants (DESIGN.md section 6), one table row per export:
 `python3 -m tests.validators._measure mutants fp32|fp16|fp16-all` (the mutation suite's exports on the CPU EP) or
-`python3 -m tests.validators._measure clean MODEL...` (seeded timm models x topk-l2, cls-mass, evit+fuse, fp32)."""
+`python3 -m tests.validators._measure clean MODEL...` (seeded timm models x topk-l2, cls-mass, evit+fuse, fp32) or
+`python3 -m tests.validators._measure families` (test_families.py's models, every sample photo)."""
 
 from __future__ import annotations
 
@@ -58,9 +59,27 @@ def clean(models: list[str], work: Path) -> None:
             print(_row(f"{model} {policy}", rep), flush=True)
 
 
+def families() -> None:
+    from raggedvit._coverage_model import reduced_model
+
+    from .test_families import FAMILIES
+
+    pairs = sample_images()
+    spec = PruneSpec("topk-l2", (1,), keep=0.5)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in FAMILIES:
+            vit, _ = reduced_model(name, depth=2, img_size=64)
+            vit = vit.float().eval()
+            path = export_onnx(vit, spec, Path(tmp) / "m.onnx", recipe={"model": name})
+            images, names = preprocess(pairs, vit), [n for n, _ in pairs]
+            print(_row(name, validate(path, images, names, vit=vit, spec=spec, recipe=load_recipe(path))), flush=True)
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         if sys.argv[1] == "mutants":
             mutants(sys.argv[2], Path(tmp))
+        elif sys.argv[1] == "families":
+            families()
         else:
             clean(sys.argv[2:], Path(tmp))
