@@ -27,7 +27,9 @@ from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.validators.errors import ValidationInputError
 
 __all__ = [
+    "BlockReference",
     "BlockRun",
+    "block_reference",
     "block_drift",
     "block_floor_run",
     "floor_dtype_name",
@@ -218,3 +220,26 @@ def block_floor_run(vit, spec, images, batch_size, ref: BlockRun, ref_logits: np
         drift = block_drift(ref, exact, spec)
         dl = np.abs(ref_logits - logits64)
     return drift, [float(np.nanmax(row)) if row.size else 0.0 for row in dl]
+
+
+@dataclass
+class BlockReference:
+    """The reference side of the per-block rule on one set of images: the fp32 reference's BlockRun, its logits
+    [N, classes] float64, head_k (run_blocks_reference), and the floor of the export dtype: floors [N][depth],
+    logit_floor [N] (block_floor_run)."""
+
+    run: BlockRun
+    logits: np.ndarray
+    head_k: int | None
+    floors: list[list[float | None]]
+    logit_floor: list[float]
+
+
+def block_reference(
+    vit: nn.Module, spec: PruneSpec, images: torch.Tensor, dtype: str, batch_size: int = 16
+) -> BlockReference:
+    """The reference and floor runs of the per-block rule for exports of `dtype` on `images` [N, 3, S, S]: the
+    same for every export of (vit, spec) in that dtype, so a caller validating several may compute it once."""
+    run, logits, head_k = run_blocks_reference(vit, spec, images, batch_size)
+    floors, logit_floor = block_floor_run(vit, spec, images, batch_size, run, logits, dtype)
+    return BlockReference(run, logits, head_k, floors, logit_floor)

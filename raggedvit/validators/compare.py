@@ -13,13 +13,7 @@ from torch import nn
 from tqdm import tqdm
 
 from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
-from raggedvit.validators.blocks import (
-    block_drift,
-    block_floor_run,
-    marked_model,
-    run_blocks_onnx,
-    run_blocks_reference,
-)
+from raggedvit.validators.blocks import BlockReference, block_drift, block_reference, marked_model, run_blocks_onnx
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
 from raggedvit.validators.reference import run_reference
@@ -82,6 +76,7 @@ def validate(
     session: ort.InferenceSession | None = None,
     floor: bool | None = None,
     blocks: bool = True,
+    reference_blocks: BlockReference | None = None,
 ) -> ValidationReport:
     """Compare the ONNX model in ORT with the PyTorch reference on `images` [N, 3, S, S] float32 (CPU).
 
@@ -94,6 +89,8 @@ def validate(
     Per-block drift (validators/blocks.py) is measured when the recipe names the block output tensors: the
     export's residual stream after each block against the reference's, and the same for PyTorch at the export's
     precision (fp32 exports: fp32 against float64), which sets each block's floor. `blocks`: False skips it.
+    `reference_blocks`: those reference and floor runs when the caller has them (`block_reference` of the same
+    vit, spec, images and export dtype; validating several exports of one model), else they are run here.
     """
     dtype = str(recipe.get("dtype", "fp32"))
     th = thresholds or Thresholds.for_dtype(dtype)
@@ -104,8 +101,10 @@ def validate(
     lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
     names_b = list(recipe.get("block_outputs") or []) if blocks else []
     if names_b:  # the reference with its block outputs (the same forward; its logits are run_reference's)
-        ref_b, lg_r64, head_k = run_blocks_reference(vit, spec, images, batch_size)
-        lg_r, tc_r = lg_r64.astype(np.float32), ref_b.counts
+        rb = reference_blocks or block_reference(vit, spec, images, dtype, batch_size)
+        if len(rb.run.rows) != images.shape[0]:
+            raise ValueError(f"reference_blocks has {len(rb.run.rows)} images, validating {images.shape[0]}")
+        lg_r, tc_r = rb.logits.astype(np.float32), rb.run.counts
     else:
         lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     # one PrunedViT forward over all images for the stage decisions: every cut's margin (eps inf) and kept tokens
@@ -123,10 +122,10 @@ def validate(
     block_floor: list[float | None] = []
     block_note = "" if blocks else "per-block drift not measured (turned off)"
     if names_b:
-        floors, logit_floor = block_floor_run(vit, spec, images, batch_size, ref_b, lg_r64, dtype)
+        floors, logit_floor = rb.floors, rb.logit_floor
         marked = open_session(marked_model(str(model_path), names_b), device, recipe=recipe)
-        run_b = run_blocks_onnx(marked, images, names_b, spec, head_k, batch_size)
-        drift = block_drift(run_b, ref_b, spec)
+        run_b = run_blocks_onnx(marked, images, names_b, spec, rb.head_k, batch_size)
+        drift = block_drift(run_b, rb.run, spec)
         clean = [i for i in range(len(names)) if i not in tied]
         block_floor = [
             max((floors[i][bi] for i in clean if floors[i][bi] is not None), default=None) for bi in range(len(names_b))

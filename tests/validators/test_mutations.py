@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from raggedvit.images import preprocess, sample_images
-from raggedvit.validators import load_recipe, load_reference, validate
+from raggedvit.validators import block_reference, load_recipe, load_reference, validate
 
 from ._mutants import BASE_SPEC, MUTANTS, Mutant, export_mutant, write_base_checkpoint
 
@@ -52,34 +52,48 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=TARGETS)
 def target(request, base, tmp_path_factory):
-    """(device, dtype, reference vit rebuilt from the checkpoint, report of the unmutated export)."""
+    """(device, dtype, reference vit rebuilt from the checkpoint, report of the unmutated export, the reference and
+    floor runs of the per-block rule)."""
     device, dtype = request.param
     ckpt, vit, recipe, images, names = base
     path = export_mutant(None, vit, BASE_SPEC, recipe, tmp_path_factory.mktemp(dtype) / "control.onnx", dtype=dtype)
     ref, spec = load_reference(load_recipe(path), checkpoint=ckpt)
     assert spec == BASE_SPEC
-    control = validate(path, images, names, vit=ref, spec=spec, recipe=load_recipe(path), device=device, floor=False)
-    return device, dtype, ref, control
+    blocks = block_reference(ref, spec, images, dtype)  # the same for every mutant of this target
+    control = validate(
+        path,
+        images,
+        names,
+        vit=ref,
+        spec=spec,
+        recipe=load_recipe(path),
+        device=device,
+        floor=False,
+        reference_blocks=blocks,
+    )
+    return device, dtype, ref, control, blocks
 
 
 def test_control_passes(target):
-    *_, control = target
+    *_, control, _ = target
     assert control.passed, control.to_markdown()
 
 
 def _validate_mutant(mutant: Mutant, base, target, tmp_path):
     _, vit, recipe, images, names = base
-    device, dtype, ref, _ = target
+    device, dtype, ref, _, blocks = target
     path = export_mutant(mutant, vit, BASE_SPEC, recipe, tmp_path / f"{mutant.name}.onnx", dtype=dtype)
     stored = load_recipe(path)
     assert stored["prune"] == BASE_SPEC.to_dict() and stored["dtype"] == dtype  # the file hides the fault
-    return validate(path, images, names, vit=ref, spec=BASE_SPEC, recipe=stored, device=device, floor=False)
+    return validate(
+        path, images, names, vit=ref, spec=BASE_SPEC, recipe=stored, device=device, floor=False, reference_blocks=blocks
+    )
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_fails_naming_images(mutant, base, target, tmp_path, request):
     names = base[4]
-    device, dtype, _, control = target
+    device, dtype, _, control, _ = target
     why = _BELOW_THE_BAR.get((mutant.name, dtype))
     if why is not None:  # measured on the CPU EP; fp16 on CUDA is not known: not strict
         request.applymarker(pytest.mark.xfail(strict=device == "cpu", raises=pytest.fail.Exception, reason=why))
