@@ -233,7 +233,7 @@ def _load_vit(model: str, **kwargs):
     "--atol",
     type=float,
     default=None,
-    show_default="by export dtype: 0.004",
+    show_default="by export dtype: fp32 4 x PyTorch's fp32-vs-float64 |Δlogit| + 1e-4, at most 0.004; fp16 0.004",
     help="Absolute part of the |Δlogit| bar; with RTOL 0, pass if max |Δlogit| < ATOL on every judged image.",
 )
 @click.option(
@@ -252,7 +252,13 @@ def _load_vit(model: str, **kwargs):
     "fp16 exports also excuse a cls-mass cut they moved within 4 fp16 ulps (relative): a precision tie.",
 )
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write REPORT.json and REPORT.md.")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="Where the exported checkpoint is.")
+@click.option(
+    "--checkpoint",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where the exported checkpoint is (default: its recorded place relative to MODEL.onnx, then the current "
+    "directory; its sha256 must match).",
+)
 @click.option("--batch-size", type=int, default=16, help="Images per ORT / PyTorch call.")
 @click.option(
     "--floor/--no-floor",
