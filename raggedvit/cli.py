@@ -188,6 +188,10 @@ def export(
     if engine == "block" and not backbone.supports_block_op:
         raise CliError(f"--engine block needs a timm VisionTransformer; {model} runs as {type(backbone).__name__}")
     weights = info.to_dict()  # the checkpoint's file name and sha256, never a local path
+    if checkpoint is not None:  # and its path relative to the model's directory (validate looks there)
+        from raggedvit.exporter.metadata import checkpoint_relpath
+
+        weights["checkpoint_relpath"] = checkpoint_relpath(checkpoint, output)
     recipe = {"model": model, "weights": weights}
     steps.set_postfix_str("building graph")
     try:
@@ -249,7 +253,7 @@ def _load_vit(model: str, **kwargs):
     "--atol",
     type=float,
     default=None,
-    show_default="by export dtype: 0.004",
+    show_default="by export dtype: fp32 4 x PyTorch's fp32-vs-float64 |Δlogit| + 1e-4, at most 0.004; fp16 0.004",
     help="Absolute part of the |Δlogit| bar; with RTOL 0, pass if max |Δlogit| < ATOL on every judged image.",
 )
 @click.option(
@@ -268,13 +272,38 @@ def _load_vit(model: str, **kwargs):
     "fp16 exports also excuse a cls-mass cut they moved within 4 fp16 ulps (relative): a precision tie.",
 )
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write REPORT.json and REPORT.md.")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="Where the exported checkpoint is.")
+@click.option(
+    "--checkpoint",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where the exported checkpoint is (default: its recorded place relative to MODEL.onnx, then the current "
+    "directory; its sha256 must match).",
+)
 @click.option("--batch-size", type=int, default=16, help="Images per ORT / PyTorch call.")
 @click.option(
     "--floor/--no-floor",
     default=None,
     help="Also report the precision floor of the export dtype: PyTorch with fp16-rounded weights, and PyTorch's own "
     "fp16 forward, against the fp32 reference (default: for fp16 exports). Does not change pass/fail.",
+)
+@click.option(
+    "--block-k",
+    type=float,
+    default=None,
+    show_default="3",
+    help="Per-block rule: an image fails when a block's drift exceeds BLOCK_K x that block's precision floor "
+    "+ BLOCK_ATOL.",
+)
+@click.option(
+    "--block-atol", type=float, default=None, show_default="1e-5", help="Absolute part of the per-block rule."
+)
+@click.option(
+    "--junit-xml",
+    "junit",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a JUnit XML file: one test case per image (the first failing block in its message) and one "
+    "for the rule. The Markdown report is appended to $GITHUB_STEP_SUMMARY when that is set.",
 )
 def validate(
     onnx_file,
@@ -290,6 +319,9 @@ def validate(
     checkpoint,
     batch_size,
     floor,
+    block_k,
+    block_atol,
+    junit,
 ) -> int:
     """Run MODEL.onnx in ONNX Runtime and the PyTorch reference on the same images; print a Markdown report.
 
@@ -310,6 +342,12 @@ def validate(
         check_range("--rtol", rtol, 0.0)
     check_range("--min-top1", min_top1, 0.0, 1.0)
     check_range("--tie-eps", tie_eps, 0.0)
+    if block_k is not None:
+        check_range("--block-k", block_k, 0.0, lo_open=True)
+    if block_atol is not None:
+        check_range("--block-atol", block_atol, 0.0)
+    if junit is not None:
+        check_writable(junit, "JUnit XML")
     if report is not None:
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
         check_writable(base.with_name(base.name + ".json"), "report")
@@ -329,7 +367,7 @@ def validate(
     from raggedvit.validators import Thresholds, load_reference
     from raggedvit.validators import validate as run_validation
 
-    vit, spec = load_reference(recipe, checkpoint=checkpoint)
+    vit, spec = load_reference(recipe, checkpoint=checkpoint, model_path=onnx_file)
     images, names = _validation_images(vit, pairs, random_n)
     with quiet_numerics():  # NaN / Inf logits are the verdict's to report, not numpy's warnings
         result = run_validation(
@@ -341,7 +379,13 @@ def validate(
             recipe=recipe,
             device=device,
             thresholds=Thresholds.for_dtype(
-                str(recipe.get("dtype", "fp32")), atol=atol, rtol=rtol, min_top1=min_top1, tie_eps=tie_eps
+                str(recipe.get("dtype", "fp32")),
+                atol=atol,
+                rtol=rtol,
+                min_top1=min_top1,
+                tie_eps=tie_eps,
+                block_k=block_k,
+                block_atol=block_atol,
             ),
             batch_size=batch_size,
             progress=True,
@@ -355,6 +399,17 @@ def validate(
         except OSError as e:
             raise CliError(f"cannot write report {str(report)!r}: {e.strerror or e}") from None
         click.echo(f"wrote {js} and {md}", err=True)
+    from raggedvit.validators.junit import append_step_summary, write_junit
+
+    if junit is not None:
+        try:
+            write_junit(result, junit)
+        except OSError as e:
+            raise CliError(f"cannot write JUnit XML {str(junit)!r}: {e.strerror or e}") from None
+    try:
+        append_step_summary(result)
+    except OSError as e:
+        raise CliError(f"cannot append to $GITHUB_STEP_SUMMARY: {e.strerror or e}") from None
     return 0 if result.passed else 1
 
 

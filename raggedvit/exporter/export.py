@@ -32,6 +32,7 @@ __all__ = [
     "DTYPES",
     "IR_VERSION",
     "OPSET",
+    "block_output_name",
     "build_model",
     "check_ragged_linear",
     "export_onnx",
@@ -92,7 +93,8 @@ def _submodule(module: nn.Module, name: str) -> nn.Module | None:
 
 
 class _Outputs(nn.Module):
-    """PrunedViT with its outputs flattened to the graph outputs of `output_names` (nothing else is computed)."""
+    """PrunedViT with its outputs flattened to the graph outputs of `output_names`, then (when the model collects
+    them) each block's output rows (nothing else is computed)."""
 
     def __init__(self, model: PrunedViT, diagnostics: bool) -> None:
         super().__init__()
@@ -105,7 +107,25 @@ class _Outputs(nn.Module):
         if self.diagnostics:
             for index, cu in zip(out.token_index, out.cu_seqlens):
                 flat += [index, cu]
-        return tuple(flat)
+        return (*flat, *out.blocks)
+
+
+def block_output_name(block: int) -> str:
+    """Name of the tensor that holds block `block`'s output rows [T_b, C] in an exported graph (not a graph output:
+    the validator marks it as one in a copy of the model, recipe key "block_outputs")."""
+    return f"raggedvit_block_{block}_out"
+
+
+def _unmark_block_outputs(model: ir.Model, count: int) -> list[str]:
+    """Drop the last `count` graph outputs (the traced block outputs) and name the values they were; the values
+    stay, computed for the next block or the head. Returns their names, block by block."""
+    names = []
+    for bi, value in enumerate(model.graph.outputs[-count:]):
+        value.name = block_output_name(bi)
+        names.append(value.name)
+    for _ in range(count):
+        model.graph.outputs.pop()
+    return names
 
 
 def build_model(
@@ -131,6 +151,8 @@ def build_model(
     default exports are unchanged). `engine`: "block" exports each block PrunedViT(engine="block") runs as one op
     as one com.raggedvit::RaggedViTBlock node (its weights as initializers), recipe key "engine" (only written for
     "block").
+    Recipe key "block_outputs": per block, the name of the tensor holding its output rows (`block_output_name`;
+    traced as outputs, then unmarked: the graph computes nothing more for them).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -138,12 +160,19 @@ def build_model(
     if mode is not None:
         check_ragged_linear(vit, dtype)
     model = PrunedViT(  # checks model and spec
-        apply_dtype(vit.float().eval(), dtype), spec, capacity=capacity, ragged_linear=ragged_linear, engine=engine
+        apply_dtype(vit.float().eval(), dtype),
+        spec,
+        capacity=capacity,
+        ragged_linear=ragged_linear,
+        engine=engine,
+        block_outputs=True,
     )
     h, w = (int(s) for s in vit.patch_embed.img_size)
     example = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     names = output_names(vit, spec, diagnostics=diagnostics)
+    depth = model.backbone.depth
+    traced = names + [f"block_{bi}" for bi in range(depth)]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.export's notes on the data-dependent counts (nonzero)
         program = torch.onnx.export(
@@ -151,7 +180,7 @@ def build_model(
             (example,),
             dynamo=True,
             input_names=["images"],
-            output_names=names,
+            output_names=traced,
             dynamic_shapes=({0: batch},),
             custom_translation_table=TRANSLATIONS,
             opset_version=OPSET,
@@ -159,6 +188,7 @@ def build_model(
             verbose=False,
         )
     ir_model = fuse_for_ort(program.model)
+    block_names = _unmark_block_outputs(ir_model, depth)
     ir_model.ir_version = IR_VERSION
     ir_model.opset_imports.setdefault(RAGGED_DOMAIN, 1)
     ir_model.producer_name = PRODUCER_NAME
@@ -176,6 +206,7 @@ def build_model(
         "tokens_per_image": model.backbone.tokens_per_image(),
         "depth": model.backbone.depth,
         "outputs": names,
+        "block_outputs": block_names,
         "raggedvit_version": raggedvit.__version__,
     }
     write_recipe_ir(ir_model, full)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import onnx
 
-__all__ = ["RAGGED_DOMAIN", "RECIPE_KEY", "read_recipe", "write_recipe", "write_recipe_ir"]
+__all__ = ["RAGGED_DOMAIN", "RECIPE_KEY", "checkpoint_relpath", "read_recipe", "write_recipe", "write_recipe_ir"]
 
 RECIPE_KEY = "raggedvit.recipe"
 RAGGED_DOMAIN = "com.raggedvit"  # custom op domain of RaggedAttention (DESIGN.md section 3)
@@ -37,3 +38,14 @@ def read_recipe(model: onnx.ModelProto | str | Path) -> dict[str, Any]:
 def write_recipe_ir(model: Any, recipe: dict[str, Any]) -> None:
     """Store `recipe` as JSON under RECIPE_KEY in an onnx_ir Model's metadata_props."""
     model.metadata_props[RECIPE_KEY] = json.dumps(recipe, sort_keys=True)
+
+
+def checkpoint_relpath(checkpoint: str | Path, model_path: str | Path) -> str | None:
+    """The checkpoint's path relative to the directory of the model file (forward slashes, as ONNX external data
+    records its files): where `validate` looks for it first when the two keep their places. None where no
+    relative path exists (another drive)."""
+    try:
+        rel = os.path.relpath(Path(checkpoint).resolve(), Path(model_path).resolve().parent)
+    except ValueError:
+        return None
+    return PurePosixPath(*Path(rel).parts).as_posix()

@@ -55,13 +55,16 @@ class PrunedOutput(NamedTuple):
     (tokens per image after each stage, prefix and fused token included); per stage: token_index [T_s] int64
     (original token index of each kept packed row, -1 for an evit fused token), cu_seqlens [B+1] int64 of the
     packed rows after that stage, and the StageTrace. In the capacity layout T_s is the stage's static capacity:
-    only token_index[:cu_seqlens[B]] are kept rows."""
+    only token_index[:cu_seqlens[B]] are kept rows. blocks (PrunedViT(..., block_outputs=True) only): per block, its
+    output rows [T_b, C] in the residual stream's dtype, packed like the block's input (the last block: the rows the
+    head reads when it reads a fixed number per image; capacity layout: dead rows past the stage's cu[B])."""
 
     logits: torch.Tensor
     token_counts: torch.Tensor
     token_index: tuple[torch.Tensor, ...] = ()
     cu_seqlens: tuple[torch.Tensor, ...] = ()
     stages: tuple[StageTrace, ...] = ()
+    blocks: tuple[torch.Tensor, ...] = ()
 
 
 RAGGED_LINEAR_MODES = ("all", "dead-rows")
@@ -275,6 +278,8 @@ class PrunedViT(nn.Module):
     GELU Mlp) as one `raggedvit.kernels.vit_block` op (torch.ops.raggedvit.vit_block, exported as one
     com.raggedvit::RaggedViTBlock node), with cls attention where a stage follows; other blocks keep the ops (and
     `ragged_linear`). Same results up to rounding; backbones with supports_block_op only (ValueError otherwise).
+    `block_outputs` also returns each block's output rows (PrunedOutput.blocks): the validator's per-block drift
+    reads them, and the exporter traces them to name each block's output tensor in the graph.
     """
 
     def __init__(
@@ -286,6 +291,7 @@ class PrunedViT(nn.Module):
         capacity: bool = False,
         ragged_linear: bool | str = False,
         engine: str = "ops",
+        block_outputs: bool = False,
     ) -> None:
         super().__init__()
         backbone = backbone_for(vit)
@@ -311,6 +317,7 @@ class PrunedViT(nn.Module):
         self.num_prefix = backbone.num_prefix
         self.attention = attention
         self.capacity = bool(capacity)
+        self.block_outputs = bool(block_outputs)
 
     def forward(self, images: torch.Tensor) -> PrunedOutput:
         return self.forward_packed(images)
@@ -330,6 +337,7 @@ class PrunedViT(nn.Module):
         kept_index: list[torch.Tensor] = []
         kept_cu: list[torch.Tensor] = []
         traces: list[StageTrace] = []
+        blocks: list[torch.Tensor] = []
         cls_attn: torch.Tensor | None = None
         for bi in range(bb.depth):
             if bi in stages:
@@ -372,6 +380,8 @@ class PrunedViT(nn.Module):
                 x, cls_attn = out
             else:
                 x = out
+            if self.block_outputs:
+                blocks.append(x)
             if head is None:
                 state = state._replace(x=x)
             else:
@@ -382,4 +392,4 @@ class PrunedViT(nn.Module):
         token_counts = (
             torch.stack([t.kept for t in traces], dim=1) if traces else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         )
-        return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces))
+        return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces), tuple(blocks))

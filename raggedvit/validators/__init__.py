@@ -9,6 +9,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "BlockReference": "blocks",
+    "block_reference": "blocks",
     "OpLibraryMissing": "errors",
     "ValidationInputError": "errors",
     "FLOOR_DTYPES": "floor",

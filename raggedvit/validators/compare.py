@@ -13,15 +13,16 @@ from torch import nn
 from tqdm import tqdm
 
 from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
+from raggedvit.validators.blocks import BlockReference, block_drift, block_reference, marked_model, run_blocks_onnx
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
 from raggedvit.validators.reference import run_reference
-from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport
+from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport, blocks_before
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
 from raggedvit.validators.ties import first_moved_stage, precision_tie, stage_margins
 
-__all__ = ["run_onnx", "validate"]
+__all__ = ["block_failure_text", "first_failing_block", "run_onnx", "validate"]
 
 
 def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool = False, kept: list | None = None):
@@ -74,6 +75,8 @@ def validate(
     progress: bool = False,
     session: ort.InferenceSession | None = None,
     floor: bool | None = None,
+    blocks: bool = True,
+    reference_blocks: BlockReference | None = None,
 ) -> ValidationReport:
     """Compare the ONNX model in ORT with the PyTorch reference on `images` [N, 3, S, S] float32 (CPU).
 
@@ -81,8 +84,13 @@ def validate(
     near-tie at a pruning cut, and images where the export moved a cut within its precision's margin (precision
     ties), are listed and excluded from the failure criteria; any other moved cut fails, naming image and stage.
     `session`: an ORT session of `model_path` on `device` already opened by the caller (else one is opened).
-    `floor`: also measure the precision floor of the export dtype (validators/floor.py); None = for reduced-precision
-    exports (fp16, fp16-all) only. It does not change pass/fail.
+    `floor`: also measure the logit precision floor of the export dtype (validators/floor.py); None = for
+    reduced-precision exports (fp16, fp16-all) only. It does not change pass/fail.
+    Per-block drift (validators/blocks.py) is measured when the recipe names the block output tensors: the
+    export's residual stream after each block against the reference's, and the same for PyTorch at the export's
+    precision (fp32 exports: fp32 against float64), which sets each block's floor. `blocks`: False skips it.
+    `reference_blocks`: those reference and floor runs when the caller has them (`block_reference` of the same
+    vit, spec, images and export dtype; validating several exports of one model), else they are run here.
     """
     dtype = str(recipe.get("dtype", "fp32"))
     th = thresholds or Thresholds.for_dtype(dtype)
@@ -91,7 +99,14 @@ def validate(
     images = images.to("cpu", torch.float32).contiguous()
     kept_o: list = []
     lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
-    lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
+    names_b = list(recipe.get("block_outputs") or []) if blocks else []
+    if names_b:  # the reference with its block outputs (the same forward; its logits are run_reference's)
+        rb = reference_blocks or block_reference(vit, spec, images, dtype, batch_size)
+        if len(rb.run.rows) != images.shape[0]:
+            raise ValueError(f"reference_blocks has {len(rb.run.rows)} images, validating {images.shape[0]}")
+        lg_r, tc_r = rb.logits.astype(np.float32), rb.run.counts
+    else:
+        lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     # one PrunedViT forward over all images for the stage decisions: every cut's margin (eps inf) and kept tokens
     pruned = PrunedViT(vit, spec)
     with torch.no_grad():
@@ -103,6 +118,21 @@ def validate(
     fl = precision_floor(vit, spec, images, lg_r, tc_r, dtype, batch_size=batch_size) if floor is not False else None
     if floor and fl is None:
         raise ValidationInputError(f"export dtype {dtype!r} has no precision floor (only {', '.join(FLOOR_DTYPES)})")
+    drift: list[list[float | None]] = [[] for _ in names]
+    block_floor: list[float | None] = []
+    block_note = "" if blocks else "per-block drift not measured (turned off)"
+    if names_b:
+        floors, logit_floor = rb.floors, rb.logit_floor
+        marked = open_session(marked_model(str(model_path), names_b), device, recipe=recipe)
+        run_b = run_blocks_onnx(marked, images, names_b, spec, rb.head_k, batch_size)
+        drift = block_drift(run_b, rb.run, spec)
+        clean = [i for i in range(len(names)) if i not in tied]
+        block_floor = [
+            max((floors[i][bi] for i in clean if floors[i][bi] is not None), default=None) for bi in range(len(names_b))
+        ]
+        th = th.with_logit_floor(max((logit_floor[i] for i in clean), default=0.0))
+    elif blocks:
+        block_note = "per-block drift not measured: the export's recipe names no block output tensors"
     report = ValidationReport(
         model=str(model_path),
         recipe=recipe,
@@ -110,6 +140,8 @@ def validate(
         providers=list(session.get_providers()),
         thresholds=th,
         near_ties=ties,
+        block_floor=block_floor,
+        block_note=block_note,
     )
     notes: dict[int, str] = {}
     for i, name in enumerate(names):
@@ -142,9 +174,10 @@ def validate(
                 floor_torch_same_counts=None if fl is None else fl.torch_same_counts[i],
                 precision_tie=prec is not None,
                 token_swaps=_swaps(kept_o[i], kept_r[i], i, spec, margins) if kept_o else [],
+                block_drift=drift[i],
             )
         )
-    report.failures.extend(_failures(report.rows, lg_o, th, notes))
+    report.failures.extend(_failures(report.rows, lg_o, th, notes, block_floor, tuple(spec.prune_at)))
     return report
 
 
@@ -169,24 +202,60 @@ def _moved_cut_note(margins: list[NearTie], stage: int, moved_by: int, spec: Pru
     return f"{where}: the reference's mass margin there is {gap} >= the {what} margin {eps:.3g}"
 
 
+def first_failing_block(
+    drift: list[float | None], floor: list[float | None], th: Thresholds
+) -> tuple[int | None, float]:
+    """(the first block whose drift exceeds th.block_bar(its floor), or None; the largest drift / floor ratio of
+    the blocks before it (of every block when none fails))."""
+    within = 0.0
+    for bi, (d, f) in enumerate(zip(drift, floor)):
+        if d is None or f is None:
+            continue
+        if d > th.block_bar(f):
+            return bi, within
+        within = max(within, d / f if f > 0 else (0.0 if d == 0 else math.inf))
+    return None, within
+
+
+def block_failure_text(row: ImageRow, floor: list[float | None], th: Thresholds, spec_blocks: dict[int, int]) -> str:
+    """'block 7 drifts 9x its fp16 floor (drift 1.2e-02 > bar 3.4e-03); blocks 0-6 within 1.2x' for the image's
+    first failing block."""
+    bi, within = first_failing_block(row.block_drift, floor, th)
+    assert bi is not None
+    d, f = row.block_drift[bi], floor[bi]
+    ratio = d / f if f else math.inf
+    where = f" (the first block after stage {spec_blocks[bi]})" if bi in spec_blocks else ""
+    before = blocks_before(bi, within)
+    return (
+        f"block {bi}{where} drifts {ratio:.3g}x its {th.floor_name()} floor "
+        f"(drift {d:.2e} > bar {th.block_bar(f):.2e}); {before}"
+    )
+
+
 def _failures(
-    rows: list[ImageRow], logits_onnx: np.ndarray, th: Thresholds, moved_notes: dict[int, str] | None = None
+    rows: list[ImageRow],
+    logits_onnx: np.ndarray,
+    th: Thresholds,
+    moved_notes: dict[int, str] | None = None,
+    block_floor: list[float | None] | None = None,
+    prune_at: tuple[int, ...] = (),
 ) -> list[Failure]:
-    """The failed criteria over `rows`; `moved_notes`: per image, why its moved cut is not a tie (for the text)."""
+    """The failed criteria over `rows`; `moved_notes`: per image, why its moved cut is not a tie (for the text);
+    `block_floor`: per block, the floor of the per-block rule (empty: not measured). Per image, a failing block
+    comes first, then moved token counts, then |Δlogit|."""
     out: list[Failure] = []
+    floor = block_floor or []
+    stage_of = {b: s for s, b in enumerate(prune_at)}
     for r in rows:
         if not np.isfinite(logits_onnx[r.index]).all():
             out.append(Failure("non_finite", r.index, f"image {r.index} ({r.name}): non-finite ONNX logits"))
             continue
         if r.near_tie or r.precision_tie:
             continue
-        if not th.passes(r.max_abs_diff, r.ref_max_abs_logit):
-            bar = f"{'>' if th.rel_logit else '>='} {th.bound(r.ref_max_abs_logit):.4g}"
-            out.append(
-                Failure(
-                    "max_abs_logit", r.index, f"image {r.index} ({r.name}): max |Δlogit| {r.max_abs_diff:.3e} {bar}"
-                )
-            )
+        bi, within = first_failing_block(r.block_drift, floor, th) if floor else (None, 0.0)
+        if bi is not None:
+            text = block_failure_text(r, floor, th, stage_of)
+            out.append(Failure("block_drift", r.index, f"image {r.index} ({r.name}): {text}"))
         if not r.counts_agree:
             stage = first_moved_stage(r.counts_onnx, r.counts_reference)
             why = (moved_notes or {}).get(r.index, f"stage {stage}")
@@ -198,6 +267,13 @@ def _failures(
                     f"moved at {why}",
                 )
             )
+        if not th.passes(r.max_abs_diff, r.ref_max_abs_logit):
+            bar = f"{'>' if th.rel_logit else '>='} {th.bound(r.ref_max_abs_logit):.4g}"
+            head = ""
+            if floor and bi is None and r.counts_agree:
+                head = f"; every block within {within:.2g}x its floor: the fault is past the last block (the head)"
+            msg = f"image {r.index} ({r.name}): max |Δlogit| {r.max_abs_diff:.3e} {bar}{head}"
+            out.append(Failure("max_abs_logit", r.index, msg))
     judged = [r for r in rows if not (r.near_tie or r.precision_tie)]
     if judged:
         agree = sum(r.top1_agree for r in judged) / len(judged)

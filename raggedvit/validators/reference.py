@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # torch stays unimported until a reference is built (fail-fas
 
     from raggedvit.pruning import PruneSpec
 
-__all__ = ["load_recipe", "load_reference", "run_reference"]
+__all__ = ["find_checkpoint", "load_recipe", "load_reference", "run_reference"]
 
 
 def load_recipe(model_path: str | Path) -> dict[str, Any]:
@@ -34,14 +34,47 @@ def load_recipe(model_path: str | Path) -> dict[str, Any]:
         raise ValidationInputError(f"{path.name}: {e}") from None
 
 
-def load_reference(recipe: dict[str, Any], *, checkpoint: str | Path | None = None) -> tuple[Any, Any]:
+def find_checkpoint(weights: dict[str, Any], model_path: str | Path | None, given: str | Path | None) -> Path:
+    """The checkpoint file of an export's `weights` recipe, looked up in order: `given` (--checkpoint), the recorded
+    path relative to the model file's directory, the current directory (by its recorded name). Its sha256 must be
+    the recorded one. ValidationInputError (one line, naming the places tried) otherwise."""
+    from raggedvit.weights import sha256_file
+
+    name = str(weights.get("checkpoint") or "")
+    if given is not None:
+        tried = [(Path(given), "--checkpoint")]
+    else:
+        tried = []
+        rel = weights.get("checkpoint_relpath") or weights.get("checkpoint_path")
+        if rel and model_path is not None and not Path(rel).is_absolute():
+            tried.append((Path(model_path).parent / rel, "relative to the model"))
+        if name:
+            tried.append((Path(name), "in the current directory"))
+    path = next((p for p, _ in tried if p.is_file()), None)
+    if path is None:
+        places = " and ".join(f"{str(p)!r} ({where})" for p, where in tried) or "nowhere (no recorded name)"
+        raise ValidationInputError(f"checkpoint {name!r} not found: tried {places}; pass --checkpoint FILE")
+    expected = weights.get("checkpoint_sha256")
+    if expected:
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ValidationInputError(
+                f"checkpoint {str(path)!r} has sha256 {actual[:16]}..., the export recorded {expected[:16]}...: "
+                "not the exported weights"
+            )
+    return path
+
+
+def load_reference(
+    recipe: dict[str, Any], *, checkpoint: str | Path | None = None, model_path: str | Path | None = None
+) -> tuple[Any, Any]:
     """(timm VisionTransformer in fp32 eval mode with the exported weights, PruneSpec) from `recipe`.
 
-    Checkpoint weights are looked up at `checkpoint` (if given) or at the recorded path; their sha256 must
-    match the recorded one.
+    Checkpoint weights are looked up by `find_checkpoint`: `checkpoint` (if given), then relative to the model file
+    at `model_path`, then in the current directory; their sha256 must match the recorded one.
     """
     from raggedvit.pruning import PruneSpec
-    from raggedvit.weights import load_vit, sha256_file
+    from raggedvit.weights import load_vit
 
     try:
         w = recipe["weights"]
@@ -51,14 +84,7 @@ def load_reference(recipe: dict[str, Any], *, checkpoint: str | Path | None = No
         raise ValidationInputError(f"incomplete export recipe ({type(e).__name__}: {e})") from None
     kwargs: dict[str, Any] = {"img_size": img_size, "sharpen_qk": float(w.get("sharpen_qk", 1.0))}
     if source == "checkpoint":
-        path = Path(checkpoint) if checkpoint is not None else Path(w.get("checkpoint_path") or w["checkpoint"])
-        if not path.is_file():
-            raise ValidationInputError(
-                f"checkpoint {w.get('checkpoint')!r} not found at {str(path)!r}; pass --checkpoint FILE"
-            )
-        if w.get("checkpoint_sha256") and sha256_file(path) != w["checkpoint_sha256"]:
-            raise ValidationInputError(f"checkpoint {str(path)!r} does not match the exported sha256")
-        kwargs["checkpoint"] = path
+        kwargs["checkpoint"] = find_checkpoint(w, model_path, checkpoint)
     elif source == "pretrained":
         kwargs["pretrained"] = True
     elif source == "seeded":

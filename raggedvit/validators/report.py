@@ -10,9 +10,9 @@ from typing import Any, Literal
 from raggedvit.exporter._io import atomic_write_all
 from raggedvit.validators.rules import Thresholds
 
-__all__ = ["Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
+__all__ = ["blocks_before", "Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
 
-FailureKind = Literal["max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"]
+FailureKind = Literal["block_drift", "max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class ImageRow:
     floor_torch_same_counts: bool | None = None
     precision_tie: bool = False  # the export moved a cut within its precision's margin (not judged)
     token_swaps: list[TokenSwap] = field(default_factory=list)  # stages where equal counts kept other tokens
+    block_drift: list[float | None] = field(default_factory=list)  # per block ||Δh|| / ||h|| on the kept rows
 
     @property
     def top1_agree(self) -> bool:
@@ -93,6 +94,8 @@ class ValidationReport:
     near_ties: list[NearTie] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     precision_ties: list[NearTie] = field(default_factory=list)  # the reference margin behind each moved cut
+    block_floor: list[float | None] = field(default_factory=list)  # per block: the floor of the per-block rule
+    block_note: str = ""  # why per-block drift was not measured (empty when it was)
 
     @property
     def passed(self) -> bool:
@@ -154,6 +157,40 @@ class ValidationReport:
     def counts_agreement(self) -> float:
         return sum(r.counts_agree for r in self.rows) / max(len(self.rows), 1)
 
+    def block_table(self) -> list[dict[str, Any]]:
+        """Per block over the judged images: the largest drift, the floor, the largest drift / floor ratio, the
+        rule's bar and how many images exceed it."""
+        th = self.thresholds
+        out = []
+        for bi, f in enumerate(self.block_floor):
+            ds = [r.block_drift[bi] for r in self.judged if len(r.block_drift) > bi and r.block_drift[bi] is not None]
+            d = max(ds, default=None)
+            ratio = None if d is None or not f else d / f
+            bar = None if f is None else th.block_bar(f)
+            failed = 0 if bar is None else sum(v > bar for v in ds)
+            out.append({"block": bi, "drift": d, "floor": f, "ratio": ratio, "bar": bar, "images_over": failed})
+        return out
+
+    def block_summary(self) -> str:
+        """One line: the first block that fails on any judged image, and how far within their floors the blocks
+        before it are; or how far within the floors every block is."""
+        if not self.block_floor:
+            return self.block_note
+        table = self.block_table()
+        bad = [t for t in table if t["images_over"]]
+        ratios = [t["ratio"] for t in table if t["ratio"] is not None]
+        name = self.thresholds.floor_name()
+        if not bad:
+            return f"every block within {max(ratios, default=0.0):.2g}x its {name} floor"
+        first = bad[0]
+        before = [t["ratio"] for t in table[: first["block"]] if t["ratio"] is not None]
+        rest = blocks_before(first["block"], max(before, default=0.0))
+        n = len(self.judged)
+        return (
+            f"block {first['block']} drifts {first['ratio']:.3g}x its {name} floor ({first['images_over']} of {n} "
+            f"judged images over the bar); {rest}"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         rows = [{**asdict(r), "top1_agree": r.top1_agree, "counts_agree": r.counts_agree} for r in self.rows]
         return {
@@ -173,7 +210,15 @@ class ValidationReport:
                 "judged_images": len(self.judged),
                 "reference_max_abs_logit": self.ref_max_abs_logit,
                 "precision_floor": self.floor_summary(),
+                "blocks": self.block_summary(),
             },
+            "block_rule": {
+                "text": self.thresholds.block_text(),
+                "k": self.thresholds.block_k,
+                "atol": self.thresholds.block_atol,
+                "floor": self.thresholds.floor_name(),
+            },
+            "blocks": self.block_table(),
             "failures": [asdict(f) for f in self.failures],
             "near_ties": [asdict(t) for t in self.near_ties],
             "precision_ties": [asdict(t) for t in self.precision_ties],
@@ -198,6 +243,10 @@ class ValidationReport:
             f"- reference logits: max |logit| {self.ref_max_abs_logit:.3g} (the absolute Δlogit threshold is "
             f"{th.max_abs_logit / max(self.ref_max_abs_logit, 1e-30):.2%} of it)",
         ]
+        if self.block_floor:
+            lines.append(f"- {th.block_text()}: {self.block_summary()}")
+        elif self.block_note:
+            lines.append(f"- {self.block_note}")
         lines += _floor_lines(self.floor_summary(), r.get("dtype", "?"))
         lines += [
             "",
@@ -226,6 +275,18 @@ class ValidationReport:
                 f"| {row.top1_onnx} / {row.top1_reference}{mark} | {_counts(row.counts_onnx)}{cmark} "
                 f"| {_counts(row.counts_reference)} | {_tie_mark(row)} |{floor}"
             )
+        if self.block_floor:
+            name = th.floor_name()
+            lines += [
+                "",
+                f"| block | max drift | {name} floor | ratio | bar | images over |",
+                "|---:|---:|---:|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {t['block']} | {_num(t['drift'])} | {_num(t['floor'])} | "
+                f"{'-' if t['ratio'] is None else format(t['ratio'], '.3g')} | {_num(t['bar'])} | {t['images_over']} |"
+                for t in self.block_table()
+            ]
         if self.near_ties:
             lines += ["", "Near-ties at a pruning cut (listed, not failed):", ""]
             lines += [
@@ -264,6 +325,13 @@ class ValidationReport:
         js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
         atomic_write_all({js: self.to_json(), md: self.to_markdown()})  # both files or neither
         return js, md
+
+
+def blocks_before(block: int, within: float) -> str:
+    """'blocks 0-6 within 1.2x' (the blocks before a failing `block` and their largest drift / floor ratio)."""
+    if block == 0:
+        return "it is the first block"
+    return f"{'block 0' if block == 1 else f'blocks 0-{block - 1}'} within {within:.2g}x"
 
 
 def _num(v: float | None, same_counts: bool | None = None) -> str:

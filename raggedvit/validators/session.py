@@ -11,8 +11,11 @@ from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 __all__ = ["open_session"]
 
 
-def open_session(model_path: str | Path, device: str = "cpu", *, recipe: dict | None = None) -> ort.InferenceSession:
-    """InferenceSession on the CPU EP (device "cpu") or CUDA EP (device "cuda", no silent CPU fallback).
+def open_session(
+    model_path: str | Path | bytes, device: str = "cpu", *, recipe: dict | None = None
+) -> ort.InferenceSession:
+    """InferenceSession on the CPU EP (device "cpu") or CUDA EP (device "cuda", no silent CPU fallback) of a model
+    file, or of a serialized model (bytes: the copy with marked block outputs).
 
     recipe: the model's raggedvit recipe when the caller has read it (spares create_session reading it again)."""
     from raggedvit.custom_ops import OpLibraryNotBuilt, library_path
@@ -32,11 +35,11 @@ def open_session(model_path: str | Path, device: str = "cpu", *, recipe: dict | 
     try:
         if create_session is not None:
             tf32 = None if recipe is None else device == "cuda" and tf32_for(recipe)
-            return create_session(str(model_path), device=device, tf32=tf32)
+            return create_session(_source(model_path), device=device, tf32=tf32)
         opts = ort.SessionOptions()
         opts.register_custom_ops_library(lib)
         providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-        return ort.InferenceSession(str(model_path), opts, providers=providers)
+        return ort.InferenceSession(_source(model_path), opts, providers=providers)
     except (OSError, RuntimeError) as e:
         if "raggedvit" in str(e) or "custom op" in str(e).lower() or "library" in str(e).lower():
             raise OpLibraryMissing(f"cannot load the raggedvit op library {lib}: {str(e).splitlines()[0]}") from None
@@ -44,5 +47,10 @@ def open_session(model_path: str | Path, device: str = "cpu", *, recipe: dict | 
     except Exception as e:
         if type(e).__module__.startswith("onnxruntime"):  # e.g. an op no registered library implements
             first = " ".join(str(e).split())[:400]
-            raise ValidationInputError(f"ONNX Runtime cannot load {Path(model_path).name}: {first}") from None
+            name = "the model" if isinstance(model_path, bytes) else Path(model_path).name
+            raise ValidationInputError(f"ONNX Runtime cannot load {name}: {first}") from None
         raise
+
+
+def _source(model: str | Path | bytes) -> str | bytes:
+    return model if isinstance(model, bytes) else str(model)

@@ -81,3 +81,40 @@ def test_recipe_errors(tmp_path):
                 "weights": {"source": "seeded", "seed": 0},
             }
         )
+
+
+def test_fp16_export_validates_on_the_cpu_ep(tmp_path):
+    """ORT's CPU kernels run a float16 export: the per-block rule reads it against PyTorch's fp16 floor."""
+    vit, info = load_vit("deit_tiny_patch16_224", seed=0, img_size=64)
+    spec = PruneSpec("topk-l2", (1, 2), keep=0.5)
+    path = export_onnx(
+        vit,
+        spec,
+        tmp_path / "fp16.onnx",
+        dtype="fp16",
+        recipe={"model": "deit_tiny_patch16_224", "weights": info.to_dict()},
+    )
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    report = validate(path, images, ["a", "b"], vit=vit, spec=spec, recipe=load_recipe(path), floor=False)
+    assert report.passed, report.to_markdown()
+    assert len(report.block_floor) == 12 and all(f for f in report.block_floor)
+    assert "| block | max drift | fp16 floor | ratio |" in report.to_markdown()
+
+
+@pytest.mark.parametrize("capacity", [False, True], ids=["compact", "capacity"])
+def test_per_block_drift_on_fused_and_capacity_rows(tmp_path, capacity):
+    """evit + fuse (a fused token per image, data-dependent counts) with diagnostic outputs (the export's kept
+    token indices are compared): every block measured and within its floor; a recipe without block outputs is
+    judged without the per-block rule, and says so."""
+    vit, info = load_vit("deit_tiny_patch16_224", seed=0, img_size=64)
+    spec = PruneSpec("evit", (1, 2), keep=0.6, fuse=True)
+    recipe = {"model": "deit_tiny_patch16_224", "weights": info.to_dict()}
+    path = export_onnx(vit, spec, tmp_path / "m.onnx", recipe=recipe, diagnostics=True, capacity=capacity)
+    images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    stored = load_recipe(path)
+    report = validate(path, images, ["a", "b", "c"], vit=vit, spec=spec, recipe=stored)
+    assert report.passed, report.to_markdown()
+    assert all(None not in r.block_drift for r in report.rows) and len(report.block_floor) == 12
+    assert report.block_summary().startswith("every block within")
+    old = validate(path, images, ["a", "b", "c"], vit=vit, spec=spec, recipe={**stored, "block_outputs": []})
+    assert old.passed and not old.block_floor and "names no block output tensors" in old.to_markdown()
