@@ -33,6 +33,7 @@ import torch
 
 from raggedvit.kernels._block_kernel import PHASES
 from raggedvit.kernels.reference import BlockWeights
+from raggedvit.pruning.packed_block import block_weights as packed_block_weights
 
 MODELS = {"deit_base": (768, 12), "deit_small": (384, 6)}  # C, H (F = 4C)
 CASES = ((197, 1), (99, 1), (788, 4), (396, 4))  # (rows T, sequences B): B equal sequences of T / B rows
@@ -147,15 +148,11 @@ def table(records: list[dict[str, Any]]) -> list[str]:
 
 # ---------------------------------------------------------------- GPU parts
 def block_weights(block: Any) -> BlockWeights:
-    """BlockWeights of a timm Block (LayerScale gammas where it has them)."""
-    from timm.layers import LayerScale
-
-    attn, mlp = block.attn, block.mlp
-    gamma = [m.gamma if isinstance(m, LayerScale) else None for m in (block.ls1, block.ls2)]
-    return BlockWeights(
-        block.norm1.weight, block.norm1.bias, attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias,
-        block.norm2.weight, block.norm2.bias, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, *gamma,
-    )  # fmt: skip
+    """BlockWeights of a timm Block in fp16 (the one extraction PrunedViT uses: packed_block.block_weights)."""
+    w = packed_block_weights(block, torch.float16)
+    if w is None:
+        raise ValueError(f"the block op does not take {type(block).__name__} blocks")
+    return w
 
 
 def make_blocks(C: int, H: int, n: int, seed: int) -> list[Any]:

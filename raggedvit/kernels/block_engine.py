@@ -18,6 +18,7 @@ import torch
 
 from raggedvit.kernels._config import block_d
 from raggedvit.kernels.reference import BlockWeights
+from raggedvit.kernels.vit_block import check_block_args
 
 __all__ = [
     "BlockWorkspace",
@@ -140,43 +141,15 @@ def engine_grid(device: torch.device, sequential: bool, per_sm: int = 1) -> int:
 
 
 def _check(x: torch.Tensor, cu_seqlens: torch.Tensor, w: BlockWeights, num_heads: int) -> tuple[int, int, int]:
-    """Shapes, dtypes and devices of the arguments -> (T, C, F); errors name the argument and its shape."""
-    if x.dim() != 2 or x.dtype not in _GEMM_DTYPES:
-        raise ValueError(f"x must be [T, C] float16/bfloat16/float32, got {tuple(x.shape)} {x.dtype}")
+    """The op's argument checks (`check_block_args`), then the engine's own limits: contiguous tensors and int32
+    offsets -> (T, C, F); errors name the argument and its shape."""
+    check_block_args(x, cu_seqlens, w, num_heads)
     T, C = x.shape
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"cu_seqlens must be [B+1] int32/int64, got {tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
-    if num_heads < 1 or C % num_heads:
-        raise ValueError(f"num_heads={num_heads} must divide C={C} (x {tuple(x.shape)})")
-    F = w.fc1_weight.shape[0] if w.fc1_weight.dim() == 2 else -1
-    gemm = w.qkv_weight.dtype
-    if gemm not in _GEMM_DTYPES:
-        raise ValueError(f"w.qkv_weight must be float16/bfloat16/float32, got {gemm}")
-    want = {
-        "norm1_weight": (C,), "norm1_bias": (C,), "qkv_weight": (3 * C, C), "qkv_bias": (3 * C,),
-        "proj_weight": (C, C), "proj_bias": (C,), "norm2_weight": (C,), "norm2_bias": (C,), "fc1_weight": (F, C),
-        "fc1_bias": (F,), "fc2_weight": (C, F), "fc2_bias": (C,), "ls1": (C,), "ls2": (C,),
-    }  # fmt: skip
-    for name, shape in want.items():
+    F = w.fc1_weight.shape[0]
+    for name in BlockWeights._fields:
         t = getattr(w, name)
-        if t is None:
-            if name.endswith("_bias") and not name.startswith("norm") or name.startswith("ls"):
-                continue
-            raise ValueError(f"w.{name} is required (expected {shape})")
-        if tuple(t.shape) != shape or F < 1:
-            raise ValueError(f"w.{name} must be {shape} for x {tuple(x.shape)} and w.fc1_weight "
-                             f"{tuple(w.fc1_weight.shape)}, got {tuple(t.shape)}")  # fmt: skip
-        if t.device != x.device:
-            raise ValueError(f"w.{name} is on {t.device}, x on {x.device}")
-        if not t.is_contiguous():
+        if t is not None and not t.is_contiguous():
             raise ValueError(f"w.{name} {tuple(t.shape)} must be contiguous")
-        if not t.is_floating_point():
-            raise ValueError(f"w.{name} must be a float tensor, got {t.dtype}")
-        linear = name.startswith(("qkv", "proj", "fc"))
-        if linear and t.dtype != gemm:
-            raise ValueError(f"w.{name} must have w.qkv_weight's dtype {gemm}, got {t.dtype}")
-    if cu_seqlens.device != x.device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, x on {x.device}")
     if not x.is_contiguous() or not cu_seqlens.is_contiguous():
         raise ValueError(f"x {tuple(x.shape)} and cu_seqlens {tuple(cu_seqlens.shape)} must be contiguous")
     if T * max(3 * C, F) >= 2**31:

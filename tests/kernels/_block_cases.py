@@ -28,10 +28,12 @@ def weights(gen: torch.Generator, dtype: torch.dtype, layer_scale: bool, bias: b
     def lin(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         return r(n, k, s=k**-0.5).to(dtype), (0.1 * r(n)).to(dtype) if bias else None
 
-    ls = [(0.5 + 0.1 * r(C)) if layer_scale else None for _ in range(2)]
-    return BlockWeights(
-        1 + 0.1 * r(C), 0.1 * r(C), *lin(3 * C, C), *lin(C, C), 1 + 0.1 * r(C), 0.1 * r(C), *lin(F, C), *lin(C, F), *ls
-    )
+    def stream(t: torch.Tensor) -> torch.Tensor:  # norms and LayerScales: the residual stream's dtype
+        return t.to(dtype)
+
+    ls = [stream(0.5 + 0.1 * r(C)) if layer_scale else None for _ in range(2)]
+    norm1, norm2 = (stream(1 + 0.1 * r(C)), stream(0.1 * r(C))), (stream(1 + 0.1 * r(C)), stream(0.1 * r(C)))
+    return BlockWeights(*norm1, *lin(3 * C, C), *lin(C, C), *norm2, *lin(F, C), *lin(C, F), *ls)
 
 
 def check_block(gen, dtype, cu_list, T, *, layer_scale=True, cls=True, cu_dtype=torch.int64, bias=True) -> None:

@@ -38,13 +38,13 @@ def _weights(C: int = 8, F: int = 16) -> BlockWeights:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"x": torch.zeros(4, 8, 1)}, "x must be [T, C]"),
-        ({"cu": torch.zeros(2, dtype=torch.float32)}, "cu_seqlens must be [B+1] int32/int64"),
-        ({"heads": 3}, "num_heads=3 must divide C=8"),
-        ({"w": {"qkv_weight": torch.zeros(8, 8)}}, "w.qkv_weight must be (24, 8)"),
-        ({"w": {"fc2_weight": torch.zeros(8, 15)}}, "w.fc2_weight must be (8, 16)"),
-        ({"w": {"norm2_bias": None}}, "w.norm2_bias is required"),
-        ({"w": {"proj_bias": torch.zeros(8, dtype=torch.float16)}}, "w.proj_bias must have w.qkv_weight's dtype"),
+        ({"x": torch.zeros(4, 8, 1)}, "x must be 2-D [T, C]"),
+        ({"cu": torch.zeros(2, dtype=torch.float32)}, "cu_seqlens dtype must be int32 or int64"),
+        ({"heads": 3}, "num_heads must divide C = 8"),
+        ({"w": {"qkv_weight": torch.zeros(8, 8)}}, "qkv_weight must be [24, 8]"),
+        ({"w": {"fc2_weight": torch.zeros(8, 15)}}, "fc2_weight must be [8, 16]"),
+        ({"w": {"norm2_bias": None}}, "norm2_bias is required"),
+        ({"w": {"proj_bias": torch.zeros(8, dtype=torch.float16)}}, "qkv_weight's dtype (the GEMM dtype)"),
         ({"w": {"fc1_weight": torch.zeros(8, 16).t()}}, "w.fc1_weight (16, 8) must be contiguous"),
     ],
 )

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from timm.layers import LayerScale
 from timm.models.vision_transformer import Block
 
 from raggedvit.kernels.reference import BlockWeights, vit_block_reference
+from raggedvit.pruning.packed_block import block_weights as packed_block_weights
 
 
 def block_weights(block: Block) -> BlockWeights:
-    attn, mlp = block.attn, block.mlp
-    gamma = [m.gamma if isinstance(m, LayerScale) else None for m in (block.ls1, block.ls2)]
-    return BlockWeights(
-        block.norm1.weight, block.norm1.bias, attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias,
-        block.norm2.weight, block.norm2.bias, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, *gamma,
-    )  # fmt: skip
+    w = packed_block_weights(block, torch.float32)
+    assert w is not None
+    return w
 
 
 @pytest.mark.parametrize("init_values", [None, 0.5])
