@@ -24,6 +24,7 @@ from benchmarks.serving.steps import (
     GraphedModel,
     OrtExport,
     compiled_step,
+    engine_declined,
     engine_probe,
     reset_dynamo,
 )
@@ -201,9 +202,8 @@ class ModelRun:
         probe = m["engine"] = engine_probe(model, x32)
         if not self.cuda:
             probe["note"] = "CPU tensors: the block op's reference kernel (no engine, no CUDA graph)"
-        elif probe["declined"] or probe["calls"] == 0:
-            why = probe["reason"] or "the block op never called it"
-            m["skip"] = f"the block engine declined {probe['declined']} of {probe['calls']} block calls: {why}"
+        elif (why := engine_declined(probe)) is not None:
+            m["skip"] = why
             return None
         try:
             return GraphedModel(model, x32, graph=self.cuda)

@@ -18,7 +18,15 @@ from torch import nn
 
 from benchmarks.e2e.variants import Step, ort_step, torch_step
 
-__all__ = ["CompiledModel", "GraphedModel", "OrtExport", "compiled_step", "engine_probe", "reset_dynamo"]
+__all__ = [
+    "CompiledModel",
+    "GraphedModel",
+    "OrtExport",
+    "compiled_step",
+    "engine_declined",
+    "engine_probe",
+    "reset_dynamo",
+]
 
 _CUDAGRAPH_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"  # torch._logging artifact "cudagraphs"
 
@@ -211,6 +219,15 @@ def engine_probe(model: nn.Module, images: torch.Tensor) -> dict[str, Any]:
             torch.cuda.synchronize()
     counts["seconds"] = round(time.perf_counter() - t0, 2)
     return counts
+
+
+def engine_declined(probe: dict[str, Any]) -> str | None:
+    """Why a CUDA forward counted by `engine_probe` did not run every block op call in the block engine (it
+    declined some, or was never called), or None when it ran them all."""
+    if probe["calls"] and not probe["declined"]:
+        return None
+    why = probe["reason"] or "the block op never called it"
+    return f"the block engine declined {probe['declined']} of {probe['calls']} block calls: {why}"
 
 
 class GraphedModel:
