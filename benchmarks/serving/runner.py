@@ -194,7 +194,8 @@ class ModelRun:
 
     def _engine_step(self, key: Key, x32: torch.Tensor, m: dict[str, Any]) -> GraphedModel | None:
         """The engine variant `key` at this batch: probed (the engine's calls counted over one forward), then
-        captured as a CUDA graph on CUDA; None with m["skip"] set when the engine declines or the capture fails."""
+        captured as a CUDA graph on CUDA; None with m["skip"] set when the engine declines every block or the
+        capture fails (a partial decline is noted in m["note"])."""
         if self.engine_error is not None:
             m["skip"] = self.engine_error
             return None
@@ -202,9 +203,11 @@ class ModelRun:
         probe = m["engine"] = engine_probe(model, x32)
         if not self.cuda:
             probe["note"] = "CPU tensors: the block op's reference kernel (no engine, no CUDA graph)"
-        elif (why := engine_declined(probe)) is not None:
-            m["skip"] = why
-            return None
+        else:
+            why, m["note"] = engine_declined(probe)
+            if why is not None:
+                m["skip"] = why
+                return None
         try:
             return GraphedModel(model, x32, graph=self.cuda)
         except Exception as exc:  # noqa: BLE001 - recorded as the skip reason

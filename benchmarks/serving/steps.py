@@ -221,13 +221,16 @@ def engine_probe(model: nn.Module, images: torch.Tensor) -> dict[str, Any]:
     return counts
 
 
-def engine_declined(probe: dict[str, Any]) -> str | None:
-    """Why a CUDA forward counted by `engine_probe` did not run every block op call in the block engine (it
-    declined some, or was never called), or None when it ran them all."""
-    if probe["calls"] and not probe["declined"]:
-        return None
+def engine_declined(probe: dict[str, Any]) -> tuple[str | None, str]:
+    """A CUDA forward counted by `engine_probe` -> (why the variant does not measure the engine: it declined every
+    block op call or was never called, else None; a note when it declined some: those blocks ran the op's
+    per-op kernels, else "")."""
+    calls, declined = probe["calls"], probe["declined"]
     why = probe["reason"] or "the block op never called it"
-    return f"the block engine declined {probe['declined']} of {probe['calls']} block calls: {why}"
+    text = f"the block engine declined {declined} of {calls} block calls: {why}"
+    if calls == 0 or declined == calls:
+        return text, ""
+    return None, (f"{text} (those blocks ran the op's per-op kernels)" if declined else "")
 
 
 class GraphedModel:

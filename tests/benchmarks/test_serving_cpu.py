@@ -269,7 +269,35 @@ def test_engine_probe_counts_declines(monkeypatch) -> None:
 
     probe = engine_probe(model, torch.zeros(1))
     assert (probe["calls"], probe["declined"]) == (2, 1) and "no tiles for C=8" in probe["reason"]
-    assert "declined 1 of 2" in engine_declined(probe)
+    why, note = engine_declined(probe)  # some blocks in the engine: measured, with a note
+    assert why is None and "declined 1 of 2" in note and "per-op kernels" in note
     assert block_engine.vit_block_engine is fake  # restored
-    assert engine_declined({"calls": 12, "declined": 0, "reason": None}) is None
-    assert "never called" in engine_declined({"calls": 0, "declined": 0, "reason": None})
+    assert engine_declined({"calls": 12, "declined": 0, "reason": None}) == (None, "")
+    why, _ = engine_declined({"calls": 12, "declined": 12, "reason": "TypeError: T too large"})
+    assert "declined 12 of 12" in why and "T too large" in why  # the variant is skipped with this reason
+    assert "never called" in engine_declined({"calls": 0, "declined": 0, "reason": None})[0]
+
+
+def test_engine_variant_skips_with_the_reason(monkeypatch) -> None:
+    """On CUDA the engine variant is skipped, not crashed, when the engine takes no block or the CUDA graph
+    capture fails (emulated here: capture on a CPU-only build raises)."""
+    import torch
+
+    from benchmarks.serving import runner as runner_mod
+    from benchmarks.serving.config import ServingConfig
+    from benchmarks.serving.runner import ModelRun
+
+    run = ModelRun(ServingConfig(device="cpu"), "deit_tiny", {}, None, deadline=0.0, emit=print, info={})
+    run.cuda, run.engine_error = True, None  # as on a GPU
+    key = ("engine", POLICY)
+    run.engines = {key: lambda images: None}  # never reaches the engine
+    m: dict = {"note": ""}
+    assert run._engine_step(key, torch.zeros(1, 3, 8, 8), m) is None
+    assert "declined 0 of 0" in m["skip"] and "never called" in m["skip"] and m["engine"]["calls"] == 0
+    monkeypatch.setattr(runner_mod, "engine_probe", lambda model, x: {"calls": 2, "declined": 0, "reason": None})
+    m = {"note": ""}
+    assert run._engine_step(key, torch.zeros(1, 3, 8, 8), m) is None
+    assert m["skip"].startswith("CUDA graph capture failed: ") and m["note"] == ""
+    run.engine_error = "PrunedViT(engine='block') refused the model: ValueError: no"
+    m = {"note": ""}
+    assert run._engine_step(key, torch.zeros(1), m) is None and m["skip"] == run.engine_error
