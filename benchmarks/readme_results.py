@@ -47,6 +47,9 @@ _SERVING_LABELS = {
     ("ort_raggedvit", "topk-l2"): "**raggedvit topk-l2**",
     ("ort_raggedvit", "cls-mass"): "**raggedvit cls-mass, capacity**",
     ("ort_raggedvit", "cls-mass:dead-linear"): "**raggedvit cls-mass, dead-row blocks**",
+    ("engine_unpruned", "none"): "block engine unpruned (PrunedViT, CUDA graph)",
+    ("engine", "topk-l2"): "block engine topk-l2 (PrunedViT, CUDA graph)",
+    ("engine", "cls-mass"): "block engine cls-mass capacity (PrunedViT, CUDA graph)",
 }
 # the README's short table: these rows only
 _SERVING_SHORT = (

@@ -4,10 +4,14 @@ Per model (deit_base, deit_small at 224 px; seeded weights, raggedvit.weights) a
   timm_eager         timm's model, eager, fp16
   timm_compile       torch.compile(mode="reduce-overhead") of timm's model, fp16 (the ratios' denominator)
   ort_unpruned       raggedvit's policy-none export (fp16-all) in ONNX Runtime as a CUDA graph (GraphRunner)
+  engine_unpruned    PrunedViT(engine="block"), policy none, in the export recipe's dtypes (fp16-all), one
+                     torch.cuda.CUDAGraph per batch: every block one launch of the Triton block engine
 and per pruning policy (topk-l2 keep 0.5 at block 4; cls-mass mass 0.9 at blocks 3, 6, 9):
   prunedvit_eager    raggedvit.pruning.PrunedViT, eager, fp16
   prunedvit_compile  torch.compile(mode="reduce-overhead") of PrunedViT (failures and fallbacks recorded)
   ort_raggedvit      raggedvit's export (fp16-all): a CUDA graph when its shapes are static, else node by node
+  engine             the block engine with the policy (capacity layout: static shapes), one CUDA graph per batch;
+                     skipped with the reason when the engine declines a block or the capture fails
 A policy string ending in ":linear" (cls-mass:mass=0.9:at=3,6,9:linear) runs those three with the block GEMMs in
 raggedvit's ragged linear op (PrunedViT(ragged_linear=True), export --ragged-linear); ":dead-linear" only in the
 blocks whose rows include dead rows (ragged_linear="dead-rows", export --ragged-linear-blocks dead-rows).
@@ -16,7 +20,11 @@ Images: raggedvit.images.sample_inputs (the sample photos) tiled to the batch, o
 median over rounds of each round's median latency (raggedvit.timing.measure); rounds interleave the variants.
 Each record also holds kernels and GPU time per forward (torch.profiler/CUPTI), the logits against float32
 references (timm for unpruned, PrunedViT for pruned variants), at batch 1 the latency over the weight-bandwidth
-floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchmarks.serving.names.BARS).
+floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchmarks.serving.names.BARS),
+`engine_targets` the block engine's targets (names.ENGINE_TARGETS: GPU time per forward, pruned over unpruned
+engine, wall time over torch.compile, large batches against the per-op export). An ONNX export with one
+RaggedViTBlock node per block (export --engine block) is not a variant: its op has no CUDA EP kernel yet, so an ORT
+CUDA session would run every block on the CPU.
 
     python3 -m benchmarks.serving                         # H200: both models, ~4 min
     python3 -m benchmarks.serving --device cpu --smoke    # debug: deit_tiny, fp32, CUDA-only variants skipped
@@ -39,7 +47,7 @@ from benchmarks.e2e.report import write_json  # noqa: E402
 from benchmarks.env import result_path  # noqa: E402
 from benchmarks.serving.config import ServingConfig  # noqa: E402
 from benchmarks.serving.names import BANDWIDTH_SOURCE, VARIANTS, table_bandwidth, timm_name  # noqa: E402
-from benchmarks.serving.report import apply_floor, plot, ratios, table, targets  # noqa: E402
+from benchmarks.serving.report import apply_floor, engine_targets, plot, ratios, table, targets  # noqa: E402
 
 __all__ = ["build_config", "main", "measure_copy_bandwidth"]
 
@@ -197,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "records": [],
         "ratios": [],
         "targets": [],
+        "engine_targets": [],
         "seconds": None,
     }
     write_json(json_path, result)
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     result["seconds"] = round(time.time() - _T0, 1)
     write_json(json_path, result)
     log(f"wrote {json_path} in {result['seconds']} s")
-    print(table(result["records"], result["targets"]), flush=True)
+    print(table(result["records"], result["targets"], result["engine_targets"]), flush=True)
     return 0
 
 
@@ -242,3 +251,4 @@ def _summarize(result: dict[str, Any]) -> None:
     apply_floor(result["records"], weights, result["bandwidth"])
     result["ratios"] = ratios(result["records"])
     result["targets"] = targets(result["records"])
+    result["engine_targets"] = engine_targets(result["records"])

@@ -1,6 +1,8 @@
 """`python3 -m benchmarks.serving` on CPU (--device cpu --smoke, deit_tiny depth 2): every CPU code path end to end
-and the result file's shape; the CUDA-only variants (torch.compile mode="reduce-overhead") skipped with the reason.
-Plus the report functions on hand-made records (ratios, bars, the weight-bandwidth floor) and the export pool."""
+and the result file's shape; the CUDA-only variants (torch.compile mode="reduce-overhead") skipped with the reason; the
+block engine variants run eagerly (the block op's CPU kernel is its reference; no CUDA graph on CPU).
+Plus the report functions on hand-made records (ratios, bars, the engine's targets, the weight-bandwidth floor), the
+engine probe's counting and the export pool."""
 
 from __future__ import annotations
 
@@ -11,8 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serving.names import BARS, BASELINE, CUDA_ONLY, PRUNED, UNPRUNED, table_bandwidth
-from benchmarks.serving.report import apply_floor, ratios, table, targets
+from benchmarks.serving.names import (
+    BARS,
+    BASELINE,
+    CUDA_ONLY,
+    ENGINE,
+    ENGINE_TARGETS,
+    PRUNED,
+    UNPRUNED,
+    table_bandwidth,
+)
+from benchmarks.serving.report import apply_floor, engine_targets, ratios, table, targets
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = "topk-l2:keep=0.5:at=1"
@@ -33,7 +44,7 @@ def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
 def test_cpu_run_records_every_variant_and_batch(smoke) -> None:
     proc, res = smoke
     assert res["benchmark"] == "benchmarks.serving" and res["config"]["batches"] == [1, 4]
-    assert {"env", "bandwidth", "models", "records", "ratios", "targets", "seconds"} <= set(res)
+    assert {"env", "bandwidth", "models", "records", "ratios", "targets", "engine_targets", "seconds"} <= set(res)
     recs = {(r["variant"], r["policy"], r["batch"]): r for r in res["records"]}
     want = {(v, "none", b) for v in UNPRUNED for b in (1, 4)} | {(v, POLICY, b) for v in PRUNED for b in (1, 4)}
     assert set(recs) == want and len(res["records"]) == len(want)
@@ -44,7 +55,11 @@ def test_cpu_run_records_every_variant_and_batch(smoke) -> None:
             continue
         assert r["status"] == "ok", r
         assert r["ms_per_batch"] > 0 and r["img_per_s"] > 0 and len(r["round_ms"]) == 1
-        assert r["mode"] == ("eager" if variant.endswith("_eager") else "node_by_node")
+        assert r["mode"] == ("eager" if variant.endswith("_eager") or variant in ENGINE else "node_by_node")
+        if variant in ENGINE:  # the reference kernel on CPU: the engine is never asked
+            assert r["engine"]["calls"] == 0 and "reference" in r["engine"]["note"], r
+        else:
+            assert "engine" not in r
         assert r["ref"] == ("timm fp32" if policy == "none" else "PrunedViT fp32")
         assert r["top1_agree"] == 1.0 and r["max_abs_logit_diff"] < 1e-3  # fp32 on CPU: the reference's own math
         if policy != "none":  # one stage: fewer than deit_tiny's 197 tokens, the reference's tokens
@@ -53,6 +68,8 @@ def test_cpu_run_records_every_variant_and_batch(smoke) -> None:
         assert r["vs_compile_unpruned"] is None  # the baseline is CUDA-only
         if batch == 1:
             assert r["floor"]["weight_bytes_fp16"] == res["models"]["deit_tiny"]["weight_bytes_fp16"]
+        if variant == "engine":  # wall time over the unpruned engine's; GPU time unknown without a profile
+            assert r["vs_engine_unpruned"]["wall_time"] > 0 and r["vs_engine_unpruned"]["gpu_time"] is None
     info = res["models"]["deit_tiny"]
     assert set(info["exports"]) == {"none", POLICY}
     assert all("path" in e and e["nodes"] > 0 and e["static_shapes"] for e in info["exports"].values())
@@ -61,6 +78,14 @@ def test_cpu_run_records_every_variant_and_batch(smoke) -> None:
     assert {(t["policy"], t["batch"]) for t in rows} == {(POLICY, 1), (POLICY, 4)}
     assert all(not t["met"] and "not measured" in t["why_not"] for t in rows)
     assert "bars: 0/2 met" in proc.stdout
+    assert info["engine"] == {"dtype": "fp32", "error": None}
+    # deit_tiny: the targets that name no model (pruned over unpruned engine at 1 and 4, wall time at 1 and 4),
+    # unmet: no GPU profile, no torch.compile baseline on CPU
+    erows = res["engine_targets"]
+    want = {(BASELINE, 1), (BASELINE, 4), ("engine_unpruned", 1), ("engine_unpruned", 4)}
+    assert len(erows) == 4 and {(t["against"], t["batch"]) for t in erows} == want
+    assert all(not t["met"] and t["value"] is None and t["why_not"] for t in erows)
+    assert "engine targets: 0/4 met" in proc.stdout
 
 
 def _rec(variant: str, policy: str, batch: int, img_per_s: float, mode: str = "cuda_graph") -> dict:
@@ -148,3 +173,131 @@ def test_linear_policy_suffix() -> None:
     assert split_linear("cls-mass:mass=0.9:at=3,6,9:linear") == ("cls-mass:mass=0.9:at=3,6,9", True)
     assert split_linear("topk-l2:keep=0.5:at=4") == ("topk-l2:keep=0.5:at=4", False)
     assert split_linear("linear") == ("linear", False)
+
+
+def _timed(variant: str, policy: str, batch: int, gpu_us: float | None, ms: float, model: str = "deit_base") -> dict:
+    return {**_rec(variant, policy, batch, batch / ms * 1e3), "model": model, "ms_per_batch": ms,
+            "gpu_us_per_forward": gpu_us}  # fmt: skip
+
+
+def test_engine_targets_from_records() -> None:
+    """Every target of ENGINE_TARGETS judged from the records: absolute GPU time per model, pruned over unpruned
+    engine (GPU time), wall-time speedup over torch.compile, large batches against today's exports."""
+    topk = "topk-l2:keep=0.5:at=4"
+    recs = []
+    for model, us in (("deit_base", {1: 140.0, 4: 260.0}), ("deit_small", {1: 90.0, 4: 150.0})):
+        for b in (1, 4, 32, 128):
+            g = us.get(b, 1000.0 * b / 32)
+            recs += [
+                _timed("engine", topk, b, g, ms=0.2 if b == 1 else 0.5, model=model),
+                _timed("engine_unpruned", "none", b, g / 0.7 if b == 1 else g / 0.8, ms=1.0, model=model),
+                _timed(BASELINE, "none", b, 5000.0, ms=0.62 if b == 1 else 1.0, model=model),
+                _timed("ort_raggedvit", topk, b, g if b == 32 else g * 0.99, ms=1.0, model=model),
+                _timed("ort_unpruned", "none", b, g * 2, ms=1.0, model=model),
+            ]
+    rows = {(t["model"], t["target"], t["batch"]): t for t in engine_targets(recs)}
+    texts = {t.text: t for t in ENGINE_TARGETS}
+    # one row per target, model it applies to and batch: 3 model-specific rows, 7 per model for the others
+    assert len(rows) == 3 + 2 * sum(len(t.batches) for t in ENGINE_TARGETS if t.models is None)
+
+    def row(model: str, variant: str, batch: int, against: str | None = None, metric: str = "gpu_us") -> dict:
+        (text,) = [k for k, t in texts.items() if (t.variant, t.against, t.metric) == (variant, against, metric)
+                   and batch in t.batches and (t.models is None or model in t.models)]  # fmt: skip
+        return rows[(model, text, batch)]
+
+    assert row("deit_base", "engine", 1)["met"] and row("deit_base", "engine", 1)["value"] == 140.0
+    assert not row("deit_base", "engine", 4)["met"]  # 260 us > 250 us
+    assert not row("deit_small", "engine", 1)["met"]  # 90 us > 80 us
+    assert not any(m == "deit_small" and "deit_base" in text for m, text, _ in rows)  # deit_base-only targets
+    assert row("deit_base", "engine", 1, "engine_unpruned")["value"] == 0.7
+    assert row("deit_base", "engine", 1, "engine_unpruned")["met"]
+    assert not row("deit_base", "engine", 4, "engine_unpruned")["met"]  # 0.8 > 0.75
+    assert row("deit_base", "engine", 1, BASELINE, "wall")["value"] == 3.1  # 0.62 ms / 0.2 ms
+    assert row("deit_base", "engine", 1, BASELINE, "wall")["met"]
+    assert not row("deit_base", "engine", 4, BASELINE, "wall")["met"]  # 2.0x < 2.5x
+    assert row("deit_base", "engine", 32, "ort_raggedvit")["met"]  # equal GPU time: not slower
+    assert not row("deit_base", "engine", 128, "ort_raggedvit")["met"]  # 1% slower than today's export
+    assert row("deit_base", "engine_unpruned", 32, "ort_unpruned")["policy"] == "none"
+    assert row("deit_base", "engine_unpruned", 128, "ort_unpruned")["met"]
+    # a missing side or a missing profile: unmet with the reason, never a value
+    recs = [r for r in recs if not (r["variant"] == "engine_unpruned" and r["batch"] == 1)]
+    recs[0]["gpu_us_per_forward"] = None  # deit_base engine B=1
+    rows = {(t["model"], t["target"], t["batch"]): t for t in engine_targets(recs)}
+    r = row("deit_base", "engine", 1)
+    assert not r["met"] and r["value"] is None and "profile missing" in r["why_not"]
+    r = row("deit_small", "engine", 1, "engine_unpruned")
+    assert not r["met"] and r["why_not"] == "not measured (engine_unpruned)"
+    out = table(recs, [], engine_targets(recs))
+    assert "engine targets:" in out and "not measured (engine_unpruned)" in out
+
+
+def test_engine_ratio_to_unpruned_engine() -> None:
+    topk = "topk-l2:keep=0.5:at=4"
+    recs = [_timed("engine", topk, 1, 60.0, ms=0.1), _timed("engine_unpruned", "none", 1, 100.0, ms=0.125)]
+    ratios(recs)
+    assert recs[0]["vs_engine_unpruned"] == {"gpu_time": 0.6, "wall_time": 0.8}
+    assert "vs_engine_unpruned" not in recs[1]
+
+
+def test_engine_probe_counts_declines(monkeypatch) -> None:
+    """engine_probe counts the block op's calls of the engine as vit_block_cuda makes them (a TypeError is a
+    decline: the op then runs its per-op kernels), and restores the engine afterwards."""
+    import torch
+
+    from benchmarks.serving.steps import engine_declined, engine_probe
+    from raggedvit.kernels import _block_op, block_engine
+    from raggedvit.kernels.reference import BlockWeights
+
+    C, F, T = 8, 16, 3
+    g = torch.Generator().manual_seed(0)
+    shapes = ((C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (F, C), (F,), (C, F), (C,))
+    w = BlockWeights(*(torch.randn(*shape, generator=g) * 0.1 for shape in shapes))
+    x, cu = torch.randn(T, C, generator=g), torch.tensor([0, T])
+    answers = iter([TypeError("no tiles for C=8"), None])
+
+    def fake(x, cu_seqlens, w, num_heads, **kw):
+        a = next(answers)
+        if a is not None:
+            raise a
+        return torch.zeros_like(x)
+
+    monkeypatch.setattr(block_engine, "vit_block_engine", fake)
+
+    def model(images: torch.Tensor) -> None:
+        for _ in range(2):
+            _block_op.vit_block_cuda(x, cu, w, 2, eps=1e-6, scale=0.5, return_cls_attn=False)
+
+    probe = engine_probe(model, torch.zeros(1))
+    assert (probe["calls"], probe["declined"]) == (2, 1) and "no tiles for C=8" in probe["reason"]
+    why, note = engine_declined(probe)  # some blocks in the engine: measured, with a note
+    assert why is None and "declined 1 of 2" in note and "per-op kernels" in note
+    assert block_engine.vit_block_engine is fake  # restored
+    assert engine_declined({"calls": 12, "declined": 0, "reason": None}) == (None, "")
+    why, _ = engine_declined({"calls": 12, "declined": 12, "reason": "TypeError: T too large"})
+    assert "declined 12 of 12" in why and "T too large" in why  # the variant is skipped with this reason
+    assert "never called" in engine_declined({"calls": 0, "declined": 0, "reason": None})[0]
+
+
+def test_engine_variant_skips_with_the_reason(monkeypatch) -> None:
+    """On CUDA the engine variant is skipped, not crashed, when the engine takes no block or the CUDA graph
+    capture fails (emulated here: capture on a CPU-only build raises)."""
+    import torch
+
+    from benchmarks.serving import runner as runner_mod
+    from benchmarks.serving.config import ServingConfig
+    from benchmarks.serving.runner import ModelRun
+
+    run = ModelRun(ServingConfig(device="cpu"), "deit_tiny", {}, None, deadline=0.0, emit=print, info={})
+    run.cuda, run.engine_error = True, None  # as on a GPU
+    key = ("engine", POLICY)
+    run.engines = {key: lambda images: None}  # never reaches the engine
+    m: dict = {"note": ""}
+    assert run._engine_step(key, torch.zeros(1, 3, 8, 8), m) is None
+    assert "declined 0 of 0" in m["skip"] and "never called" in m["skip"] and m["engine"]["calls"] == 0
+    monkeypatch.setattr(runner_mod, "engine_probe", lambda model, x: {"calls": 2, "declined": 0, "reason": None})
+    m = {"note": ""}
+    assert run._engine_step(key, torch.zeros(1, 3, 8, 8), m) is None
+    assert m["skip"].startswith("CUDA graph capture failed: ") and m["note"] == ""
+    run.engine_error = "PrunedViT(engine='block') refused the model: ValueError: no"
+    m = {"note": ""}
+    assert run._engine_step(key, torch.zeros(1), m) is None and m["skip"] == run.engine_error
