@@ -10,14 +10,14 @@ import pytest
 import torch
 from onnx import TensorProto
 
+from raggedvit.pruning.select import select_rows_reference
+from raggedvit.runtime import create_session
 from tests.support.ort_models import (
     attention_model,
     embed_model,
     norm_model,
     select_model,
 )
-from raggedvit.pruning.select import select_rows_reference
-from raggedvit.runtime import create_session
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 SELECT = {"width": 4, "bound": 4, "num_prefix": 1, "policy": 0, "keep": 0.5, "mass": 0.0}
