@@ -20,6 +20,7 @@
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
 #include "cuda/ragged_select_cuda.h"
+#include "cuda/vit_block_cuda.h"
 
 #define RAGGEDVIT_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -66,6 +67,11 @@ const OpSet& Ops() {
           set.ops.push_back(std::make_unique<RaggedLinearCudaOp>(kCudaExecutionProvider, dtype, cu));
           set.ops.push_back(std::make_unique<GatherLayerNormCudaOp>(kCudaExecutionProvider, dtype, cu));
         }
+      }
+      // the block engine's cubins take int64 cu_seqlens (the exporter's); int32 nodes run on the CPU EP
+      for (auto stream : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}) {
+        set.ops.push_back(
+            std::make_unique<RaggedViTBlockCudaOp>(kCudaExecutionProvider, stream, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
       }
     }
   });

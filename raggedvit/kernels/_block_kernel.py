@@ -5,7 +5,7 @@ Layout (row-major, contiguous): X / X1 / Y [T, C] (the residual stream's dtype),
 nn.Linear's layout (Wqkv [3C, C], Wproj [C, C], Wfc1 [F, C], Wfc2 [C, F]) and their biases in the GEMM dtype, norm
 weights and LayerScales [C] in any float dtype (read as fp32). Scratch: Xn [T, C], Qkv [T, 3C], Att [T, C] and
 Hid [T, F] in the GEMM dtype, Lse [H, T] fp32 (with cls_attn), Cls [T] fp32, Part / Ctr (split-K partial tiles and
-their counters, `_linear_phase`), Sync [1] int64 (the grid barrier's counter).
+their counters, `_linear_phase`, then the grid barrier's and the exit counter).
 
 The block runs as seven phases over the live rows [0, live), live = clamp(CU[B], 0, T), read on the device:
     0  norm1: Xn = LN1(X)                              fp32 statistics, rounded to the GEMM dtype (as the dot's input)
@@ -24,9 +24,11 @@ sequential mode, also the interpreter's). Only the phases in [ph_lo, ph_hi) run 
 
 The barrier: each program adds 1 to Sync (release, after a CTA barrier), the target is the next multiple of the
 grid size above the value it found, and it polls Sync (atomic adds of 0 with acquire semantics) until the target
-is reached. Sync only grows (int64), so replays of a CUDA graph need no reset, as long as one counter serves one grid
-size at a time and one launch at a time (the launcher keeps one counter per device and grid size). A spin gives up
-after SPIN_LIMIT polls (the result is then wrong, never a hang).
+is reached. Sync and an exit counter are the last two int32 of the launch's Ctr workspace (zeros between
+launches): after its last phase each program adds 1 to the exit counter, and the program that counts last (every
+other program has left every barrier) sets both back to 0. So a CUDA graph replays with no reset node, and two
+launches with distinct workspaces never share a counter (two streams at once are safe). A spin gives up after
+SPIN_LIMIT polls (the result is then wrong, never a hang; the counters are reset all the same).
 
 Tiles: GEMM tiles are BM x BN of the output, ordered column-block-major with M_FAST (the BM-row tiles of one weight
 column block are adjacent) or row-block-major; the number of row tiles follows live.
@@ -58,6 +60,15 @@ def _grid_sync(Sync, nprog, SPIN_LIMIT: tl.constexpr):
         cur = tl.atomic_add(Sync, 0, sem="acquire", scope="gpu")  # the poll that sees the target acquires
         spins += 1
     tl.debug_barrier()
+
+
+@triton.jit
+def _grid_exit(Sync, nprog):
+    """Counts this program out (Sync[1]); the last one out sets Sync[0] and Sync[1] back to 0 (module docstring)."""
+    tl.debug_barrier()
+    if tl.atomic_add(Sync + 1, 1, sem="acq_rel", scope="gpu") == nprog - 1:
+        tl.atomic_xchg(Sync, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(Sync + 1, 0, sem="release", scope="gpu")
 
 
 @triton.jit
@@ -229,7 +240,7 @@ def _attn_phase(
 @triton.jit(do_not_specialize=["T", "B", "J", "ph_lo", "ph_hi"])
 def _vit_block(
     X, CU, Ln1W, Ln1B, Wqkv, Bqkv, Wproj, Bproj, Ls1, Ln2W, Ln2B, Wfc1, Bfc1, Wfc2, Bfc2, Ls2,
-    Xn, Qkv, Att, Lse, Cls, X1, Hid, Part, Ctr, Y, Sync,
+    Xn, Qkv, Att, Lse, Cls, X1, Hid, Part, Ctr, Y,
     T, B, J, C, F, H, D, eps, qk_scale, ph_lo, ph_hi, max_tiles,
     HAS_QKV_B: tl.constexpr, HAS_PROJ_B: tl.constexpr, HAS_FC1_B: tl.constexpr, HAS_FC2_B: tl.constexpr,
     HAS_LS1: tl.constexpr, HAS_LS2: tl.constexpr, CLS_ATTN: tl.constexpr,
@@ -243,12 +254,14 @@ def _vit_block(
     J >= 1 query-tile groups per sequence (the launcher: cdiv(cdiv(T, B), ATT_BM)); qk_scale = scale * log2(e);
     B >= 0 (CU has B + 1 entries). Qkv's width is 3C = 3 * H * D; BN_WIDE tiles qkv and fc1, BN_NARROW proj and
     fc2, whose K is split SPLIT_PROJ / SPLIT_FC2 ways. Xn [T, C] (GEMM dtype) holds LN1(X), later LN2(X1); Part
-    [max(SPLIT_PROJ, SPLIT_FC2), T, C] fp32 the split-K partial tiles; Ctr [2 * max_tiles] int32 (zeros between
-    launches, max_tiles = cdiv(T, BM) * cdiv(C, BN_NARROW)) their counters, proj's then fc2's. PREFETCH: each
+    [max(SPLIT_PROJ, SPLIT_FC2), T, C] fp32 the split-K partial tiles; Ctr [2 * max_tiles + 2] int32 (zeros between
+    launches, max_tiles = cdiv(T, BM) * cdiv(C, BN_NARROW)) their counters, proj's then fc2's, then the grid
+    barrier's and the exit counter. PREFETCH: each
     program first asks L2 for its share of the four weights (`_prefetch_l2`, PF_LINE weight elements = 128 bytes),
     so the weight stream from HBM overlaps the norms, the attention and the barriers."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    Sync = Ctr + 2 * max_tiles
     live = tl.minimum(tl.maximum(tl.load(CU + B), 0), T)
     live = tl.where(B == 0, 0, live)
     if PREFETCH:  # every weight of the phases to run into L2 now: the GEMMs then wait on L2, not HBM
@@ -299,3 +312,4 @@ def _vit_block(
     if (ph_lo <= 6) & (ph_hi > 6):
         _linear_phase(Hid, Wfc2, Bfc2, Ls2, X1, Y, Part, Ctr + max_tiles, pid, nprog, live, T, F, C,
                       HAS_FC2_B, HAS_LS2, True, False, True, SPLIT_FC2, BM, BN_NARROW, BK, M_FAST)  # fmt: skip
+    _grid_exit(Sync, nprog)

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from raggedvit.kernels._block_config import (
+    ENGINE_CONFIGS,
+    EngineConfig,
+    block_c,
+    kernel_constexprs,
+    max_tiles,
+    occupancy,
+    workspace_counters,
+)
 from raggedvit.kernels._config import block_d
 from raggedvit.kernels.reference import BlockWeights
 from raggedvit.kernels.vit_block import check_block_args
@@ -31,45 +39,19 @@ __all__ = [
 ]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-_GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_SPIN_LIMIT = 1 << 22  # polls of one barrier before a program gives up (a wrong result instead of a hang)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Tiles (constexprs) and launch options of `_vit_block` for one GEMM dtype."""
-
-    bm: int  # rows of a GEMM tile
-    bn_wide: int  # columns of a qkv / fc1 tile
-    bn_narrow: int  # columns of a proj / fc2 tile
-    bk: int  # K step of the GEMMs
-    att_bm: int  # query rows of an attention tile
-    att_bn: int  # key rows per step of the attention loop
-    cls_bn: int  # tokens of a cls_attn tile
-    cls_hg: int  # heads per cls_attn step
-    num_warps: int
-    num_stages: int
-    split_proj: int = 1  # K slices of a proj tile (split-K)
-    split_fc2: int = 1  # K slices of an fc2 tile
-    norm_rows: int = 4  # rows per LayerNorm task
-    programs_per_sm: int = 1  # wanted; the launcher takes fewer where registers or shared memory do not allow it
-    m_fast: bool = True  # GEMM tasks ordered row tile fastest (else weight column block fastest)
-    prefetch: bool = False  # all four weights asked into L2 at the start of the launch
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def engine_config(gemm_dtype: torch.dtype) -> EngineConfig:
-    """The launch config of a GEMM dtype: tensor-core tiles for fp16 / bf16, small ieee tiles for fp32."""
-    if gemm_dtype == torch.float32:
-        return EngineConfig(32, 32, 32, 32, 32, 32, 16, 4, num_warps=4, num_stages=1, split_proj=2, split_fc2=2)
-    return EngineConfig(64, 64, 64, 64, 64, 64, 16, 4, num_warps=4, num_stages=4, split_proj=2, split_fc2=4,
-                        programs_per_sm=2)  # fmt: skip
+    """The launch config of a GEMM dtype (`_block_config.ENGINE_CONFIGS`)."""
+    return ENGINE_CONFIGS[_DTYPE_NAMES[gemm_dtype]]
 
 
 class BlockWorkspace(NamedTuple):
     """Scratch of one launch: xn [T, C], qkv [T, 3C], att [T, C], hid [T, F] in the GEMM dtype, x1 [T, C] in the
     stream dtype, lse [H, T] and cls [T] fp32 (one element each without cls_attn), part [S, T, C] fp32 (split-K
-    partial tiles, S = the config's largest split) and ctr [2 * cdiv(T, bm) * cdiv(C, bn_narrow)] int32 (their
-    counters: zeros, and zeros again after every launch)."""
+    partial tiles, S = the config's largest split) and ctr [`workspace_counters`] int32 (their counters and the grid
+    barrier's: zeros, and zeros again after every launch; two launches at once need two workspaces)."""
 
     xn: torch.Tensor
     qkv: torch.Tensor
@@ -94,7 +76,7 @@ def block_workspace(
     return BlockWorkspace(
         xn=torch.empty(T, C, dtype=gemm_dtype, device=device),
         part=torch.empty(split if split > 1 else 1, T if split > 1 else 1, C, dtype=torch.float32, device=device),
-        ctr=torch.zeros(2 * _max_tiles(T, C, cfg), dtype=torch.int32, device=device),
+        ctr=torch.zeros(workspace_counters(T, C, cfg), dtype=torch.int32, device=device),
         qkv=torch.empty(T, 3 * C, dtype=gemm_dtype, device=device),
         att=torch.empty(T, C, dtype=gemm_dtype, device=device),
         hid=torch.empty(T, F, dtype=gemm_dtype, device=device),
@@ -104,32 +86,8 @@ def block_workspace(
     )
 
 
-def _max_tiles(T: int, C: int, cfg: EngineConfig) -> int:
-    return max(1, -(-T // cfg.bm) * -(-C // cfg.bn_narrow))
-
-
-# One barrier counter per (device, grid size): it only grows, a multiple of the grid size between launches.
-_SYNC: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def _sync_counter(device: torch.device, nprog: int) -> torch.Tensor:
-    key = (str(device), nprog)
-    if key not in _SYNC:
-        _SYNC[key] = torch.zeros(1, dtype=torch.int64, device=device)
-    return _SYNC[key]
-
-
 # Resident programs per multiprocessor of each compiled kernel, keyed by (device, launch constexprs).
 _OCCUPANCY: dict[tuple, int] = {}
-
-
-def occupancy(n_regs: int, shared_bytes: int, num_warps: int) -> int:
-    """Programs one sm_80 / sm_90 multiprocessor holds at once: 64K registers allocated per warp in 256-register
-    units, 227 KiB of shared memory (+ 1 KiB reserved per program), at most 32 programs."""
-    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
-    by_regs = (65536 // regs_per_warp) // num_warps
-    by_smem = (233472 // (shared_bytes + 1024)) if shared_bytes else 32
-    return max(0, min(by_regs, by_smem, 32))
 
 
 def engine_grid(device: torch.device, sequential: bool, per_sm: int = 1) -> int:
@@ -208,23 +166,18 @@ def vit_block_engine(
     if return_cls_attn and ws.cls.shape[0] != T:
         raise ValueError(f"workspace.cls {tuple(ws.cls.shape)} must be [T] = [{T}] with return_cls_attn")
     max_split = max(cfg.split_proj, cfg.split_fc2)
-    if ws.ctr.shape[0] < 2 * _max_tiles(T, C, cfg) or (max_split > 1 and ws.part.shape[:2] != (max_split, T)):
+    if ws.ctr.shape[0] < workspace_counters(T, C, cfg) or (max_split > 1 and ws.part.shape[:2] != (max_split, T)):
         raise ValueError(f"workspace part {tuple(ws.part.shape)} / ctr {tuple(ws.ctr.shape)} do not fit the config")
     y = torch.empty_like(x) if out is None else out
     B = cu_seqlens.shape[0] - 1
     J = max(1, math.ceil(math.ceil(T / max(B, 1)) / cfg.att_bm))
     qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * 1.4426950408889634
-    consts = dict(
-        HAS_QKV_B=w.qkv_bias is not None, HAS_PROJ_B=w.proj_bias is not None, HAS_FC1_B=w.fc1_bias is not None,
-        HAS_FC2_B=w.fc2_bias is not None, HAS_LS1=w.ls1 is not None, HAS_LS2=w.ls2 is not None,
-        CLS_ATTN=return_cls_attn, BM=cfg.bm, BN_WIDE=cfg.bn_wide, BN_NARROW=cfg.bn_narrow, BK=cfg.bk,
-        SPLIT_PROJ=cfg.split_proj, SPLIT_FC2=cfg.split_fc2, NORM_ROWS=cfg.norm_rows,
-        BLOCK_C=1 << (C - 1).bit_length(), ATT_BM=cfg.att_bm, ATT_BN=cfg.att_bn, BLOCK_D=block_d(D),
-        CLS_BN=cfg.cls_bn, CLS_HG=cfg.cls_hg, M_FAST=cfg.m_fast, PREFETCH=cfg.prefetch,
-        PF_LINE=128 // w.qkv_weight.element_size(), SPIN_LIMIT=_SPIN_LIMIT, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    consts = kernel_constexprs(
+        cfg, block_c(C), block_d(D), w.qkv_weight.element_size(), qkv_bias=w.qkv_bias is not None,
+        proj_bias=w.proj_bias is not None, fc1_bias=w.fc1_bias is not None, fc2_bias=w.fc2_bias is not None,
+        ls1=w.ls1 is not None, ls2=w.ls2 is not None, cls_attn=return_cls_attn,
     )  # fmt: skip
-    key = (str(x.device), x.dtype, gemm, cu_seqlens.dtype, tuple(sorted(consts.items())))
+    key = (str(x.device), x.dtype, gemm, cu_seqlens.dtype, cfg.num_warps, cfg.num_stages, tuple(sorted(consts.items())))
     if sequential or _INTERPRET or x.device.type != "cuda":
         per_sm = 0
     else:  # the first launch of a kernel runs one program per multiprocessor, then its occupancy is known
@@ -236,8 +189,9 @@ def vit_block_engine(
         w.proj_weight, opt(w.proj_bias, w.proj_weight), opt(w.ls1, w.norm1_weight), w.norm2_weight, w.norm2_bias,
         w.fc1_weight, opt(w.fc1_bias, w.fc1_weight), w.fc2_weight, opt(w.fc2_bias, w.fc2_weight),
         opt(w.ls2, w.norm2_weight),
-        ws.xn, ws.qkv, ws.att, ws.lse, ws.cls, ws.x1, ws.hid, ws.part, ws.ctr, y, _sync_counter(x.device, nprog),
-        T, B, J, C, F, H, D, eps, qk_scale, lo, hi, _max_tiles(T, C, cfg), **consts,
+        ws.xn, ws.qkv, ws.att, ws.lse, ws.cls, ws.x1, ws.hid, ws.part, ws.ctr, y,
+        T, B, J, C, F, H, D, eps, qk_scale, lo, hi, max_tiles(T, C, cfg), **consts, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
     if key not in _OCCUPANCY and per_sm and hasattr(kernel, "n_regs"):
         _OCCUPANCY[key] = occupancy(int(kernel.n_regs), int(kernel.metadata.shared), cfg.num_warps)

@@ -295,6 +295,71 @@ std::string CheckEmbedSupported(const EmbedLaunch& e);
 // Enqueues _patch_embed on e.stream (never synchronises, never reads device data); "" on success.
 std::string LaunchPatchEmbed(const EmbedLaunch& e);
 
+// One AOT-compiled block engine kernel (_block_kernel._vit_block: a whole pre-norm ViT block in one persistent
+// launch; the seventh generated table). GEMMs in float16, cu_seqlens int64, all four Linear biases present.
+struct BlockImage {
+  DType stream_dtype;  // x, the norms, the LayerScales, x1 and y: fp32 (the fp16 recipe) or fp16 (fp16-all)
+  int arch;
+  bool cls_attn;     // writes cls_attn [T] (CLS_ATTN)
+  bool layer_scale;  // ls1 and ls2 present (HAS_LS1 = HAS_LS2)
+  int block_c;       // BLOCK_C: C <= block_c
+  const char* function_name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  int shared_bytes;
+  int num_warps;
+  int num_params;  // kernel params including Triton's trailing scratch pointers
+  int registers;   // per thread (cuobjdump at build time)
+};
+
+// The engine config every block image was compiled with (raggedvit/kernels/_block_config.py, fp16): the scratch
+// layout and the launch grid follow it.
+struct BlockConfig {
+  int bm;               // rows of a GEMM tile
+  int bn_narrow;        // columns of a proj / fc2 tile
+  int att_bm;           // query rows of an attention tile
+  int max_split;        // max(split_proj, split_fc2): slices of Part
+  int programs_per_sm;  // wanted; fewer when the occupancy is lower
+  int head_dim_max;     // BLOCK_D of the cubins
+};
+
+extern const BlockImage kBlockImages[];
+extern const size_t kNumBlockImages;
+extern const BlockConfig kBlockConfig;
+
+// Inputs in RaggedViTBlock's order after x and cu_seqlens (vit_block.h BlockInput - 2).
+enum BlockWeight : int {
+  kWNorm1W = 0, kWNorm1B, kWQkv, kWQkvB, kWProj, kWProjB, kWNorm2W, kWNorm2B, kWFc1, kWFc1B, kWFc2, kWFc2B, kWLs1,
+  kWLs2, kNumBlockWeights
+};
+
+struct BlockLaunch {
+  DType stream_dtype = DType::kFloat16;
+  DType gemm_dtype = DType::kFloat16;
+  IndexType index_type = IndexType::kInt64;
+  const void* x = nullptr;                     // [T, C] device
+  const void* cu = nullptr;                    // [B+1] device
+  const void* w[kNumBlockWeights] = {};        // device (absent optional inputs: nullptr)
+  void* y = nullptr;                           // [T, C]
+  float* cls_attn = nullptr;                   // [T] or nullptr (not asked for)
+  void* workspace = nullptr;                   // BlockWorkspaceBytes bytes, 256-byte aligned
+  int64_t T = 0, C = 0, F = 0, B = 0, H = 0;
+  float epsilon = 0.0f, scale = 0.0f;
+  void* stream = nullptr;
+  int device_ordinal = 0;
+};
+
+// Checks what the AOT block engine supports (dtypes, present inputs, C / F / D multiples of 16, D <= 64,
+// C <= the widest BLOCK_C, int32 sizes, 16-byte alignment); "" when supported.
+std::string CheckBlockSupported(const BlockLaunch& b);
+
+// Bytes of scratch a launch of these sizes needs (overflow-checked); "" on success.
+std::string BlockWorkspaceBytes(const BlockLaunch& b, size_t* bytes);
+
+// Zeroes the workspace's counters and enqueues one cooperative _vit_block launch on b.stream (never synchronises,
+// never reads device data); "" on success.
+std::string LaunchVitBlock(const BlockLaunch& b);
+
 // Smallest BLOCK_D in the table >= D, or 0 when D is unsupported.
 int BlockDFor(int64_t D);
 
