@@ -1,8 +1,9 @@
-"""The CLI's error contract through subprocesses: every bad input exits 2 with one "error:" line and no traceback,
+"""The CLI's error contract: every bad input exits 2 with one "error:" line and no traceback,
 SIGINT/SIGTERM exit 130, and no command leaves a file (or a hidden temp file) in its output folder.
 
 Most cases fail before any export or inference: models with a raggedvit recipe but a trivial graph stand in for
-real exports. The interrupt cases run a real export and signal it while its output is being written.
+real exports. The table of input errors runs in this process (click's runner: the same error mapping, no Python
+start per case); the console entry point, the full disk, the NaN report and the signals run in subprocesses. The interrupt cases run a real export and signal it while its output is being written.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import onnx
 import onnx.numpy_helper
 import pytest
 from onnx import TensorProto, helper
+
+from tests.support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "deit_tiny_patch16_224"
@@ -205,9 +208,21 @@ def test_input_error_exits_2(inputs, tmp_path, case):
         os.symlink("b", out / "a")
         os.symlink("a", out / "b")
     before = sorted(p.name for p in out.iterdir())
-    res = cli(*(a.format(out=out, **inputs) for a in args))
+    res = run_cli(*(a.format(out=out, **inputs) for a in args))  # in this process: the same error mapping
     assert_one_error(res.returncode, res.stderr, 2, fragment.format(out=out))
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_entry_point_maps_errors_alike(inputs, tmp_path):
+    """The console entry point in a process of its own gives the in-process runner's exit status and line."""
+    for case in ("no command", "atol nan", "img-size 8"):
+        args, fragment = CASES[case]
+        out = tmp_path / case.replace(" ", "_")
+        out.mkdir()
+        argv = [a.format(out=out, **inputs) for a in args]
+        res = cli(*argv)
+        assert_one_error(res.returncode, res.stderr, 2, fragment)
+        assert run_cli(*argv).stderr.strip().splitlines()[-1] == res.stderr.strip().splitlines()[-1]
 
 
 def test_bench_cuda_without_cuda(inputs, tmp_path):
