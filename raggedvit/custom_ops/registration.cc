@@ -68,10 +68,12 @@ const OpSet& Ops() {
           set.ops.push_back(std::make_unique<GatherLayerNormCudaOp>(kCudaExecutionProvider, dtype, cu));
         }
       }
-      // the block engine's cubins take int64 cu_seqlens (the exporter's); int32 nodes run on the CPU EP
+      // typed: the block engine's cubins take float16 Linear weights and int64 cu_seqlens (what fp16 / fp16-all
+      // exports write); other RaggedViTBlock nodes (fp32 exports) find no CUDA kernel and run on the CPU EP
       for (auto stream : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}) {
-        set.ops.push_back(
-            std::make_unique<RaggedViTBlockCudaOp>(kCudaExecutionProvider, stream, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
+        set.ops.push_back(std::make_unique<RaggedViTBlockCudaOp>(kCudaExecutionProvider, stream,
+                                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+                                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16));
       }
     }
   });

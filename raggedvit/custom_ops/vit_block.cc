@@ -90,8 +90,7 @@ std::string CheckBlockInputs(const BlockInputs& in, const BlockAttrs& attrs, Blo
       x, cu, {C}, {C}, {three_c, C}, {three_c}, {C, C}, {C}, {C}, {C}, {F, C}, {F}, {C, F}, {C}, {C}, {C}};
   for (size_t i = kNorm1Weight; i < kBlockNumInputs; ++i) {
     if (!in.present[i]) continue;
-    const bool stream = i == kNorm1Weight || i == kNorm1Bias || i == kNorm2Weight || i == kNorm2Bias || i == kLs1 ||
-                        i == kLs2;
+    const bool stream = BlockInputIsStream(i);
     const std::string name = kBlockInputNames[i];
     if (in.shape[i] != expect[i]) {
       return "input '" + name + "' must be " + ShapeString(expect[i]) + ", got shape " + ShapeString(in.shape[i]) + where;

@@ -40,6 +40,12 @@ constexpr bool BlockInputOptional(size_t i) {
   return i == kQkvBias || i == kProjBias || i == kFc1Bias || i == kFc2Bias || i == kLs1 || i == kLs2;
 }
 
+// Whether input i is of the stream type S (x, the norms, the LayerScales) rather than the GEMM type.
+constexpr bool BlockInputIsStream(size_t i) {
+  return i == kBlockX || i == kNorm1Weight || i == kNorm1Bias || i == kNorm2Weight || i == kNorm2Bias || i == kLs1 ||
+         i == kLs2;
+}
+
 struct BlockAttrs {
   int64_t num_heads = 0;
   float epsilon = 0.0f;
@@ -83,13 +89,16 @@ std::string CheckBlockInputs(const BlockInputs& in, const BlockAttrs& attrs, Blo
 // Shape inference shared by every registration: y [T, C] of x's element type.
 OrtStatusPtr InferRaggedViTBlockShapes(OrtShapeInferContext* ctx) noexcept;
 
-// One OrtCustomOp per (EP, stream type, cu_seqlens type): x and y are of the stream type (so ORT infers y's type
-// from the registration x matches); the weights are declared UNDEFINED (each its own type constraint: the stream
-// and GEMM types may differ) and checked by the kernel (CheckBlockInputs).
+// One OrtCustomOp per (EP, stream type, cu_seqlens type[, GEMM type]): x and y are of the stream type (so ORT
+// infers y's type from the registration x matches); without a GEMM type the weights are declared UNDEFINED (each
+// its own type constraint: the stream and GEMM types may differ) and checked by the kernel (CheckBlockInputs).
 template <typename TKernel>
 struct RaggedViTBlockOp : Ort::CustomOpBase<RaggedViTBlockOp<TKernel>, TKernel, /*WithStatus=*/true> {
-  RaggedViTBlockOp(const char* provider, ONNXTensorElementDataType stream_type, ONNXTensorElementDataType cu_type)
-      : provider_(provider), stream_type_(stream_type), cu_type_(cu_type) {
+  // gemm_type UNDEFINED: the weights are of any type (checked by the kernel); else the Linear weights and biases
+  // are declared gemm_type and the norms and LayerScales the stream type, so ORT places only such nodes here.
+  RaggedViTBlockOp(const char* provider, ONNXTensorElementDataType stream_type, ONNXTensorElementDataType cu_type,
+                   ONNXTensorElementDataType gemm_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED)
+      : provider_(provider), stream_type_(stream_type), cu_type_(cu_type), gemm_type_(gemm_type) {
     this->InferOutputShapeFn = [](const OrtCustomOp*, OrtShapeInferContext* ctx) -> OrtStatusPtr {
       return InferRaggedViTBlockShapes(ctx);
     };
@@ -112,7 +121,9 @@ struct RaggedViTBlockOp : Ort::CustomOpBase<RaggedViTBlockOp<TKernel>, TKernel, 
   size_t GetInputTypeCount() const { return kBlockNumInputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == kBlockX) return stream_type_;
-    return i == kBlockCu ? cu_type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (i == kBlockCu) return cu_type_;
+    if (gemm_type_ == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) return gemm_type_;
+    return BlockInputIsStream(i) ? stream_type_ : gemm_type_;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return BlockInputOptional(i) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
@@ -129,6 +140,7 @@ struct RaggedViTBlockOp : Ort::CustomOpBase<RaggedViTBlockOp<TKernel>, TKernel, 
   const char* provider_;
   ONNXTensorElementDataType stream_type_;
   ONNXTensorElementDataType cu_type_;
+  ONNXTensorElementDataType gemm_type_;
 };
 
 }  // namespace raggedvit

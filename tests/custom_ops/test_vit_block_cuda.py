@@ -74,7 +74,6 @@ def test_repeated_runs_are_identical(ort_library):
         ("no_qkv_bias", "'qkv_bias' is absent"),
         ("ls1_only", "'ls1' and 'ls2' must be both present"),
         ("head_dim_80", "head dim 80 exceeds"),
-        ("float_gemm", "have no CUDA block engine"),
     ],
 )
 def test_refusals_name_the_input(ort_library, change, fragment):
@@ -84,10 +83,23 @@ def test_refusals_name_the_input(ort_library, change, fragment):
         present -= {"qkv_bias"}
     if change == "ls1_only":
         present |= {"ls1"}
-    gemm = "float" if change == "float_gemm" else "float16"
-    feeds = random_feeds(np.random.default_rng(4), 20, C, 4 * C, [20], "float", gemm, present)
+    feeds = random_feeds(np.random.default_rng(4), 20, C, 4 * C, [20], "float", "float16", present)
     with pytest.raises(Exception, match=fragment):  # noqa: PT011 (onnxruntime's own exception types)
         _cuda(feeds, {"num_heads": heads, "epsilon": 1e-6, "scale": 0.125})
+
+
+def test_float_weights_run_on_the_cpu_ep(ort_library):
+    """The CUDA registration declares float16 Linear weights: an fp32 block is placed on the CPU EP (and a session
+    that forbids the CPU fallback cannot be created)."""
+    feeds = random_feeds(np.random.default_rng(5), 30, 128, 512, [20], "float", "float", set(NAMES))
+    attrs = {"num_heads": 2, "epsilon": 1e-6, "scale": 0.125}
+    model = block_model(_elems(feeds), attrs)
+    with pytest.raises(Exception):  # noqa: B017, PT011 (onnxruntime's own exception types)
+        create_session(model, "cuda", disable_cpu_fallback=True)
+    got = create_session(model, "cuda").run(None, feeds)
+    want = create_session(model).run(None, feeds)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_engine_export_runs_as_a_cuda_graph(ort_library, tmp_path):
