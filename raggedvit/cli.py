@@ -494,6 +494,14 @@ def info() -> None:
     for key in sorted(flat):
         value = flat[key]
         click.echo(f"  {key:<16} {', '.join(map(str, value)) or '-' if isinstance(value, list) else value}")
+    block = lib.get("build", {}).get("block", {})
+    if block.get("resources"):  # the AOT block engine's resource report (custom_ops/_aot_block.block_report)
+        res = block["resources"].values()
+        regs = sorted(r["registers"] for r in res)
+        spills = max(r["local_bytes"] + r["stack_bytes"] for r in res)
+        archs = ", ".join(f"sm_{a}" for a in block["archs"])
+        click.echo(f"  {'block engine':<16} {len(res)} cubins ({archs}): {regs[0]}-{regs[-1]} registers, {spills} "
+                   f"spill bytes, >= {min(r['programs_per_sm'] for r in res)} programs per SM")  # fmt: skip
 
 
 # ---- bench, triton-repo, coverage (raggedvit/_cli_tools.py) -------------------------------------------------

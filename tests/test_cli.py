@@ -76,6 +76,9 @@ def test_info():
     assert res.returncode == 0, res.stderr
     for word in ("raggedvit", "torch", "triton", "timm", "onnxruntime", "ORT providers", "GPU", "op library"):
         assert word in res.stdout
+    assert (
+        "block engine     32 cubins (sm_80, sm_90): " in res.stdout and ", 0 spill bytes, >= 2 programs" in res.stdout
+    )
 
 
 @pytest.mark.parametrize(
