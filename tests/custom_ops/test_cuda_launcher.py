@@ -53,6 +53,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(CUDA_SRC / "select_launcher.cc"),
             str(CUDA_SRC / "gelu_launcher.cc"),
             str(CUDA_SRC / "embed_launcher.cc"),
+            str(CUDA_SRC / "block_launcher.cc"),
             "-ldl",
             "-o",
             str(d / "harness"),
@@ -690,3 +691,288 @@ def test_embed_empty_launches_nothing(harness, tmp_path):
     # B = 0, N = 0, and no rows at all (P = 0 and an image smaller than one patch)
     res, log = run(harness, tmp_path, [embed(B=0), embed(N=0), embed(H=15, P=0), embed(B=0, C=0, H=0, W=0, P=0)])
     assert res == ["OK"] * 4 and not launches(log)
+
+
+# The block engine (cuda/block_launcher.cc) with the harness's table (sm_90 / sm_80 images of every variant, BLOCK_C
+# 512 and 1024, one sm_89 image with a wrong parameter count), kBlockConfig and fake pointers (launcher_harness.cc).
+_BLOCK_WS = 0x10000000
+_BLOCK_W = [f"{0x1000000 + i * 0x100000:x}" for i in range(14)]  # BlockWeight order: norm1_w ... fc2_b, ls1, ls2
+_BLOCK_BM = _BLOCK_BN_NARROW = _BLOCK_ATT_BM = 64
+_BLOCK_MAX_SPLIT = 4
+_BLOCK_PROGRAMS_PER_SM = 2
+_BLOCK_PARAMS = 40  # _vit_block's 38 + Triton's 2 scratch pointers
+
+
+def block(
+    *, stream: int = 1, gemm: int = 1, index: int = 1, T: int = 100, C: int = 384, F: int = 1536, B: int = 3,
+    H: int = 6, cls: int = 1, ls1: int = 1, ls2: int | None = None, biases: int = 15, misalign: int = 0,
+    workspace: int = 1,
+) -> str:  # fmt: skip
+    """A RaggedViTBlock scenario: dtypes 0 fp32, 1 fp16, 2 bf16; index 1 int64; biases a mask of qkv 1, proj 2, fc1 4,
+    fc2 8; misalign i > 0: the i-th buffer of x, cu, y, workspace, cls_attn, then the 14 weights, 8 bytes off."""
+    ls2 = ls1 if ls2 is None else ls2
+    return f"V {stream} {gemm} {index} {T} {C} {F} {B} {H} {cls} {ls1} {ls2} {biases} {misalign} {workspace}"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_counters(T: int, C: int) -> int:
+    """int32 counters of the workspace: 2 * max_tiles (proj's and fc2's split-K tiles) + the grid barrier's + exit."""
+    return 2 * max(1, _cdiv(T, _BLOCK_BM) * _cdiv(C, _BLOCK_BN_NARROW)) + 2
+
+
+def block_layout(T: int, C: int, F: int, H: int, *, fp32_stream: bool, cls: bool) -> tuple[dict[str, int], int]:
+    """(byte offset of each scratch piece, workspace bytes) as block_launcher.cc documents it: in block_workspace's
+    order, each piece at the next 256-byte boundary: xn [T, C], qkv [T, 3C], att [T, C], hid [T, F] fp16; x1 [T, C]
+    in the stream dtype; lse [H, T] (1 element without cls_attn) and cls [1] fp32; part [max_split, T, C] fp32;
+    ctr int32."""
+    sizes = {
+        "xn": T * C * 2, "qkv": 3 * T * C * 2, "att": T * C * 2, "hid": T * F * 2,
+        "x1": T * C * (4 if fp32_stream else 2), "lse": (H * T if cls else 1) * 4, "cls": 4,
+        "part": _BLOCK_MAX_SPLIT * T * C * 4, "ctr": block_counters(T, C) * 4,
+    }  # fmt: skip
+    offsets, end = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = _cdiv(end, 256) * 256
+        end = offsets[name] + size
+    return offsets, end
+
+
+def memsets(log: list[str]) -> list[dict[str, str]]:
+    """The fake's cuMemsetD32Async lines as dicts (dst, words, value, stream, ctx)."""
+    return [dict(p.split("=", 1) for p in line.split()[1:]) for line in log if line.startswith("memset ")]
+
+
+def test_block_launch_parameters(harness: Path, tmp_path: Path) -> None:
+    """One cooperative launch of min(occupancy, programs_per_sm) x SMs programs of 4 warps with the image's shared
+    bytes and exactly 40 parameters in _vit_block's order (X, CU, the weights with Ls1 after Bproj and Ls2 last, the
+    scratch carved out of the workspace, cls_attn as Cls, Y; T, B, J, C, F, H, D, eps and qk_scale bits, the phases
+    [0, 7), max_tiles; Triton's scratch), after one memset of exactly the counters; the result is the workspace size."""
+    res, log = run(harness, tmp_path, [block(T=1000, B=1)], FAKE_CUDA_SMS="8")
+    offsets, size = block_layout(1000, 384, 1536, 6, fp32_stream=False, cls=True)
+    assert res == [f"OK {size}"]
+    (launch,) = launches(log)
+    assert launch["name"] == "_vit_block" and launch["image"] == "block/kFloat16/sm90/clstrue/lstrue/c512"
+    assert launch["grid"] == "16,1,1" and launch["block"] == "128,1,1" and launch["smem"] == "90112"
+    assert launch["coop"] == "1" and launch["attrs"] == "1" and launch["stream"] == "5000" and launch["ctx"] == "0"
+    args = launch["args"].split(",")
+    assert len(args) == _BLOCK_PARAMS
+    ws = {name: f"{_BLOCK_WS + off:x}" for name, off in offsets.items()}
+    w = _BLOCK_W
+    assert args[:16] == ["a00000", "b00000", *w[0:6], w[12], *w[6:12], w[13]]
+    scratch = [ws[n] for n in ("xn", "qkv", "att", "lse")] + ["d00000"] + [ws[n] for n in ("x1", "hid", "part", "ctr")]
+    assert args[16:26] == [*scratch, "c00000"]
+    tiles = _cdiv(1000, 64) * _cdiv(384, 64)  # max_tiles: 16 * 6
+    ints = [1000, 1, 16, 384, 1536, 6, 64, _EPS, _bits(0.125 * 1.4426950408889634), 0, 7, tiles, 0, 0]
+    assert args[26:] == [str(v) for v in ints]  # J = cdiv(cdiv(1000, 1), 64) = 16
+    assert ints[2] == _cdiv(1000, _BLOCK_ATT_BM)
+    (memset,) = memsets(log)
+    assert memset == {"dst": ws["ctr"], "words": str(2 * tiles + 2), "value": "0", "stream": "5000", "ctx": "0"}
+    kinds = [line.split()[0] for line in log]
+    assert kinds.index("memset") < kinds.index("launch")
+    assert "occupancy block/kFloat16/sm90/clstrue/lstrue/c512 block=128 smem=90112 -> 2" in log
+
+
+def test_block_parameters_without_layer_scale_and_cls_attn(harness: Path, tmp_path: Path) -> None:
+    """Absent ls1 / ls2: norm1's and norm2's weights stand in (never read); no cls_attn: Cls is the workspace's one
+    element; an fp32 stream doubles x1; J = cdiv(cdiv(T, B), 64) with B = 3."""
+    res, log = run(harness, tmp_path, [block(stream=0, cls=0, ls1=0, T=100, B=3)])
+    offsets, size = block_layout(100, 384, 1536, 6, fp32_stream=True, cls=False)
+    assert res == [f"OK {size}"]
+    (launch,) = launches(log)
+    assert launch["image"] == "block/kFloat32/sm90/clsfalse/lsfalse/c512" and launch["grid"] == "264,1,1"
+    args = launch["args"].split(",")
+    assert len(args) == _BLOCK_PARAMS
+    assert args[8] == _BLOCK_W[0] and args[15] == _BLOCK_W[6]
+    assert args[19:21] == [f"{_BLOCK_WS + offsets['lse']:x}", f"{_BLOCK_WS + offsets['cls']:x}"]
+    assert args[26:29] == ["100", "3", "1"] and args[-3] == str(_cdiv(100, 64) * 6)
+
+
+def test_block_module_is_loaded_once_and_every_launch_zeroes_its_counters(harness: Path, tmp_path: Path) -> None:
+    """Two launches of one image: one module load (and shared memory opt-in), a memset before each launch."""
+    res, log = run(harness, tmp_path, [block(), block(T=200)])
+    assert [r.split()[0] for r in res] == ["OK", "OK"]
+    assert len([x for x in log if x.startswith("load ")]) == 1
+    assert [x.split()[0] for x in log if x.split()[0] in ("memset", "launch")] == ["memset", "launch"] * 2
+    assert [m["words"] for m in memsets(log)] == [str(block_counters(T, 384)) for T in (100, 200)]
+
+
+@pytest.mark.parametrize(("occupancy", "sms"), [(1, 132), (2, 132), (3, 132), (32, 132), (1, 7), (2, 7)])
+def test_block_grid_is_the_resident_programs(harness: Path, tmp_path: Path, occupancy: int, sms: int) -> None:
+    """grid = min(occupancy, kBlockConfig.programs_per_sm) x SMs: every program resident at once."""
+    res, log = run(harness, tmp_path, [block()], FAKE_CUDA_OCCUPANCY=str(occupancy), FAKE_CUDA_SMS=str(sms))
+    assert res[0].startswith("OK ")
+    (launch,) = launches(log)
+    assert launch["grid"] == f"{min(occupancy, _BLOCK_PROGRAMS_PER_SM) * sms},1,1" and launch["coop"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("arch", "kw", "image"),
+    [
+        (90, {}, "kFloat16/sm90/clstrue/lstrue/c512"),
+        (90, {"stream": 0}, "kFloat32/sm90/clstrue/lstrue/c512"),
+        (90, {"cls": 0}, "kFloat16/sm90/clsfalse/lstrue/c512"),
+        (90, {"ls1": 0}, "kFloat16/sm90/clstrue/lsfalse/c512"),
+        (90, {"C": 16, "H": 1, "F": 16}, "kFloat16/sm90/clstrue/lstrue/c512"),
+        (90, {"C": 512, "H": 8}, "kFloat16/sm90/clstrue/lstrue/c512"),  # the smallest BLOCK_C >= C
+        (90, {"C": 528, "H": 11}, "kFloat16/sm90/clstrue/lstrue/c1024"),
+        (90, {"C": 1024, "H": 16}, "kFloat16/sm90/clstrue/lstrue/c1024"),
+        (80, {}, "kFloat16/sm80/clstrue/lstrue/c512"),
+        (86, {}, "kFloat16/sm80/clstrue/lstrue/c512"),  # the same major's highest minor <= the device's
+        (87, {"stream": 0, "cls": 0, "ls1": 0, "C": 1024, "H": 16}, "kFloat32/sm80/clsfalse/lsfalse/c1024"),
+        (89, {"cls": 0}, "kFloat16/sm80/clsfalse/lstrue/c512"),  # sm_89's one image is another variant
+        (89, {"cls": 0, "ls1": 0, "C": 528, "H": 11}, "kFloat16/sm80/clsfalse/lsfalse/c1024"),  # and BLOCK_C 512
+    ],
+)
+def test_block_image_choice(harness: Path, tmp_path: Path, arch: int, kw: dict[str, int], image: str) -> None:
+    """The image of the stream dtype, cls_attn (a non-null cls pointer), LayerScale and the smallest BLOCK_C >= C of
+    the device's major (highest minor <= the device's)."""
+    res, log = run(harness, tmp_path, [block(**kw)], FAKE_CUDA_ARCH=str(arch))
+    assert res[0].startswith("OK "), res
+    (launch,) = launches(log)
+    assert launch["image"] == f"block/{image}"
+
+
+@pytest.mark.parametrize("arch", [70, 75, 100, 120])
+def test_block_no_image_for_other_majors(harness: Path, tmp_path: Path, arch: int) -> None:
+    """No image of the device's major: an error naming the arch and the variant; nothing enqueued."""
+    res, log = run(harness, tmp_path, [block()], FAKE_CUDA_ARCH=str(arch))
+    assert res[0].startswith(f"ERR no RaggedViTBlock cubin for sm_{arch} with x fp16, cls_attn, LayerScale and C = 384")
+    assert not launches(log) and not memsets(log)
+
+
+def test_block_wrong_parameter_count(harness: Path, tmp_path: Path) -> None:
+    """An image whose num_params is not the launcher's 40: an error naming both counts, no launch."""
+    res, log = run(harness, tmp_path, [block(cls=0, ls1=0)], FAKE_CUDA_ARCH="89")
+    assert res == ["ERR _vit_block: cubin expects 38 parameters, launcher passes 40"]
+    assert not launches(log)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"gemm": 2}, "Linear weights of type bf16 have no CUDA block engine (float16 does)"),
+        ({"gemm": 0}, "Linear weights of type fp32 have no CUDA block engine"),
+        ({"stream": 2}, "x of type bf16 has no CUDA block engine (float, float16 do)"),
+        ({"index": 0}, "cu_seqlens must be int64 on the CUDA EP"),
+        ({"biases": 14}, "input 'qkv_bias' is absent: the CUDA block engine needs all four Linear biases"),
+        ({"biases": 13}, "input 'proj_bias' is absent"),
+        ({"biases": 11}, "input 'fc1_bias' is absent"),
+        ({"biases": 7}, "input 'fc2_bias' is absent"),
+        ({"ls1": 1, "ls2": 0}, "inputs 'ls1' and 'ls2' must be both present or both absent on the CUDA EP"),
+        ({"ls1": 0, "ls2": 1}, "inputs 'ls1' and 'ls2' must be both present or both absent"),
+        ({"C": 392, "H": 7}, "the head dim C / num_heads must be multiples of 16 on the CUDA EP: T = 100, C = 392"),
+        ({"F": 1000}, "must be multiples of 16 on the CUDA EP: T = 100, C = 384, F = 1000, B = 3, num_heads = 6"),
+        ({"H": 16}, "must be multiples of 16 on the CUDA EP: T = 100, C = 384, F = 1536, B = 3, num_heads = 16"),
+        ({"H": 5}, "num_heads must divide C: T = 100, C = 384"),
+        ({"C": 768, "H": 6}, "head dim 128 exceeds the block engine's 64"),
+        ({"C": 1040, "H": 65}, "C = 1040 exceeds the widest block engine cubin of this library (1024)"),
+        ({"T": 524288, "C": 1024, "F": 4096, "H": 16},
+         "T = 524288, C = 1024, F = 4096, B = 3, num_heads = 16: T * max(3C, F) must be below 2**31"),
+        ({"T": 699051, "C": 1024, "F": 1024, "H": 16}, "T * max(3C, F) must be below 2**31"),  # 3C is the wider
+        ({"B": 2**31}, "T * max(3C, F) must be below 2**31"),
+        ({"B": -1}, "sizes out of range: T = 100, C = 384, F = 1536, B = -1"),
+        ({"H": 0}, "sizes out of range"),
+        ({"misalign": 1}, "device buffer 'x' is not 16-byte aligned"),
+        ({"misalign": 2}, "device buffer 'cu_seqlens' is not 16-byte aligned"),
+        ({"misalign": 3}, "device buffer 'y' is not 16-byte aligned"),
+        ({"misalign": 4}, "device buffer 'workspace' is not 16-byte aligned"),
+        ({"misalign": 5}, "device buffer 'cls_attn' is not 16-byte aligned"),
+        ({"misalign": 6}, "weight input 2 of RaggedViTBlock is not 16-byte aligned"),  # norm1_weight
+        ({"misalign": 19}, "weight input 15 of RaggedViTBlock is not 16-byte aligned"),  # ls2
+        ({"workspace": 0}, "the block engine needs a workspace"),
+    ],
+)  # fmt: skip
+def test_block_unsupported_launches_nothing(harness: Path, tmp_path: Path, kw: dict[str, int], message: str) -> None:
+    """CheckBlockSupported's refusals (and a missing workspace) name the problem; nothing is enqueued."""
+    res, log = run(harness, tmp_path, [block(**kw)])
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log) and not memsets(log)
+
+
+def test_block_largest_int32_sizes_are_launched(harness: Path, tmp_path: Path) -> None:
+    """T * max(3C, F) = 2**31 - 4096 is still launched, with T passed through."""
+    res, log = run(harness, tmp_path, [block(T=524287, C=1024, F=4096, H=16)])
+    assert res == [f"OK {block_layout(524287, 1024, 4096, 16, fp32_stream=False, cls=True)[1]}"]
+    (launch,) = launches(log)
+    assert launch["image"].endswith("/c1024") and launch["args"].split(",")[26] == "524287"
+
+
+@pytest.mark.parametrize(
+    ("env", "message", "zeroed"),
+    [
+        ({"FAKE_CUDA_OCCUPANCY": "0"}, "ERR _vit_block: not one program fits a multiprocessor", False),
+        ({"FAKE_CUDA_MEMSET_ERR": "700"}, "ERR cuMemsetD32Async failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)", False),
+        ({"FAKE_CUDA_LAUNCH_ERR": "700"},
+         "ERR cuLaunchKernelEx(cooperative _vit_block) failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)", True),
+        ({"FAKE_CUDA_LOAD_ERR": "209"}, "ERR cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU (209)", False),
+    ],
+)  # fmt: skip
+def test_block_driver_errors(harness: Path, tmp_path: Path, env: dict[str, str], message: str, zeroed: bool) -> None:
+    """Driver failures come back as text naming the call; no program runs (a failed launch follows its memset)."""
+    res, log = run(harness, tmp_path, [block()], **env)
+    assert res == [message]
+    assert not launches(log) and bool(memsets(log)) == zeroed
+
+
+def test_block_shared_memory_above_the_device_opt_in(harness: Path, tmp_path: Path) -> None:
+    """An image needing more shared memory than the device's opt-in limit is refused before anything is enqueued."""
+    res, log = run(harness, tmp_path, [block(C=1024, H=16)], FAKE_CUDA_SMEM_OPTIN="101376")
+    assert res == ["ERR _vit_block needs 131072 bytes of shared memory; the device allows 101376"]
+    assert not launches(log) and not memsets(log)
+
+
+@pytest.mark.parametrize("B", [3, 0])
+def test_block_empty_zeroes_the_counters_and_launches_nothing(harness: Path, tmp_path: Path, B: int) -> None:
+    """T = 0: the counters (max_tiles = 1: 4 words) are zeroed all the same, no program is launched."""
+    offsets, size = block_layout(0, 384, 1536, 6, fp32_stream=False, cls=True)
+    res, log = run(harness, tmp_path, [block(T=0, B=B)])
+    assert res == [f"OK {size}"]
+    assert memsets(log) == [
+        {"dst": f"{_BLOCK_WS + offsets['ctr']:x}", "words": "4", "value": "0", "stream": "5000", "ctx": "0"}
+    ]
+    assert not launches(log)
+
+
+@pytest.mark.parametrize(
+    ("T", "C", "F", "H", "stream", "cls"),
+    [
+        (100, 384, 1536, 6, 1, 1),
+        (100, 384, 1536, 6, 0, 0),
+        (1, 16, 16, 1, 1, 0),
+        (197, 768, 3072, 12, 0, 1),
+        (3137, 1024, 4096, 16, 1, 1),
+    ],
+)
+def test_block_workspace_bytes(
+    harness: Path, tmp_path: Path, T: int, C: int, F: int, H: int, stream: int, cls: int
+) -> None:
+    """BlockWorkspaceBytes is the sum of the 256-byte-aligned pieces; the counters' memset and the scratch pointers
+    sit at their offsets inside it."""
+    offsets, size = block_layout(T, C, F, H, fp32_stream=stream == 0, cls=bool(cls))
+    res, log = run(harness, tmp_path, [block(T=T, C=C, F=F, H=H, stream=stream, cls=cls)])
+    assert res == [f"OK {size}"]
+    (memset,) = memsets(log)
+    assert memset["dst"] == f"{_BLOCK_WS + offsets['ctr']:x}" and memset["words"] == str(block_counters(T, C))
+    (launch,) = launches(log)
+    args = launch["args"].split(",")
+    assert args[16:20] == [f"{_BLOCK_WS + offsets[n]:x}" for n in ("xn", "qkv", "att", "lse")]
+    assert args[21:25] == [f"{_BLOCK_WS + offsets[n]:x}" for n in ("x1", "hid", "part", "ctr")]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"T": 2**62, "C": 16, "F": 16, "H": 1},  # T * C * 3 overflows
+        {"T": 2**40, "C": 16, "F": 2**22, "H": 1},  # T * F fits, its bytes do not
+        # every piece's bytes fit int64, their sum does not fit 64 bits
+        {"T": 2**28, "C": 2**30, "F": 2**34 - 16, "H": 2**32, "stream": 0, "cls": 1},
+    ],
+)
+def test_block_workspace_overflow(harness: Path, tmp_path: Path, kw: dict[str, int]) -> None:
+    """BlockWorkspaceBytes reports sizes whose scratch does not fit 64 bits; nothing is enqueued."""
+    res, log = run(harness, tmp_path, [block(**kw)])
+    assert res[0].startswith("ERR T = ") and res[0].endswith(": the block engine's scratch size overflows"), res
+    assert not launches(log) and not memsets(log)

@@ -176,10 +176,6 @@ std::string LaunchVitBlock(const BlockLaunch& b) {
   if (per_sm < 1) return std::string(im.function_name) + ": not one program fits a multiprocessor";
   if (per_sm > kBlockConfig.programs_per_sm) per_sm = kBlockConfig.programs_per_sm;
   char* ws = static_cast<char*>(b.workspace);
-  err = ZeroWords(ws + l.ctr, static_cast<size_t>(l.counters), b.stream);
-  if (!err.empty()) return err;
-  if (b.T == 0) return "";  // nothing to compute (the counters are zero all the same)
-
   auto ptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
   CUdeviceptr x = ptr(b.x), cu = ptr(b.cu), y = ptr(b.y);
   CUdeviceptr w[kNumBlockWeights];
@@ -208,6 +204,9 @@ std::string LaunchVitBlock(const BlockLaunch& b) {
     return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +
            " parameters, launcher passes " + std::to_string(kParams);
   }
+  err = ZeroWords(ws + l.ctr, static_cast<size_t>(l.counters), b.stream);
+  if (!err.empty()) return err;
+  if (b.T == 0) return "";  // nothing to compute (the counters are zero all the same)
   return LaunchCooperative(fn, static_cast<unsigned>(per_sm * sms), im.num_warps, im.shared_bytes, b.stream, args,
                            "_vit_block");
 }
