@@ -1,5 +1,6 @@
 """engine="block" exports: one com.raggedvit::RaggedViTBlock node per block (weights as initializers) for every
-policy, the CPU EP session against PrunedViT, and `raggedvit export --engine block` passing `raggedvit validate`."""
+policy, the CPU EP session against PrunedViT, deit_tiny / deit_small / deit_base blocks (3 of them, 64-pixel images)
+through `validate` on the CPU EP, and `raggedvit export --engine block` passing `raggedvit validate`."""
 
 from __future__ import annotations
 
@@ -77,6 +78,36 @@ def test_cpu_ep_matches_pruned_vit(deit_tiny, images, ort_session) -> None:
         ref = PrunedViT(deit_tiny, spec, capacity=True)(images)
     np.testing.assert_array_equal(counts, ref.token_counts.numpy())
     assert np.abs(logits - ref.logits.numpy()).max() <= 1e-5 * float(ref.logits.abs().max())
+
+
+# (model, policy, prune_at, fuse, capacity, dtype): with SPECS and the tests above on deit_tiny, every policy runs on
+# each of the three block shapes the engine targets (C, H = 192, 3 / 384, 6 / 768, 12)
+VALIDATED = [
+    ("deit_tiny_patch16_224", "none", "", False, False, "fp32"),
+    ("deit_tiny_patch16_224", "cls-mass", "1", False, False, "fp16-all"),
+    ("deit_small_patch16_224", "evit", "1", False, False, "fp32"),
+    ("deit_small_patch16_224", "cls-mass", "1", False, True, "fp32"),
+    ("deit_small_patch16_224", "topk-l2", "1", False, False, "fp16"),
+    ("deit_base_patch16_224", "evit", "1", True, False, "fp32"),
+    ("deit_base_patch16_224", "topk-l2", "1", False, True, "fp16-all"),
+]
+
+
+@pytest.mark.parametrize(("name", "policy", "at", "fuse", "capacity", "dtype"), VALIDATED)
+def test_validate_passes_on_the_cpu_ep(tmp_path, name, policy, at, fuse, capacity, dtype) -> None:
+    """The export of a 3-block model of the named shape validates (raggedvit.validators.validate, CPU EP) with
+    every block one RaggedViTBlock node of the model's head count."""
+    from raggedvit.exporter import export_onnx
+    from raggedvit.validators import load_recipe, validate
+
+    vit, _ = load_vit(name, seed=0, img_size=64, sharpen_qk=4.0, model_kwargs={"depth": 3})
+    spec = PruneSpec(policy, (int(at),) if at else (), 0.5, 0.9, fuse)
+    path = export_onnx(vit, spec, tmp_path / "m.onnx", dtype=dtype, capacity=capacity, engine="block")
+    blocks = [n for n in ir.load(path).graph if n.op_type == "RaggedViTBlock"]
+    assert [n.attributes["num_heads"].value for n in blocks] == [vit.blocks[0].attn.num_heads] * 3
+    images = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    report = validate(path, images, [f"r{i}" for i in range(4)], vit=vit, spec=spec, recipe=load_recipe(path))
+    assert report.passed, report.to_markdown()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
