@@ -77,7 +77,7 @@ def test_info():
     for word in ("raggedvit", "torch", "triton", "timm", "onnxruntime", "ORT providers", "GPU", "op library"):
         assert word in res.stdout
     assert (
-        "block engine     32 cubins (sm_80, sm_90): " in res.stdout and ", 0 spill bytes, >= 2 programs" in res.stdout
+        "block engine     16 cubins (sm_80, sm_90): " in res.stdout and ", 0 spill bytes, >= 2 programs" in res.stdout
     )
 
 

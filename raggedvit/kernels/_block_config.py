@@ -24,8 +24,9 @@ __all__ = [
 ]
 
 SPIN_LIMIT = 1 << 22  # polls of one barrier before a program gives up (a wrong result instead of a hang)
-# BLOCK_C of the AOT cubins (the launcher takes the smallest >= C); the JIT takes block_c(C) itself
-AOT_BLOCK_CS = (512, 1024)
+# BLOCK_C of the AOT cubins (the launcher takes the smallest >= C; the LayerNorm phases mask the columns past C,
+# which only the two norm phases read); the JIT takes block_c(C) itself
+AOT_BLOCK_CS = (1024,)
 
 
 @dataclass(frozen=True)
