@@ -3,7 +3,8 @@ SIGINT/SIGTERM exit 130, and no command leaves a file (or a hidden temp file) in
 
 Most cases fail before any export or inference: models with a raggedvit recipe but a trivial graph stand in for
 real exports. The table of input errors runs in this process (click's runner: the same error mapping, no Python
-start per case); the console entry point, the full disk, the NaN report and the signals run in subprocesses. The interrupt cases run a real export and signal it while its output is being written.
+start per case); the console entry point, the full disk, the NaN report and the signals run in subprocesses. The
+interrupt cases run a real export and signal it while its output is being written.
 """
 
 from __future__ import annotations

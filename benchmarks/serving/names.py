@@ -16,9 +16,11 @@ __all__ = [
     "CUDA_ONLY",
     "DEFAULT_POLICIES",
     "ENGINE",
+    "ENGINE_PAIRS",
     "ENGINE_TARGETS",
     "HBM_BANDWIDTH",
     "ORT",
+    "ORT_ENGINE",
     "PRUNED",
     "UNPRUNED",
     "VARIANTS",
@@ -29,17 +31,21 @@ __all__ = [
 ]
 
 # unpruned (policy "none"): timm's model eager, torch.compile(mode="reduce-overhead"), raggedvit's policy-none export,
-# the block engine
-UNPRUNED = ("timm_eager", "timm_compile", "ort_unpruned", "engine_unpruned")
+# the block engine in torch, the block engine's policy-none export
+UNPRUNED = ("timm_eager", "timm_compile", "ort_unpruned", "engine_unpruned", "ort_engine_unpruned")
 # per pruning policy: PrunedViT eager, PrunedViT under torch.compile(mode="reduce-overhead"), raggedvit's export,
-# the block engine
-PRUNED = ("prunedvit_eager", "prunedvit_compile", "ort_raggedvit", "engine")
+# the block engine in torch, the block engine's export
+PRUNED = ("prunedvit_eager", "prunedvit_compile", "ort_raggedvit", "engine", "ort_engine")
 VARIANTS = UNPRUNED + PRUNED
 # PrunedViT(engine="block", capacity=True) in the export recipe's dtypes (precision.apply_dtype), one
 # torch.cuda.CUDAGraph per batch (eager on CPU: the block op's reference kernel)
 ENGINE = ("engine_unpruned", "engine")
+# raggedvit's exports with engine="block" (one com.raggedvit::RaggedViTBlock node per block; the CUDA EP kernel is
+# the AOT block engine): run as the other exports, but never with a block placed on the CPU EP on CUDA
+ORT_ENGINE = ("ort_engine_unpruned", "ort_engine")
 COMPILED = ("timm_compile", "prunedvit_compile")
-ORT = ("ort_unpruned", "ort_raggedvit")  # CUDA graph when the export has static shapes, else node by node
+# raggedvit's exports in ONNX Runtime: a CUDA graph when the export has static shapes, else node by node
+ORT = ("ort_unpruned", "ort_raggedvit", *ORT_ENGINE)
 CUDA_ONLY = COMPILED  # mode="reduce-overhead" is CUDA graphs; the CPU debug run skips them
 BASELINE = "timm_compile"  # the bars' denominator: torch.compile unpruned
 
@@ -117,17 +123,25 @@ class EngineTarget:
         return f"{who}{self.variant} {what} {rel} {self.against} at B={bs}"
 
 
-# the block engine's targets (GPU time is compared across runs; wall time at B=1 moves with the host)
-ENGINE_TARGETS = (
-    EngineTarget("engine", "gpu_us", 150.0, (1,), models=("deit_base",)),
-    EngineTarget("engine", "gpu_us", 250.0, (4,), models=("deit_base",)),
-    EngineTarget("engine", "gpu_us", 80.0, (1,), models=("deit_small",)),
-    EngineTarget("engine", "gpu_us", 0.75, (1, 4), against="engine_unpruned"),  # pruning pays at small batches
-    EngineTarget("engine", "wall", 3.0, (1,), against=BASELINE, speedup=True),
-    EngineTarget("engine", "wall", 2.5, (4,), against=BASELINE, speedup=True),
-    EngineTarget("engine", "gpu_us", 1.0, (32, 128), against="ort_raggedvit"),  # no large batch slower than the export
-    EngineTarget("engine_unpruned", "gpu_us", 1.0, (32, 128), against="ort_unpruned"),
-)
+def _engine_targets(engine: str, unpruned: str) -> tuple[EngineTarget, ...]:
+    """The block engine's targets for one pair of its variants: `engine` (pruned) and `unpruned` (policy none)."""
+    return (
+        EngineTarget(engine, "gpu_us", 150.0, (1,), models=("deit_base",)),
+        EngineTarget(engine, "gpu_us", 250.0, (4,), models=("deit_base",)),
+        EngineTarget(engine, "gpu_us", 80.0, (1,), models=("deit_small",)),
+        EngineTarget(engine, "gpu_us", 0.75, (1, 4), against=unpruned),  # pruning pays at small batches
+        EngineTarget(engine, "wall", 3.0, (1,), against=BASELINE, speedup=True),
+        EngineTarget(engine, "wall", 2.5, (4,), against=BASELINE, speedup=True),
+        EngineTarget(engine, "gpu_us", 1.0, (32, 128), against="ort_raggedvit"),  # no large batch slower than export
+        EngineTarget(unpruned, "gpu_us", 1.0, (32, 128), against="ort_unpruned"),
+    )
+
+
+# the block engine's targets (GPU time is compared across runs; wall time at B=1 moves with the host), judged on the
+# engine in torch (PrunedViT(engine="block") as a CUDA graph) and on its ONNX export (--engine block in ORT: the
+# product path), each pruned variant against its own unpruned one
+ENGINE_PAIRS = {"engine": "engine_unpruned", "ort_engine": "ort_engine_unpruned"}
+ENGINE_TARGETS = tuple(t for engine, unpruned in ENGINE_PAIRS.items() for t in _engine_targets(engine, unpruned))
 
 # peak HBM bandwidth in bytes/s by GPU name (torch.cuda.get_device_name), from the vendors' datasheets
 HBM_BANDWIDTH = {

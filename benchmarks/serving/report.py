@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving.names import BARS, BASELINE, ENGINE_TARGETS, UNPRUNED, VARIANTS, timm_name
+from benchmarks.serving.names import BARS, BASELINE, ENGINE_PAIRS, ENGINE_TARGETS, UNPRUNED, VARIANTS, timm_name
 
 __all__ = ["apply_floor", "engine_targets", "plot", "ratios", "table", "targets"]
 
@@ -22,15 +22,16 @@ def _ok(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 def ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """img/s of every variant over BASELINE (torch.compile unpruned) on the same model and batch; None where
     either side has no measurement. Also sets rec["vs_compile_unpruned"] on each record, and on each pruned
-    engine record its GPU time and wall time over the unpruned engine's (rec["vs_engine_unpruned"])."""
+    engine record (names.ENGINE_PAIRS: `engine` in torch, `ort_engine` its export) its GPU time and wall time over
+    its unpruned engine's (`engine_unpruned`, `ort_engine_unpruned`: rec["vs_engine_unpruned"])."""
     ok = _ok(records)
     out = []
     for r in records:
         base = ok.get((r["model"], BASELINE, "none", r["batch"]))
         v = r["img_per_s"] / base["img_per_s"] if r.get("status") == "ok" and base else None
         r["vs_compile_unpruned"] = round(v, 3) if v is not None else None
-        if r["variant"] == "engine":
-            unpruned = ok.get((r["model"], "engine_unpruned", "none", r["batch"]))
+        if r["variant"] in ENGINE_PAIRS:
+            unpruned = ok.get((r["model"], ENGINE_PAIRS[r["variant"]], "none", r["batch"]))
             ok_r = r if r.get("status") == "ok" else None
             r["vs_engine_unpruned"] = {
                 "gpu_time": _over(ok_r, unpruned, "gpu_us_per_forward"),
@@ -201,7 +202,7 @@ def table(records: list[dict[str, Any]], rows: list[dict[str, Any]], engine_rows
     ok = _ok(records)
     batches = sorted({r["batch"] for r in records})
     lines = [
-        f"{'model':<11}{'variant':<19}{'policy':<35}{'mode':<23}" + "".join(f"{'B=' + str(b):>16}" for b in batches)
+        f"{'model':<11}{'variant':<21}{'policy':<35}{'mode':<23}" + "".join(f"{'B=' + str(b):>16}" for b in batches)
     ]
     keys = dict.fromkeys((r["model"], r["variant"], r["policy"]) for r in records)
     for model, variant, policy in sorted(keys, key=lambda k: (k[0], VARIANTS.index(k[1]) if k[1] in VARIANTS else 99)):
@@ -211,7 +212,7 @@ def table(records: list[dict[str, Any]], rows: list[dict[str, Any]], engine_rows
         for r in recs:
             x = r.get("vs_compile_unpruned") if r else None
             cells.append(_fmt(r["img_per_s"] if r else None) + (f" {x:5.2f}x" if x is not None else "       "))
-        lines.append(f"{model:<11}{variant:<19}{policy[:34]:<35}{str(mode)[:22]:<23}" + "".join(cells))
+        lines.append(f"{model:<11}{variant:<21}{policy[:34]:<35}{str(mode)[:22]:<23}" + "".join(cells))
     met = sum(r["met"] for r in rows)
     lines.append(f"bars: {met}/{len(rows)} met (ratio = img/s over {BASELINE} unpruned at the same batch)")
     for r in rows:

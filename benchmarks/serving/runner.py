@@ -18,7 +18,7 @@ from benchmarks.e2e.profile import count_kernels
 from benchmarks.e2e.variants import Step, torch_step
 from benchmarks.serving.config import ServingConfig
 from benchmarks.serving.exports import ExportJob, Exports
-from benchmarks.serving.names import CUDA_ONLY, ENGINE, ORT, PRUNED, UNPRUNED, split_linear, timm_name
+from benchmarks.serving.names import CUDA_ONLY, ENGINE, ORT, ORT_ENGINE, PRUNED, UNPRUNED, split_linear, timm_name
 from benchmarks.serving.steps import (
     CompiledModel,
     GraphedModel,
@@ -161,7 +161,9 @@ class ModelRun:
             self.info["compile"] = {f"{v}|{p}": m.calls for (v, p), m in self.compiled.items()}
         self._engines(ref32, specs)
         self.info["setup_s"] = round(time.perf_counter() - t0, 1)
-        self.info["exports"] = {}
+        self.info["exports"] = {}  # policy -> the per-op export (ort_unpruned, ort_raggedvit)
+        if any(v in cfg.variants for v in ORT_ENGINE):
+            self.info["engine_exports"] = {}  # policy -> the --engine block export (ort_engine_unpruned, ort_engine)
         log(f"{self.model}: models and references ready ({time.perf_counter() - t0:.0f} s)")
         for i, b in enumerate(cfg.batches):
             left = self.deadline - time.time()
@@ -215,18 +217,55 @@ class ModelRun:
             m["skip"] = f"CUDA graph capture failed: {_short(exc)}"
             return None
 
-    def _export(self, policy: str) -> dict[str, Any]:
-        """The export of `policy` ("none" or a policy string), waited for on first use."""
-        if policy not in self.info["exports"]:
+    def _export(self, policy: str, engine: str = "ops") -> dict[str, Any]:
+        """The export of `policy` ("none" or a policy string) with export_onnx's `engine` ("ops": info["exports"],
+        "block": info["engine_exports"]), waited for on first use."""
+        made = self.info["exports" if engine == "ops" else "engine_exports"]
+        if policy not in made:
             t0 = time.perf_counter()
-            self.info["exports"][policy] = self.exports.result(self.jobs[policy])
+            made[policy] = self.exports.result(self.jobs[(policy, engine)])
             waited = time.perf_counter() - t0
-            log(f"{self.model} [{policy}] export: {self.info['exports'][policy]} (waited {waited:.0f} s)")
-        return self.info["exports"][policy]
+            log(f"{self.model} [{policy}] {engine} export: {made[policy]} (waited {waited:.0f} s)")
+        return made[policy]
+
+    def _ort_step(self, key: Key, b: int, x32: torch.Tensor, m: dict[str, Any]) -> OrtExport | None:
+        """The export variant `key` at this batch (OrtExport: a CUDA graph on CUDA, else node by node); None with
+        m["error"] set when the export failed, m["skip"] when a block-engine export has no RaggedViTBlock node.
+
+        The block-engine exports (ORT_ENGINE) never run a block on the CPU EP on CUDA: when the CUDA graph fails
+        they run node by node with the CPU EP fallback off (OrtExport raises with both reasons when that fails)."""
+        variant, policy = key
+        engine = "block" if variant in ORT_ENGINE else "ops"
+        made = self._export(policy, engine)
+        if made.get("path") is None:
+            m["error"] = f"export failed: {made.get('error')}"
+            return None
+        if engine == "block":
+            blocks, depth = made.get("block_nodes", 0), made.get("depth")
+            if not blocks:
+                m["skip"] = f"the --engine block export has no RaggedViTBlock node (of {depth} blocks): nothing to run"
+                return None
+            if depth and blocks < depth:
+                m["note"] = f"{blocks} of {depth} blocks are RaggedViTBlock nodes (the others export as ops)"
+        static = bool(made.get("static_shapes"))
+        ort_run = OrtExport(
+            made["path"], self.cfg.device, b, x32, graph=self.cuda and static, cpu_fallback=engine == "ops"
+        )
+        m["mode"] = ort_run.mode
+        m["fallback"] = (lambda r=ort_run: r.node_by_node_step(x32), "a node-by-node session of the export")
+        notes = [m["note"]] if m["note"] else []
+        if ort_run.graph_error:
+            how = "node by node" + ("" if engine == "ops" else " (CUDA EP only: CPU EP fallback off)")
+            notes.append(f"CUDA graph failed, ran {how}: {ort_run.graph_error}")
+        elif self.cuda and not static:
+            notes.append("data-dependent token counts (NonZero): node by node")
+        elif not self.cuda and engine == "block":
+            notes.append("CPU EP: RaggedViTBlock's CPU kernel (no block engine, no CUDA graph)")
+        m["note"] = "; ".join(notes)
+        return ort_run
 
     # ------------------------------------------------------------------ one batch size
     def _batch(self, b: int, photos: torch.Tensor) -> None:
-        cfg = self.cfg
         x32 = tile(photos, b).to(self.device)
         xt = x32.to(self.dtype)
         steps: dict[Key, Step] = {}
@@ -261,22 +300,10 @@ class ModelRun:
                     m["fallback"] = (lambda g=graphed: (g.eager_step(), None), "the same module run eagerly")
                     steps[key] = graphed.step()
                 else:
-                    made = self._export(policy)
-                    if made.get("path") is None:
-                        m["error"] = f"export failed: {made.get('error')}"
+                    ort_run = self._ort_step(key, b, x32, m)
+                    if ort_run is None:
                         continue
-                    path, static = made["path"], bool(made.get("static_shapes"))
-                    ort_run = OrtExport(path, cfg.device, b, x32, graph=self.cuda and static)
                     keep.append(ort_run)
-                    m["mode"] = ort_run.mode
-                    m["fallback"] = (
-                        lambda r=ort_run: r.node_by_node_step(x32),
-                        "a node-by-node session of the export",
-                    )
-                    if ort_run.graph_error:
-                        m["note"] = f"CUDA graph failed, ran node by node: {ort_run.graph_error}"
-                    elif self.cuda and not static:
-                        m["note"] = "data-dependent token counts (NonZero): node by node"
                     steps[key] = ort_run.step()
             except Exception as exc:  # noqa: BLE001 - recorded
                 traceback.print_exc()

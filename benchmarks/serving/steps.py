@@ -132,12 +132,18 @@ class OrtExport:
     export has static shapes, else node by node (create_session with the batch fixed, io binding).
 
     `mode` says which ran ("cuda_graph" / "node_by_node"); `graph_error` holds why a wanted CUDA graph could not
-    be built (the step then runs node by node)."""
+    be built (the step then runs node by node). `cpu_fallback=False` (on CUDA): the node-by-node sessions are
+    created with the CPU EP fallback off, so no node (a RaggedViTBlock without its CUDA kernel's types, say) runs on
+    the CPU EP unseen; when that session cannot be created either, the constructor raises a RuntimeError with the
+    CUDA graph's and the session's errors. (A CUDA graph session needs every node on the CUDA EP anyway.)"""
 
-    def __init__(self, path: Path, device: str, batch: int, images32: torch.Tensor, *, graph: bool) -> None:
-        from raggedvit.runtime import GraphRunner, create_session
+    def __init__(
+        self, path: Path, device: str, batch: int, images32: torch.Tensor, *, graph: bool, cpu_fallback: bool = True
+    ) -> None:
+        from raggedvit.runtime import GraphRunner
 
         self.path, self.device, self.batch = path, device, batch
+        self.strict = device == "cuda" and not cpu_fallback
         self.graph_error: str | None = None
         self.mode = "node_by_node"
         if graph:
@@ -151,8 +157,22 @@ class OrtExport:
                 return
             except Exception as exc:  # noqa: BLE001 - recorded, the export then runs node by node
                 self.graph_error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
-        self._session = create_session(path, device, batch=batch)
+        try:
+            self._session = self._node_by_node_session()
+        except Exception as exc:
+            if self.graph_error is None:
+                raise
+            why = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
+            off = " (CPU EP fallback off)" if self.strict else ""
+            raise RuntimeError(
+                f"CUDA graph failed: {self.graph_error}; the node-by-node session{off} failed too: {why}"
+            ) from exc
         self._step = ort_step(self._session, images32)
+
+    def _node_by_node_session(self) -> Any:
+        from raggedvit.runtime import create_session
+
+        return create_session(self.path, self.device, batch=self.batch, disable_cpu_fallback=self.strict)
 
     def step(self) -> Step:
         if self.mode == "cuda_graph":
@@ -166,11 +186,9 @@ class OrtExport:
         return self._step
 
     def node_by_node_step(self, images32: torch.Tensor) -> tuple[Step, Any]:
-        """A node-by-node step of the same export (for kernel counts when CUPTI sees no graph kernels);
-        returns (step, session) — keep the session alive while the step is used."""
-        from raggedvit.runtime import create_session
-
-        session = create_session(self.path, self.device, batch=self.batch)
+        """A node-by-node step of the same export (for kernel counts when CUPTI sees no graph kernels; the CPU EP
+        fallback as in the constructor); returns (step, session) — keep the session alive while the step is used."""
+        session = self._node_by_node_session()
         return ort_step(session, images32), session
 
 
