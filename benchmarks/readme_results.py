@@ -50,6 +50,9 @@ _SERVING_LABELS = {
     ("engine_unpruned", "none"): "block engine unpruned (PrunedViT, CUDA graph)",
     ("engine", "topk-l2"): "block engine topk-l2 (PrunedViT, CUDA graph)",
     ("engine", "cls-mass"): "block engine cls-mass capacity (PrunedViT, CUDA graph)",
+    ("ort_engine_unpruned", "none"): "block engine unpruned (ORT, `--engine block`)",
+    ("ort_engine", "topk-l2"): "block engine topk-l2 (ORT, `--engine block`)",
+    ("ort_engine", "cls-mass"): "block engine cls-mass capacity (ORT, `--engine block`)",
 }
 # the README's short table: these rows only
 _SERVING_SHORT = (
