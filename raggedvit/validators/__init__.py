@@ -32,6 +32,7 @@ _EXPORTS = {
     "find_near_ties": "ties",
     "first_moved_stage": "ties",
     "precision_tie": "ties",
+    "precision_swap": "ties",
     "run_onnx": "compare",
     "run_reference": "reference",
     "validate": "compare",

@@ -20,7 +20,7 @@ from raggedvit.validators.reference import run_reference
 from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport, blocks_before
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
-from raggedvit.validators.ties import first_moved_stage, precision_tie, stage_margins
+from raggedvit.validators.ties import first_moved_stage, precision_swap, precision_tie, stage_margins
 
 __all__ = ["block_failure_text", "first_failing_block", "run_onnx", "validate"]
 
@@ -146,6 +146,7 @@ def validate(
     notes: dict[int, str] = {}
     for i, name in enumerate(names):
         moved = first_moved_stage([int(v) for v in tc_o[i]], [int(v) for v in tc_r[i]])
+        swaps = _swaps(kept_o[i], kept_r[i], i, spec, margins) if kept_o else []
         prec = None
         if moved is not None and i not in tied:
             mine = [t for t in margins if t.image == i]
@@ -155,6 +156,10 @@ def validate(
                 report.precision_ties.append(prec)
             else:
                 notes[i] = _moved_cut_note(mine, moved, by, spec, th)
+        elif swaps and i not in tied:  # equal counts, other tokens kept (diagnostic outputs)
+            prec = precision_swap(swaps, th.precision_eps)
+            if prec is not None:
+                report.precision_ties.append(prec)
         d = np.abs(lg_o[i].astype(np.float64) - lg_r[i].astype(np.float64))
         report.rows.append(
             ImageRow(
@@ -173,11 +178,13 @@ def validate(
                 floor_weights_same_counts=None if fl is None else fl.weights_same_counts[i],
                 floor_torch_same_counts=None if fl is None else fl.torch_same_counts[i],
                 precision_tie=prec is not None,
-                token_swaps=_swaps(kept_o[i], kept_r[i], i, spec, margins) if kept_o else [],
+                token_swaps=swaps,
                 block_drift=drift[i],
             )
         )
-    report.failures.extend(_failures(report.rows, lg_o, th, notes, block_floor, tuple(spec.prune_at)))
+    report.failures.extend(
+        _failures(report.rows, lg_o, th, notes, block_floor, tuple(spec.prune_at), diagnostics=bool(kept_o))
+    )
     return report
 
 
@@ -217,18 +224,25 @@ def first_failing_block(
     return None, within
 
 
-def block_failure_text(row: ImageRow, floor: list[float | None], th: Thresholds, spec_blocks: dict[int, int]) -> str:
+def block_failure_text(
+    row: ImageRow, floor: list[float | None], th: Thresholds, spec_blocks: dict[int, int], diagnostics: bool = True
+) -> str:
     """'block 7 drifts 9x its fp16 floor (drift 1.2e-02 > bar 3.4e-03); blocks 0-6 within 1.2x' for the image's
-    first failing block."""
+    first failing block; without diagnostic outputs (`diagnostics` False) a failing first block after a stage of a
+    reduced-precision export says how to tell a token swapped by rounding at that cut from a fault."""
     bi, within = first_failing_block(row.block_drift, floor, th)
     assert bi is not None
     d, f = row.block_drift[bi], floor[bi]
     ratio = d / f if f else math.inf
     where = f" (the first block after stage {spec_blocks[bi]})" if bi in spec_blocks else ""
     before = blocks_before(bi, within)
+    hint = ""
+    if bi in spec_blocks and not diagnostics and th.precision_eps is not None:
+        hint = "; export with --diagnostics to tell one token swapped at that cut by rounding (a precision tie) "
+        hint += "from a fault"
     return (
         f"block {bi}{where} drifts {ratio:.3g}x its {th.floor_name()} floor "
-        f"(drift {d:.2e} > bar {th.block_bar(f):.2e}); {before}"
+        f"(drift {d:.2e} > bar {th.block_bar(f):.2e}); {before}{hint}"
     )
 
 
@@ -239,6 +253,7 @@ def _failures(
     moved_notes: dict[int, str] | None = None,
     block_floor: list[float | None] | None = None,
     prune_at: tuple[int, ...] = (),
+    diagnostics: bool = True,
 ) -> list[Failure]:
     """The failed criteria over `rows`; `moved_notes`: per image, why its moved cut is not a tie (for the text);
     `block_floor`: per block, the floor of the per-block rule (empty: not measured). Per image, a failing block
@@ -254,7 +269,7 @@ def _failures(
             continue
         bi, within = first_failing_block(r.block_drift, floor, th) if floor else (None, 0.0)
         if bi is not None:
-            text = block_failure_text(r, floor, th, stage_of)
+            text = block_failure_text(r, floor, th, stage_of, diagnostics)
             out.append(Failure("block_drift", r.index, f"image {r.index} ({r.name}): {text}"))
         if not r.counts_agree:
             stage = first_moved_stage(r.counts_onnx, r.counts_reference)

@@ -20,12 +20,13 @@ class NearTie:
     """Image `image` is within `gap` of a different cut at stage `stage` (block `block`).
 
     kind "score": (last kept - first dropped score) / |last kept|;
-    kind "mass": |cls-mass exclusive cumsum - mass| / mass."""
+    kind "mass": |cls-mass exclusive cumsum - mass| / mass;
+    kind "swap" (precision ties only): the score or mass gap at a cut where the export swapped one kept token."""
 
     image: int
     stage: int
     block: int
-    kind: Literal["score", "mass"]
+    kind: Literal["score", "mass", "swap"]
     gap: float
 
 
@@ -295,7 +296,8 @@ class ValidationReport:
             ]
         if self.precision_ties:
             eps = self.thresholds.precision_eps or 0.0
-            head = f"Precision ties: the export moved a cut whose reference margin is < {eps:.3g} (logits not compared)"
+            head = (f"Precision ties: the export moved a cut (or swapped one kept token at it) whose reference margin "
+                    f"is < {eps:.3g} (logits not compared)")  # fmt: skip
             lines += ["", head + ", not failed:", ""]
             names = {row.index: row for row in self.rows}
             lines += [

@@ -14,9 +14,9 @@ import torch
 
 from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
 from raggedvit.pruning.spec import CLS_MASS_EPS
-from raggedvit.validators.report import NearTie
+from raggedvit.validators.report import NearTie, TokenSwap
 
-__all__ = ["cut_gaps", "find_near_ties", "first_moved_stage", "precision_tie", "stage_margins"]
+__all__ = ["cut_gaps", "find_near_ties", "first_moved_stage", "precision_swap", "precision_tie", "stage_margins"]
 
 
 def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int, spec: PruneSpec):
@@ -102,3 +102,17 @@ def precision_tie(
         return None
     at = [t for t in margins if t.stage == stage and t.kind == "mass" and t.gap < eps]
     return min(at, key=lambda t: t.gap, default=None)
+
+
+def precision_swap(swaps: list[TokenSwap], eps: float | None) -> NearTie | None:
+    """The reference margin that makes the export's same-count token swaps a precision tie, or None (a fault).
+
+    Exports with diagnostic outputs name the tokens each cut kept. When the counts agree but the export kept other
+    tokens, rounding explains it only if at every stage with a swap exactly one token changed places and the
+    reference's score gap there (last kept against first dropped) lies within `eps`: the same test as a cls-mass
+    count moved by one (`precision_tie`), for the score order every policy cuts. `eps`: Thresholds.precision_eps
+    (None: the recipe has no precision ties, fp32)."""
+    if eps is None or not swaps or any(s.swapped != 1 or not s.gap < eps for s in swaps):
+        return None
+    first = swaps[0]
+    return NearTie(first.image, first.stage, first.block, "swap", first.gap)

@@ -59,7 +59,10 @@ def test_a_cut_moved_within_the_margin_is_a_precision_tie(setup, tmp_path):
         assert abs(moved[0]) == 1
     assert {r.index for r in report.rows if r.precision_tie} == {t.image for t in report.precision_ties}
     md = report.to_markdown()
-    assert "Precision ties: the export moved a cut whose reference margin is < 0.00391" in md
+    assert (
+        "Precision ties: the export moved a cut (or swapped one kept token at it) whose reference margin is < 0.00391"
+        in md
+    )
     assert "| precision |" in md
     data = json.loads(report.to_json())
     assert data["summary"]["precision_ties"] == len(report.precision_ties) and data["thresholds"]["dtype"] == "fp16"

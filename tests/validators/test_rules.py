@@ -14,6 +14,8 @@ from raggedvit.validators import (
     precision_tie,
     precision_tie_eps,
 )
+from raggedvit.validators.report import TokenSwap
+from raggedvit.validators.ties import precision_swap
 
 
 def test_fp32_default_is_the_absolute_bar():
@@ -52,6 +54,18 @@ def test_first_moved_stage():
     assert first_moved_stage([78, 30, 19], [78, 30, 19]) is None
     assert first_moved_stage([78, 30, 18], [78, 30, 19]) == 2
     assert first_moved_stage([77, 31, 18], [78, 30, 19]) == 0
+
+
+def test_precision_swap_needs_one_token_per_stage_and_small_margins():
+    """Equal counts, other tokens kept (diagnostic outputs): a precision tie only if every swapping stage swapped one
+    token where the reference's gap is within the dtype's margin (fp32: never)."""
+    eps = precision_tie_eps("fp16")
+    one = TokenSwap(0, 0, 3, 1, 0.2 * eps)
+    later = TokenSwap(0, 1, 6, 1, 0.9 * eps)
+    assert precision_swap([one, later], eps) == NearTie(0, 0, 3, "swap", one.gap)
+    assert precision_swap([one, TokenSwap(0, 1, 6, 2, 0.1 * eps)], eps) is None  # two tokens at a cut
+    assert precision_swap([one, TokenSwap(0, 1, 6, 1, 2 * eps)], eps) is None  # a gap beyond rounding
+    assert precision_swap([one], None) is None and precision_swap([], eps) is None
 
 
 def test_precision_tie_needs_cls_mass_one_token_and_a_small_margin():
