@@ -31,7 +31,8 @@ def main(seed: int) -> int:
                 present = set(NAMES) - (set() if ls else {"ls1", "ls2"})
                 feeds = random_feeds(rng, T, C, 4 * C, lengths, stream, "float16", present)
                 elems = {k: _ELEM[v.dtype.type] for k, v in feeds.items()}
-                model = block_model(elems, {"num_heads": H, "epsilon": 1e-6, "scale": 0.125}, cls_attn=bool(ls))
+                cls_attn = bool(rng.integers(0, 2))
+                model = block_model(elems, {"num_heads": H, "epsilon": 1e-6, "scale": 0.125}, cls_attn=cls_attn)
                 sess = create_session(model, "cuda", disable_cpu_fallback=True)
                 for _ in range(3):
                     y = sess.run(None, feeds)[0]
