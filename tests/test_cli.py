@@ -31,6 +31,10 @@ def assert_error(res: subprocess.CompletedProcess, code: int, fragment: str) -> 
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], res.stderr
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_cli")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "m.onnx"

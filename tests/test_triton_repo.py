@@ -52,6 +52,10 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_triton_repo")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     """A pruned DeiT-Tiny exported as the README does (seeded weights, topk-l2 at block 4)."""

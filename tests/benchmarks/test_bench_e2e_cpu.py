@@ -26,6 +26,10 @@ def _results(out: Path) -> dict:
     return json.loads(path.read_text())
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_bench_e2e_cpu")
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("e2e")

@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 POLICY = "topk-l2:keep=0.5:at=1"
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_serving_cpu")
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path_factory.mktemp("serving")

@@ -20,6 +20,10 @@ from .conftest import to_proto
 SPECS = [PruneSpec("cls-mass", (2, 4), mass=0.8), PruneSpec("evit", (2, 4), keep=0.6, fuse=True)]
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_capacity_export")
+
+
 @pytest.fixture(scope="module", params=SPECS, ids=lambda s: s.policy + ("-fuse" if s.fuse else ""))
 def capacity_export(request, deit_tiny_d6, tmp_path_factory):
     spec = request.param

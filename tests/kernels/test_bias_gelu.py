@@ -47,6 +47,10 @@ def test_config_rule():
     assert {gelu_config(1), gelu_config(GELU_LARGE_M)} == {c for _, c in aot_gelu_configs()}
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_bias_gelu")
+
+
 @pytest.fixture(scope="module")
 def interpreted_gelu() -> dict:
     """_gelu_cases.py under TRITON_INTERPRET=1."""

@@ -10,6 +10,9 @@ from _interpreted import run_cases_interpreted
 from raggedvit.pruning.select import SelectedRows, select_rows_reference
 from tests.support.select_cases import SELECT_CASES, make_select_inputs
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_select_kernel")
+
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict[str, dict[str, bool]]]:

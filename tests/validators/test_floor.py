@@ -23,6 +23,10 @@ from raggedvit.weights import load_vit
 SPEC = PruneSpec("topk-l2", (4,), keep=0.5)
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_floor")
+
+
 @pytest.fixture(scope="module")
 def tiny():
     vit, info = load_vit("deit_tiny_patch16_224", seed=0)

@@ -40,6 +40,10 @@ _BELOW_THE_BAR = {
 }
 
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_mutations")
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """(checkpoint path, original vit, its recipe, images [7, 3, 224, 224], names)."""

@@ -17,6 +17,9 @@ from raggedvit.validators import (
 )
 from raggedvit.weights import load_vit
 
+# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
+pytestmark = pytest.mark.xdist_group("test_validate")
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
