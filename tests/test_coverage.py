@@ -1,18 +1,18 @@
 """raggedvit.coverage: one representative per family passes all three columns; the runner survives timeouts;
-the report and the `coverage` command (through a subprocess, failing cases included)."""
+the report and the `coverage` command (click's runner in this process; each model in a child, failing cases
+included)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from raggedvit._coverage_model import check_model
 from raggedvit.coverage import CoverageReport, eta_seconds, merge_reports, parse_shard, run_coverage
+from tests.support.cli import CliResult, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = 64  # small images: every representative accepts img_size
@@ -105,17 +105,19 @@ def test_markdown_totals_families_and_reasons():
     assert "| `c (k=1)` | cait |" in md and "## Not built on the meta device" in md
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("RAGGEDVIT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", "coverage", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+def cli(*args: str) -> CliResult:
+    """`raggedvit coverage ARGS` in this process (click's runner); its per-model children import this checkout."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAGGEDVIT_DEBUG")}
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + (saved["PYTHONPATH"] or "")
+    os.environ.pop("RAGGEDVIT_DEBUG", None)
+    try:
+        return run_cli("coverage", *args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def test_cli_writes_table_and_json(tmp_path):

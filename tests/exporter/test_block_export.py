@@ -4,9 +4,6 @@ through `validate` on the CPU EP, and `raggedvit export --engine block` passing 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import torch
 from raggedvit.exporter.export import build_model
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.weights import load_vit
+from tests.support.cli import CliResult, run_cli
 
 from .conftest import to_proto
 
@@ -108,11 +106,8 @@ def test_validate_passes_on_the_cpu_ep(tmp_path, name, policy, at, fuse, capacit
     assert report.passed, report.to_markdown()
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
-    )
+def _cli(*args: str) -> CliResult:
+    return run_cli(*args)  # in this process (click's runner): the same command, no Python start
 
 
 def test_cli_export_engine_block_validates(tmp_path) -> None:
