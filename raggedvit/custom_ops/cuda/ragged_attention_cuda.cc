@@ -2,33 +2,9 @@
 #include "ragged_attention_cuda.h"
 
 #include "launcher.h"
+#include "ort_scratch.h"
 
 namespace raggedvit {
-
-namespace {
-
-// Stream-ordered device scratch from ORT's allocator of the given memory, freed at scope exit.
-struct Scratch {
-  OrtAllocator* allocator = nullptr;
-  void* ptr = nullptr;
-  ~Scratch() {
-    if (allocator != nullptr) {
-      if (ptr != nullptr) allocator->Free(allocator, ptr);
-      Ort::GetApi().ReleaseAllocator(allocator);
-    }
-  }
-};
-
-bool ToLaunchType(ONNXTensorElementDataType t, cuda::DType* out) {
-  switch (t) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: *out = cuda::DType::kFloat32; return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: *out = cuda::DType::kFloat16; return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: *out = cuda::DType::kBFloat16; return true;
-    default: return false;
-  }
-}
-
-}  // namespace
 
 RaggedAttentionCudaKernel::RaggedAttentionCudaKernel(const Attrs& attrs, const OrtKernelInfo*) : attrs_(attrs) {}
 

@@ -3,33 +3,9 @@
 #include "vit_block_cuda.h"
 
 #include "launcher.h"
+#include "ort_scratch.h"
 
 namespace raggedvit {
-
-namespace {
-
-// Stream-ordered device scratch from ORT's allocator of the given memory, freed at scope exit.
-struct Workspace {
-  OrtAllocator* allocator = nullptr;
-  void* ptr = nullptr;
-  ~Workspace() {
-    if (allocator != nullptr) {
-      if (ptr != nullptr) allocator->Free(allocator, ptr);
-      Ort::GetApi().ReleaseAllocator(allocator);
-    }
-  }
-};
-
-bool ToLaunchType(ONNXTensorElementDataType t, cuda::DType* out) {
-  switch (t) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: *out = cuda::DType::kFloat32; return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: *out = cuda::DType::kFloat16; return true;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: *out = cuda::DType::kBFloat16; return true;
-    default: return false;
-  }
-}
-
-}  // namespace
 
 RaggedViTBlockCudaKernel::RaggedViTBlockCudaKernel(const BlockAttrs& attrs, const OrtKernelInfo*) : attrs_(attrs) {}
 
@@ -77,7 +53,7 @@ OrtStatusPtr RaggedViTBlockCudaKernel::ComputeV2(OrtKernelContext* context) {
         size_t bytes = 0;
         err = cuda::BlockWorkspaceBytes(b, &bytes);
         if (!err.empty()) return MakeBlockStatus(ORT_INVALID_ARGUMENT, err + shapes);
-        Workspace ws;
+        Scratch ws;
         const OrtMemoryInfo* mem_info = mem;
         Ort::ThrowOnError(Ort::GetApi().KernelContext_GetAllocator(context, mem_info, &ws.allocator));
         Ort::ThrowOnError(Ort::GetApi().KernelContext_GetScratchBuffer(context, mem_info, bytes, &ws.ptr));
