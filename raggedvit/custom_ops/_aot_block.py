@@ -13,6 +13,7 @@ This module must not import torch or raggedvit: it runs inside the package build
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -23,7 +24,15 @@ from typing import Any
 
 from raggedvit.custom_ops._aot import KERNELS_DIR, _load_module
 
-__all__ = ["BLOCK_ARCHS", "BLOCK_STREAM_DTYPES", "BlockJob", "block_report", "block_rule", "make_block_plan"]
+__all__ = [
+    "BLOCK_ARCHS",
+    "BLOCK_STREAM_DTYPES",
+    "BlockJob",
+    "block_report",
+    "block_rule",
+    "config_module",
+    "make_block_plan",
+]
 
 BLOCK_SOURCE = KERNELS_DIR / "_block_kernel.py"
 CONFIG_SOURCE = KERNELS_DIR / "_block_config.py"
@@ -71,7 +80,7 @@ class BlockJob:
 
     @property
     def config(self) -> Any:
-        return _config_module().ENGINE_CONFIGS[self.gemm_dtype]
+        return config_module().ENGINE_CONFIGS[self.gemm_dtype]
 
     @property
     def num_warps(self) -> int:
@@ -95,7 +104,7 @@ class BlockJob:
         ptr.update({"CU": self.cu_dtype, "Lse": "fp32", "Cls": "fp32", "Part": "fp32", "Ctr": "i32"})
         sig = {n: "*" + ptr[n] for n in _PTRS}
         sig.update({n: "fp32" if n in ("eps", "qk_scale") else "i32" for n in _INTS})
-        consts = _config_module().kernel_constexprs(
+        consts = config_module().kernel_constexprs(
             self.config, self.block_c, HEAD_DIM, 2, qkv_bias=True, proj_bias=True, fc1_bias=True, fc2_bias=True,
             ls1=self.layer_scale, ls2=self.layer_scale, cls_attn=self.cls_attn,
         )  # fmt: skip
@@ -103,14 +112,17 @@ class BlockJob:
         return sig, consts
 
 
-def _config_module() -> Any:
+@functools.cache
+def config_module() -> Any:
+    """`kernels/_block_config.py`, loaded by path once per process (the jobs, the plan and the build info read it)."""
     return _load_module(CONFIG_SOURCE, "_raggedvit_aot_block_config")
 
 
 def block_rule() -> dict[str, Any]:
     """What the launcher may run, for the build info: the config and the cubins' variant axes."""
-    cfg = _config_module().ENGINE_CONFIGS[GEMM_DTYPE]
-    return {"gemm_dtype": GEMM_DTYPE, "head_dim_max": HEAD_DIM, "block_cs": list(_config_module().AOT_BLOCK_CS),
+    module = config_module()
+    cfg = module.ENGINE_CONFIGS[GEMM_DTYPE]
+    return {"gemm_dtype": GEMM_DTYPE, "head_dim_max": HEAD_DIM, "block_cs": list(module.AOT_BLOCK_CS),
             "stream_dtypes": list(BLOCK_STREAM_DTYPES), "cu_dtype": "i64", "config": dict(vars(cfg))}  # fmt: skip
 
 
@@ -123,7 +135,7 @@ def make_block_plan(archs: tuple[int, ...]) -> list[BlockJob]:
         for stream in BLOCK_STREAM_DTYPES
         for cls_attn in (False, True)
         for ls in (False, True)
-        for bc in _config_module().AOT_BLOCK_CS
+        for bc in config_module().AOT_BLOCK_CS
     ]
 
 

@@ -119,9 +119,7 @@ def block_key(job: _aot_block.BlockJob) -> str:
 def block_info(block: Sequence[tuple[AotResult, dict[str, int]]]) -> dict:
     """The RaggedViTBlock part of the build info: archs, cubins, the rule (config and variant axes), and per cubin
     its registers, spills (local / stack bytes), shared memory and the programs one multiprocessor holds."""
-    from raggedvit.custom_ops._aot import _load_module
-
-    occupancy = _load_module(_aot_block.CONFIG_SOURCE, "_raggedvit_aot_block_config").occupancy
+    occupancy = _aot_block.config_module().occupancy
     return {
         "archs": sorted({r.job.arch for r, _ in block}),
         "num_cubins": len(block),

@@ -4,6 +4,7 @@
 // then a memset of the counters and one cooperative launch of (resident programs per SM) x SMs programs, so the
 // kernel's grid barriers can never wait on a program that is not running. The live count cu[B] is read by the
 // kernel, never on the host.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -187,7 +188,7 @@ std::string LaunchVitBlock(const BlockLaunch& b) {
   CUdeviceptr cls = b.cls_attn != nullptr ? ptr(b.cls_attn) : ptr(ws + l.cls);
   CUdeviceptr scratch = 0, profile_scratch = 0;
   const int64_t per_seq = CeilDiv(b.T, b.B > 0 ? b.B : 1);
-  const int64_t J = CeilDiv(per_seq, kBlockConfig.att_bm) > 0 ? CeilDiv(per_seq, kBlockConfig.att_bm) : 1;
+  const int64_t J = std::max<int64_t>(1, CeilDiv(per_seq, kBlockConfig.att_bm));  // query-tile groups
   int32_t T = static_cast<int32_t>(b.T), B = static_cast<int32_t>(b.B), Jv = static_cast<int32_t>(J);
   int32_t C = static_cast<int32_t>(b.C), F = static_cast<int32_t>(b.F), H = static_cast<int32_t>(b.H);
   int32_t D = static_cast<int32_t>(b.C / b.H), ph_lo = 0, ph_hi = 7, max_tiles = static_cast<int32_t>(l.max_tiles);
