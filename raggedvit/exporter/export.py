@@ -20,6 +20,7 @@ from torch import nn
 import raggedvit
 from raggedvit.describe import PRODUCER_NAME, doc_string, scrub_paths
 from raggedvit.exporter._io import commit, open_file_mode, staging_dir
+from raggedvit.exporter._registry import reused_torchlib_registry
 from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rules import fuse_for_ort
@@ -173,7 +174,7 @@ def build_model(
     names = output_names(vit, spec, diagnostics=diagnostics)
     depth = model.backbone.depth
     traced = names + [f"block_{bi}" for bi in range(depth)]
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), reused_torchlib_registry():
         warnings.simplefilter("ignore")  # torch.export's notes on the data-dependent counts (nonzero)
         program = torch.onnx.export(
             _Outputs(model, diagnostics),
