@@ -1,10 +1,11 @@
 """The dependency versions raggedvit supports, and a check of the installed ones.
 
-Three private APIs of other libraries tie raggedvit to a range of their versions: Triton's launcher convention and
-active driver (`kernels/_launch.py`, `custom_ops/_aot.py`), `torch._C._cuda_getCurrentRawStream` (`kernels/_launch.py`)
-and timm's `VisionTransformer._pos_embed` (`pruning/_model.py`, `pruning/families/eva.py`). `SUPPORTED` is the range
-tested (its lower bounds as before, its upper bounds one minor past the newest tested version); pyproject.toml states
-the same bounds (a test checks they agree). `raggedvit info` prints `check_versions()`'s warnings; CI runs this module
+Private APIs of other libraries tie raggedvit to a range of their versions: Triton's launcher convention and active
+driver (`kernels/_launch.py`, `custom_ops/_aot.py`), `torch._C._cuda_getCurrentRawStream` (`kernels/_launch.py`),
+torch.onnx's `ONNXRegistry.from_torchlib` (`exporter/_registry.py`, which falls back to torch's own behaviour) and
+timm's `VisionTransformer._pos_embed` (`pruning/_model.py`, `pruning/families/eva.py`). `SUPPORTED` is the range tested
+(its lower bounds as before, its upper bounds one minor past the newest tested version); pyproject.toml states the same
+bounds (a test checks they agree). `raggedvit info` prints `check_versions()`'s warnings; CI runs this module
 (`python -m raggedvit._versions`), which exits 1 outside the range.
 """
 
@@ -34,7 +35,9 @@ class Bound:
 
 
 SUPPORTED: dict[str, Bound] = {
-    "torch": Bound((2, 9), (2, 15), "torch._C._cuda_getCurrentRawStream (tested 2.11 to 2.14)"),
+    "torch": Bound(
+        (2, 9), (2, 15), "torch._C._cuda_getCurrentRawStream, torch.onnx's ONNXRegistry (tested 2.11 to 2.14)"
+    ),
     "triton": Bound((3, 6), (3, 9), "Triton's launcher convention and active driver (tested 3.6 to 3.8)"),
     "timm": Bound((1, 0, 15), (1, 1), "timm's VisionTransformer._pos_embed (tested 1.0.29 to 1.0.31)"),
 }
