@@ -18,6 +18,13 @@ def gen(request: pytest.FixtureRequest) -> Iterator[torch.Generator]:
     yield torch.Generator().manual_seed(seed)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow run first. Under -n, pytest-xdist hands out work in this order (the xdist_group modules
+    before it: --dist loadgroup orders scopes by their number of tests), so short tests fill the end of the run and
+    both workers finish close together."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the order within each part stays
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Prints the ("ci_summary", text) user properties of passed and failed tests (e.g. the fuzz call counts),
     also under pytest-xdist, where test output is not shown."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ from raggedvit.exporter.metadata import read_recipe
 from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PruneSpec
 from raggedvit.weights import load_vit
+from tests.support.cli import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +46,9 @@ def test_bench_inputs_are_the_photos_through_timms_transform(small_export):
 
 def test_cli_bench_writes_json_and_plot(small_export, tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--batch", "1,2", "--seconds", "0.05",
-           "--json", str(out), "--plot", str(png)]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    res = run_cli(
+        "bench", str(small_export), "--batch", "1,2", "--seconds", "0.05", "--json", str(out), "--plot", str(png)
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and [r["batch"] for r in data["results"]] == [1, 2]
@@ -71,54 +71,47 @@ def test_plot_results_draws_img_per_s_per_batch(tmp_path):
         plot_results([], tmp_path / "q.png")
 
 
-def test_cli_bench_plot_without_matplotlib_fails_before_timing(small_export, tmp_path):
+def test_cli_bench_plot_without_matplotlib_fails_before_timing(small_export, tmp_path, monkeypatch):
     """Without matplotlib (an optional extra), --plot stops at once with one error line naming the extra."""
-    code = (
-        "import sys; sys.modules['matplotlib'] = None; from raggedvit.cli import main; "
-        "sys.argv[0] = 'raggedvit'; main()"
-    )
-    cmd = [sys.executable, "-c", code, "bench", str(small_export), "--plot", str(tmp_path / "p.png")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] or ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # an import of any of them raises ImportError
+    res = run_cli("bench", str(small_export), "--plot", str(tmp_path / "p.png"))
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip() == "error: --plot needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)"
     assert not (tmp_path / "p.png").exists()
 
 
-_NO_PHOTOS = (
-    "import sys, raggedvit.images as im; im.sample_images = lambda: []; from raggedvit.cli import main; "
-    "sys.argv[0] = 'raggedvit'; main()"
-)
+@pytest.fixture
+def no_photos(monkeypatch):
+    import raggedvit.images
+
+    monkeypatch.setattr(raggedvit.images, "sample_images", lambda: [])
 
 
-def test_cli_bench_without_photos_says_so(small_export):
+def test_cli_bench_without_photos_says_so(small_export, no_photos):
     """No silent noise: without sample photos bench stops with one error line naming --random (exit 2)."""
-    cmd = [sys.executable, "-c", _NO_PHOTOS, "bench", str(small_export), "--batch", "1", "--seconds", "0.01"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    res = run_cli("bench", str(small_export), "--batch", "1", "--seconds", "0.01")
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().startswith("error: no sample images available") and "--random" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
 
-def test_cli_bench_random_runs_without_photos(small_export, tmp_path):
+def test_cli_bench_random_runs_without_photos(small_export, tmp_path, no_photos):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-c", _NO_PHOTOS, "bench", str(small_export), "--batch", "1", "--seconds", "0.01",
-           "--random", "--json", str(out)]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    res = run_cli("bench", str(small_export), "--batch", "1", "--seconds", "0.01", "--random", "--json", str(out))
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text())["inputs"] == "random"
 
 
 def test_cli_bench_rejects_bad_batch(small_export, tmp_path):
-    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--batch", "0,x"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    res = run_cli("bench", str(small_export), "--batch", "0,x")
     assert res.returncode == 2
     assert res.stderr.strip().startswith("error: --batch must be")
     assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_cli_bench_cuda_graph_needs_cuda_device(small_export):
-    cmd = [sys.executable, "-m", "raggedvit.cli", "bench", str(small_export), "--cuda-graph"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_cli("bench", str(small_export), "--cuda-graph")
     assert proc.returncode == 2 and "--cuda-graph needs --device cuda" in proc.stderr
 
 

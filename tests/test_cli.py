@@ -1,5 +1,7 @@
-"""raggedvit CLI through subprocesses: success paths, exit codes, one-line errors, no partial output (the table of
-export input errors runs in this process through click's runner: the same error mapping, no Python start each)."""
+"""raggedvit CLI: success paths, exit codes, one-line errors, no partial output. Most calls run in this process
+through click's runner (`run_cli`: the same error mapping, no Python start and torch import each); `raggedvit info`,
+the corrupt checkpoint, an op library named by the environment and the model without a recipe go through the
+console entry point in a subprocess."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import run_cli
+from tests.support.cli import CliResult, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "deit_tiny_patch16_224"
@@ -25,7 +27,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-def assert_error(res: subprocess.CompletedProcess, code: int, fragment: str) -> None:
+def assert_error(res: subprocess.CompletedProcess | CliResult, code: int, fragment: str) -> None:
     lines = res.stderr.strip().splitlines()
     assert res.returncode == code, res.stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], res.stderr
@@ -38,14 +40,14 @@ pytestmark = pytest.mark.xdist_group("test_cli")
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "m.onnx"
-    res = cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
+    res = run_cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
     assert res.returncode == 0, res.stderr
     assert f"wrote {out}" in res.stdout and "CUDA-graph capturable" in res.stdout
     return out
 
 
 def test_validate_pass_and_report(exported, tmp_path):
-    res = cli("validate", str(exported), "--sample-images", "--report", str(tmp_path / "rep"))
+    res = run_cli("validate", str(exported), "--sample-images", "--report", str(tmp_path / "rep"))
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("## raggedvit validation: PASS")
     data = json.loads((tmp_path / "rep.json").read_text())
@@ -54,11 +56,11 @@ def test_validate_pass_and_report(exported, tmp_path):
 
 
 def test_validate_numerical_failure_exits_1(exported):
-    res = cli("validate", str(exported), "--random", "2", "--atol", "1e-12", "--tie-eps", "0")
+    res = run_cli("validate", str(exported), "--random", "2", "--atol", "1e-12", "--tie-eps", "0")
     assert res.returncode == 1, res.stderr
     assert "## raggedvit validation: FAIL" in res.stdout and "max_abs_logit" in res.stdout
     # the same bar plus a relative part that covers the fp32 drift passes
-    res = cli("validate", str(exported), "--random", "2", "--atol", "1e-12", "--rtol", "1e-3", "--tie-eps", "0")
+    res = run_cli("validate", str(exported), "--random", "2", "--atol", "1e-12", "--rtol", "1e-3", "--tie-eps", "0")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "max |Δlogit| ≤ 1e-12 + 0.001 x max |reference logit| [atol 1e-12 (given), rtol 0.001 (given)" in res.stdout
 
@@ -67,10 +69,10 @@ def test_capacity_export_is_capturable_and_validates(tmp_path):
     """cls-mass in the capacity layout: static shapes (the export says so), and it passes validate."""
     out = tmp_path / "cap.onnx"
     args = ("--seed", "0", "--policy", "cls-mass", "--prune-at", "4", "--capacity", "--diagnostics", "-o", str(out))
-    res = cli("export", MODEL, *args)
+    res = run_cli("export", MODEL, *args)
     assert res.returncode == 0, res.stderr
     assert "CUDA-graph capturable" in res.stdout
-    res = cli("validate", str(out), "--random", "2")
+    res = run_cli("validate", str(out), "--random", "2")
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("## raggedvit validation: PASS")
 
@@ -117,22 +119,22 @@ def test_export_corrupt_checkpoint(tmp_path):
 def test_export_unwritable_path(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert_error(cli("export", MODEL, "-o", str(tmp_path / "missing" / "o.onnx")), 2, "does not exist")
-    assert_error(cli("export", MODEL, "-o", str(blocker / "o.onnx")), 2, "cannot write output")
-    assert_error(cli("export", MODEL, "-o", str(tmp_path)), 2, "")
+    assert_error(run_cli("export", MODEL, "-o", str(tmp_path / "missing" / "o.onnx")), 2, "does not exist")
+    assert_error(run_cli("export", MODEL, "-o", str(blocker / "o.onnx")), 2, "cannot write output")
+    assert_error(run_cli("export", MODEL, "-o", str(tmp_path)), 2, "")
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
 def test_validate_errors(exported, tmp_path):
-    assert_error(cli("validate", str(tmp_path / "none.onnx")), 2, "does not exist")
+    assert_error(run_cli("validate", str(tmp_path / "none.onnx")), 2, "does not exist")
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"garbage")
-    assert_error(cli("validate", str(bad)), 2, "not a readable ONNX model")
-    assert_error(cli("validate", str(exported), "--random", "2", "--sample-images"), 2, "at most one of")
-    assert_error(cli("validate", str(exported), "--images", str(tmp_path / "nodir")), 2, "does not exist")
-    assert_error(cli("validate", str(exported), "--report", str(tmp_path / "no" / "r")), 2, "cannot write report")
-    assert_error(cli("validate", str(exported), "--random", "1", "--floor"), 2, "no precision floor")
-    assert_error(cli("validate", str(exported), "--rtol", "-1"), 2, "--rtol must be >= 0")
+    assert_error(run_cli("validate", str(bad)), 2, "not a readable ONNX model")
+    assert_error(run_cli("validate", str(exported), "--random", "2", "--sample-images"), 2, "at most one of")
+    assert_error(run_cli("validate", str(exported), "--images", str(tmp_path / "nodir")), 2, "does not exist")
+    assert_error(run_cli("validate", str(exported), "--report", str(tmp_path / "no" / "r")), 2, "cannot write report")
+    assert_error(run_cli("validate", str(exported), "--random", "1", "--floor"), 2, "no precision floor")
+    assert_error(run_cli("validate", str(exported), "--rtol", "-1"), 2, "--rtol must be >= 0")
     missing = {"RAGGEDVIT_ORT_LIBRARY": str(tmp_path / "libnone.so")}
     assert_error(cli("validate", str(exported), env=missing), 2, "op library missing")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]

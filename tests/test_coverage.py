@@ -14,6 +14,8 @@ from raggedvit._coverage_model import check_model
 from raggedvit.coverage import CoverageReport, eta_seconds, merge_reports, parse_shard, run_coverage
 from tests.support.cli import CliResult, run_cli
 
+pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 IMG = 64  # small images: every representative accepts img_size
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from onnx import TensorProto, helper
 
 from raggedvit.custom_ops import LIBRARY_NAME, library_path
 from raggedvit.triton_repo import model_config, write_model_repository
+from tests.support.cli import CliResult, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "deit_tiny_patch16_224"
@@ -44,12 +43,9 @@ def parse_config(path: Path):
     return config
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    e = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-    e.pop("RAGGEDVIT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", *args], capture_output=True, text=True, env=e, cwd=ROOT, timeout=300
-    )
+def cli(*args: str) -> CliResult:
+    """`raggedvit ARGS...` in this process (click's runner: the CLI's own error mapping)."""
+    return run_cli(*args)
 
 
 # one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once

@@ -15,6 +15,8 @@ from raggedvit.pruning import PruneSpec
 
 from ._pruned import diff_to_pruned
 
+pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
+
 IMG = 64
 
 

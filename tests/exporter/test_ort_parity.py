@@ -11,6 +11,8 @@ from raggedvit.weights import load_vit, perturb_biases_and_norms_
 
 from ._pruned import diff_to_pruned
 
+pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
+
 SPECS = [
     PruneSpec(),
     PruneSpec("topk-l2", (4,)),

@@ -11,6 +11,8 @@ from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PruneSpec
 from raggedvit.validators import validate
 
+pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
+
 FAMILIES = [
     "eva02_tiny_patch14_224",  # EVA02: RoPE, SwiGLU
     "beit_base_patch16_224",  # BEiT: relative position bias

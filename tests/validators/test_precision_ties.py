@@ -16,6 +16,8 @@ from raggedvit.weights import load_vit
 
 from ._mutants import Mutant, export_mutant
 
+pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
+
 SPEC = PruneSpec("cls-mass", (3, 6, 9), mass=0.9)
 
 
