@@ -200,6 +200,16 @@ def _cpp_string(text: str) -> str:
     return 'R"RVJSON(' + text + ')RVJSON"'
 
 
+def _image_table(out: list[str], name: str, rows: list[str], empty_row: str) -> None:
+    """Appends `const {name}Image k{name}Images[] = {rows};` and `kNum{name}Images`. A table with no rows (a
+    CPU-only build, or no kernel of that kind) holds `empty_row` instead, so the array is never empty: its arch 0
+    matches no device; kNum{name}Images stays 0."""
+    out.append(f"const {name}Image k{name}Images[] = {{")
+    out.extend(rows or [empty_row])
+    out.append("};")
+    out.append(f"const size_t kNum{name}Images = {len(rows)};")
+
+
 def write_cubin_source(
     path: Path,
     rows: Sequence[tuple[AotResult, int]],
@@ -233,101 +243,78 @@ def write_cubin_source(
             # + 1: the literal's terminating NUL (cubin_size in the table excludes it)
             out.append(f"alignas(16) const unsigned char kCubin{i}[{len(r.cubin) + 1}] =\n{_bytes_literal(r.cubin)};")
     out.append("}  // namespace\n")
-    table = []
+    kernel_rows = []
     for r, min_tokens in rows:
         j, i = r.job, index[id(r)]
-        table.append(
+        kernel_rows.append(
             f"    {{{_KIND[j.kernel]}, {_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.block_d}, "
             f"{'true' if j.has_pos else 'false'}, {j.arch}, {min_tokens}, "
             f'"{r.function_name}", kCubin{i}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {j.block_m}, '
             f"{j.block_n}, {r.num_params}}},"
         )
-    if not table:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        table.append(
-            "    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, false, 0, 0, "
-            '"", nullptr, 0, 0, 0, 0, 0, 0},'
-        )
-    out.append("const KernelImage kKernelImages[] = {")
-    out.extend(table)
-    out.append("};")
-    out.append(f"const size_t kNumKernelImages = {len(rows)};")
-    out.append("const LinearImage kLinearImages[] = {")
+    _image_table(
+        out,
+        "Kernel",
+        kernel_rows,
+        "    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, false, 0, 0, "
+        '"", nullptr, 0, 0, 0, 0, 0, 0},',
+    )
+    linear_rows = []
     for r in linear:
         j = r.job
-        out.append(
+        linear_rows.append(
             f"    {{{_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.arch}, {_LINEAR_CONFIG[j.config]}, "
             f'"{r.function_name}", kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, '
             f"{j.block_m}, {j.block_n}, {r.num_params}, {j.block_k}, {str(j.tma).lower()}, {j.programs_per_sm}}},"
         )
-    if not linear:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append(
-            '    {DType::kFloat16, IndexType::kInt32, 0, LinearConfig::kSmallNarrow, "", nullptr, 0, 0, 0, 0, 0, 0, 0, '
-            "false, 1},"
-        )
-    out.append("};")
-    out.append(f"const size_t kNumLinearImages = {len(linear)};")
-    out.append("const SelectImage kSelectImages[] = {")
-    for r in select:
-        j = r.job
-        out.append(
-            f'    {{{_SELECT_KERNEL[j.kernel]}, {j.arch}, "{r.function_name}", kCubin{index[id(r)]}, {len(r.cubin)}, '
-            f"{r.shared_bytes}, {r.num_warps}, {j.sort_width}, {r.num_params}}},"
-        )
-    if not select:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append('    {SelectKernel::kCount, 0, "", nullptr, 0, 0, 0, 0, 0},')
-    out.append("};")
-    out.append(f"const size_t kNumSelectImages = {len(select)};")
-    out.append("const GeluImage kGeluImages[] = {")
-    for r in gelu:
-        j = r.job
-        out.append(
-            f'    {{{_DTYPE[j.dtype]}, {j.arch}, {_GELU_CONFIG[j.config]}, "{r.function_name}", kCubin{index[id(r)]}, '
-            f"{len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {j.block_m}, {j.block_n}, {r.num_params}}},"
-        )
-    if not gelu:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append('    {DType::kFloat16, 0, GeluConfig::kSmall, "", nullptr, 0, 0, 0, 0, 0, 0},')
-    out.append("};")
-    out.append(f"const size_t kNumGeluImages = {len(gelu)};")
+    _image_table(
+        out,
+        "Linear",
+        linear_rows,
+        '    {DType::kFloat16, IndexType::kInt32, 0, LinearConfig::kSmallNarrow, "", nullptr, 0, 0, 0, 0, 0, 0, 0, '
+        "false, 1},",
+    )
+    select_rows = [
+        f'    {{{_SELECT_KERNEL[r.job.kernel]}, {r.job.arch}, "{r.function_name}", kCubin{index[id(r)]}, '
+        f"{len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {r.job.sort_width}, {r.num_params}}},"
+        for r in select
+    ]
+    _image_table(out, "Select", select_rows, '    {SelectKernel::kCount, 0, "", nullptr, 0, 0, 0, 0, 0},')
+    gelu_rows = [
+        f'    {{{_DTYPE[r.job.dtype]}, {r.job.arch}, {_GELU_CONFIG[r.job.config]}, "{r.function_name}", '
+        f"kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {r.job.block_m}, {r.job.block_n}, "
+        f"{r.num_params}}},"
+        for r in gelu
+    ]
+    _image_table(out, "Gelu", gelu_rows, '    {DType::kFloat16, 0, GeluConfig::kSmall, "", nullptr, 0, 0, 0, 0, 0, 0},')
     out.append(f"const int64_t kGeluLargeM = {_aot_linear.gelu_rule()['large_m']};")
-    out.append("const NormImage kNormImages[] = {")
-    for r in norm:
-        j = r.job
-        out.append(
-            f'    {{{_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.arch}, {j.block_r}, {j.block_d}, "{r.function_name}", '
-            f"kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {r.num_params}}},"
-        )
-    if not norm:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append('    {DType::kFloat16, IndexType::kInt32, 0, 0, 0, "", nullptr, 0, 0, 0, 0},')
-    out.append("};")
-    out.append(f"const size_t kNumNormImages = {len(norm)};")
-    out.append("const EmbedImage kEmbedImages[] = {")
-    for r in embed:
-        j = r.job
-        out.append(
-            f"    {{{_DTYPE[j.dtype]}, {j.arch}, {_EMBED_CONFIG[j.config]}, {'true' if j.aligned else 'false'}, "
-            f'"{r.function_name}", '
-            f"kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {j.block_m}, {j.block_n}, "
-            f"{r.num_params}}},"
-        )
-    if not embed:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append('    {DType::kFloat32, 0, EmbedConfig::kSmall, false, "", nullptr, 0, 0, 0, 0, 0, 0},')
-    out.append("};")
-    out.append(f"const size_t kNumEmbedImages = {len(embed)};")
+    norm_rows = [
+        f"    {{{_DTYPE[r.job.dtype]}, {_INDEX[r.job.cu_dtype]}, {r.job.arch}, {r.job.block_r}, {r.job.block_d}, "
+        f'"{r.function_name}", kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, '
+        f"{r.num_params}}},"
+        for r in norm
+    ]
+    _image_table(out, "Norm", norm_rows, '    {DType::kFloat16, IndexType::kInt32, 0, 0, 0, "", nullptr, 0, 0, 0, 0},')
+    embed_rows = [
+        f"    {{{_DTYPE[r.job.dtype]}, {r.job.arch}, {_EMBED_CONFIG[r.job.config]}, "
+        f'{"true" if r.job.aligned else "false"}, "{r.function_name}", '
+        f"kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {r.job.block_m}, {r.job.block_n}, "
+        f"{r.num_params}}},"
+        for r in embed
+    ]
+    _image_table(
+        out, "Embed", embed_rows, '    {DType::kFloat32, 0, EmbedConfig::kSmall, false, "", nullptr, 0, 0, 0, 0, 0, 0},'
+    )
     embed_rule = _aot_embed.embed_rule()
     out.append(f"const int64_t kEmbedMidM = {embed_rule['mid_m']};")
     out.append(f"const int64_t kEmbedLargeM = {embed_rule['large_m']};")
-    out.append("const BlockImage kBlockImages[] = {")
-    for r, rep in block:
-        j = r.job
-        out.append(
-            f"    {{{_DTYPE[j.stream_dtype]}, {j.arch}, {str(j.cls_attn).lower()}, {str(j.layer_scale).lower()}, "
-            f'{j.block_c}, "{r.function_name}", kCubin{index[id(r)]}, {len(r.cubin)}, {r.shared_bytes}, '
-            f"{r.num_warps}, {r.num_params}, {rep['registers']}}},"
-        )
-    if not block:  # a CPU-only build: keep the array non-empty, nothing ever matches arch 0
-        out.append('    {DType::kFloat16, 0, false, false, 0, "", nullptr, 0, 0, 0, 0, 0},')
-    out.append("};")
-    out.append(f"const size_t kNumBlockImages = {len(block)};")
+    block_rows = [
+        f"    {{{_DTYPE[r.job.stream_dtype]}, {r.job.arch}, {str(r.job.cls_attn).lower()}, "
+        f'{str(r.job.layer_scale).lower()}, {r.job.block_c}, "{r.function_name}", kCubin{index[id(r)]}, '
+        f"{len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {r.num_params}, {rep['registers']}}},"
+        for r, rep in block
+    ]
+    _image_table(out, "Block", block_rows, '    {DType::kFloat16, 0, false, false, 0, "", nullptr, 0, 0, 0, 0, 0},')
     cfg = _aot_block.block_rule()["config"]
     out.append(
         f"const BlockConfig kBlockConfig = {{{cfg['bm']}, {cfg['bn_narrow']}, {cfg['att_bm']}, "
