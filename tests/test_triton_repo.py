@@ -15,9 +15,8 @@ from onnx import TensorProto, helper
 
 from raggedvit.custom_ops import LIBRARY_NAME, library_path
 from raggedvit.triton_repo import model_config, write_model_repository
-from tests.support.cli import CliResult, run_cli
+from tests.support.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "deit_tiny_patch16_224"
 ORT_TO_TRITON = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(float16)": "TYPE_FP16"}
 
@@ -43,11 +42,6 @@ def parse_config(path: Path):
     return config
 
 
-def cli(*args: str) -> CliResult:
-    """`raggedvit ARGS...` in this process (click's runner: the CLI's own error mapping)."""
-    return run_cli(*args)
-
-
 # one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
 pytestmark = pytest.mark.xdist_group("test_triton_repo")
 
@@ -56,7 +50,7 @@ pytestmark = pytest.mark.xdist_group("test_triton_repo")
 def exported(tmp_path_factory) -> Path:
     """A pruned DeiT-Tiny exported as the README does (seeded weights, topk-l2 at block 4)."""
     out = tmp_path_factory.mktemp("triton") / "deit_tiny.onnx"
-    res = cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
+    res = run_cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
     assert res.returncode == 0, res.stderr
     return out
 
@@ -80,7 +74,7 @@ def _check_tensors(entries, ort_args, batched: bool) -> None:
 def test_config_matches_the_model(exported, tmp_path):
     repo = tmp_path / "models"
     for name, kind in (("deit", "gpu"), ("deit_cpu", "cpu")):
-        res = cli("triton-repo", str(exported), str(repo), "--name", name, "--kind", kind, "--instances", "2")
+        res = run_cli("triton-repo", str(exported), str(repo), "--name", name, "--kind", kind, "--instances", "2")
         assert res.returncode == 0, res.stderr
         assert f"wrote {repo / name}" in res.stdout
         config = parse_config(repo / name / "config.pbtxt")
@@ -162,7 +156,7 @@ def test_cli_errors(tmp_path):
     _identity_model(exported, ["n", 4])
 
     def error(*args: str) -> str:
-        res = cli("triton-repo", *args)
+        res = run_cli("triton-repo", *args)
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.stderr
         return lines[0]
