@@ -27,6 +27,7 @@ class BenchResult:
     mean_tokens: list[float]  # mean kept tokens per image after each pruning stage
     p10_ms: float
     p90_ms: float
+    gpu_ms: float | None = None  # GPU time of one run (raggedvit.timing.gpu_time_ms), when asked for on CUDA
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -56,22 +57,27 @@ def bench_onnx(
     warmup: int = 3,
     cuda_graph: bool = False,
     random: bool = False,
+    images=None,
+    gpu_time: bool = False,
 ) -> list[BenchResult]:
     """Median latency and img/s of `path` in ORT on `device` ("cpu" | "cuda") for every batch size.
 
     cuda_graph: replay the model as a CUDA graph (raggedvit.runtime.GraphRunner, one per batch size; static-shape
     exports only), timing the replay on the bound input buffer. random: seeded noise instead of the sample photos
-    (raggedvit.images.NoSampleImages without photos and without random). seconds, warmup: target_s and min_warmup of
-    raggedvit.timing.measure."""
+    (raggedvit.images.NoSampleImages without photos and without random). images: the inputs instead, [n, 3, S, S]
+    float32 torch tensor, preprocessed for the export (tiled to each batch). gpu_time (device "cuda"): also the GPU
+    time of one run (BenchResult.gpu_ms). seconds, warmup: target_s and min_warmup of raggedvit.timing.measure."""
     from raggedvit.exporter.metadata import read_recipe
     from raggedvit.images import tile
     from raggedvit.runtime import create_session, tf32_for
-    from raggedvit.timing import device_sync, measure
+    from raggedvit.timing import device_sync, gpu_time_ms, measure
 
     if cuda_graph and device != "cuda":
         raise ValueError("cuda_graph needs device='cuda'")
+    if gpu_time and device != "cuda":
+        raise ValueError("gpu_time needs device='cuda'")
     recipe = read_recipe(path)
-    photos = bench_inputs(recipe, random=random)
+    photos = bench_inputs(recipe, random=random) if images is None else images
     sync = device_sync(device)
     tf32 = device == "cuda" and tf32_for(recipe)
     sess = None if cuda_graph or device == "cuda" else create_session(path, device)
@@ -112,6 +118,7 @@ def bench_onnx(
             box["out"] = run()  # the last run's token counts are reported
 
         t = measure(step, sync, target_s=seconds, min_warmup=warmup)
+        gpu_ms = gpu_time_ms(step) if gpu_time else None
         out = box["out"]
         counts = out[1]
         if hasattr(counts, "cpu"):  # a torch tensor (the CUDA-graph runner's buffer)
@@ -119,7 +126,9 @@ def bench_onnx(
         counts = counts if isinstance(counts, np.ndarray) else counts.numpy()
         mean_tokens = [float(c) for c in np.asarray(counts, np.float64).mean(axis=0)] if counts.size else []
         results.append(
-            BenchResult(batch, t.median_ms, batch / (t.median_ms / 1e3), t.runs, mean_tokens, t.p10_ms, t.p90_ms)
+            BenchResult(
+                batch, t.median_ms, batch / (t.median_ms / 1e3), t.runs, mean_tokens, t.p10_ms, t.p90_ms, gpu_ms
+            )
         )
     return results
 

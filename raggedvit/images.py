@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -11,8 +13,13 @@ from PIL import Image
 
 __all__ = [
     "IMAGE_SUFFIXES",
+    "ImageFolder",
     "NoSampleImages",
+    "class_indices",
+    "load_image",
     "load_image_dir",
+    "read_labels",
+    "scan_image_folder",
     "meta_model",
     "preprocess",
     "sample_images",
@@ -72,6 +79,99 @@ def load_image_dir(path: str | Path) -> list[tuple[str, Image.Image]]:
     for p in files:
         out.append((p.stem, _decode(p)))
     return out
+
+
+@dataclass(frozen=True)
+class ImageFolder:
+    """The image files of a folder, sorted: directly in it (`classes` None), or ImageNet-style in class folders
+    (DIR/<class>/<image>; `classes`: the class folder of each file)."""
+
+    root: Path
+    files: tuple[Path, ...]
+    classes: tuple[str, ...] | None
+
+    @property
+    def names(self) -> list[str]:
+        """Each image's name: its stem, under its class folder ("n01440764/img1") with class folders."""
+        if self.classes is None:
+            return [p.stem for p in self.files]
+        return [f"{c}/{p.stem}" for c, p in zip(self.classes, self.files)]
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def scan_image_folder(path: str | Path) -> ImageFolder:
+    """The images of `path`: those directly in it, or those of its class folders (one level; folders without
+    images are ignored). ValueError when the folder does not exist, has no images, or has both kinds."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"image directory {str(root)!r} does not exist")
+    direct = _images_in(root)
+    folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    by_class = [(d.name, f) for d in folders for f in _images_in(d)]
+    if direct and by_class:
+        raise ValueError(
+            f"{str(root)!r} holds images and class folders with images; use one layout: all images directly in it, "
+            "or all in class folders (DIR/<class>/<image>)"
+        )
+    if by_class:
+        return ImageFolder(root, tuple(f for _, f in by_class), tuple(c for c, _ in by_class))
+    if not direct:
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {str(root)!r} or in its class folders")
+    return ImageFolder(root, tuple(direct), None)
+
+
+def read_labels(path: str | Path) -> dict[str, int]:
+    """A labels file -> {class folder name: class index}: one class per line in class-index order, its first word
+    the folder name (the form of ImageNet's LOC_synset_mapping.txt: "n01440764 tench, Tinca tinca"). ValueError on
+    an empty line, a name given twice, or no lines."""
+    out: dict[str, int] = {}
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    for i, line in enumerate(lines):
+        words = line.split()
+        if not words:
+            raise ValueError(f"labels file {str(path)!r}: line {i + 1} is empty (each line is one class, in order)")
+        if words[0] in out:
+            raise ValueError(f"labels file {str(path)!r}: {words[0]!r} on lines {out[words[0]] + 1} and {i + 1}")
+        out[words[0]] = i
+    if not out:
+        raise ValueError(f"labels file {str(path)!r} names no classes")
+    return out
+
+
+def class_indices(classes: Sequence[str], model: torch.nn.Module, labels: Mapping[str, int] | None = None) -> list[int]:
+    """The class index of each class folder name: from `labels` when given; else the name itself when it is an
+    integer ("281"), else its index in the model's timm label set (ImageNet synsets such as "n01440764", for
+    models whose classes timm knows). ValueError naming the first folder without one or out of the model's range."""
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    num_classes = int(getattr(model, "num_classes", 0) or 0)
+    known: Mapping[str, int] | None = labels
+    if known is None:
+        subset = infer_imagenet_subset(model)
+        known = {} if subset is None else {n: i for i, n in enumerate(ImageNetInfo(subset).label_names())}
+    out = []
+    for name in classes:
+        if name in known:
+            index = int(known[name])
+        elif labels is None and name.isascii() and name.isdigit():
+            index = int(name)
+        else:
+            where = "in the labels file" if labels is not None else "a class index or a synset of the model's classes"
+            raise ValueError(f"class folder {name!r} is not {where}; name folders by class index or pass a labels file")
+        if not 0 <= index < num_classes:
+            raise ValueError(f"class folder {name!r} is class {index}; the model has {num_classes} classes")
+        out.append(index)
+    return out
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """The RGB image of `path`; ValueError naming the file if it cannot be decoded (see load_image_dir)."""
+    return _decode(Path(path))
 
 
 def _decode(path: Path) -> Image.Image:

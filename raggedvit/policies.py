@@ -3,11 +3,22 @@ checks read it without importing torch). `raggedvit.pruning.PruneSpec` validates
 
 from __future__ import annotations
 
-__all__ = ["CLS_ATTN_POLICIES", "COUNT_POLICIES", "POLICIES", "counts_known", "has_dead_rows", "static_shapes"]
+__all__ = [
+    "CLS_ATTN_POLICIES",
+    "COUNT_POLICIES",
+    "POLICIES",
+    "POLICY_PARAMS",
+    "counts_known",
+    "has_dead_rows",
+    "static_shapes",
+]
 
 POLICIES = ("none", "topk-l2", "evit", "cls-mass")
 CLS_ATTN_POLICIES = ("evit", "cls-mass")  # rank by the class token's attention: need a class token
 COUNT_POLICIES = ("topk-l2", "evit")  # keep ceil(keep * patches) tokens per image, whatever the scores
+# The PruneSpec fields each policy reads besides prune_at (which every policy but "none" reads): the keys of a
+# `raggedvit sweep` grid (raggedvit.sweep.grid), and the options the CLI refuses for the other policies.
+POLICY_PARAMS = {"none": (), "topk-l2": ("keep",), "evit": ("keep", "fuse"), "cls-mass": ("mass",)}
 
 
 def static_shapes(policy: str, fuse: bool = False, capacity: bool = False) -> bool:

@@ -1,6 +1,6 @@
-"""Latency of a zero-argument callable: warm-up, then the median of N synchronized runs.
+"""Latency of a zero-argument callable: warm-up, then the median of N synchronized runs; and its GPU time.
 
-The one timing loop of `raggedvit bench` (raggedvit.bench) and of the benchmarks package.
+The one timing loop of `raggedvit bench` (raggedvit.bench), `raggedvit sweep` and the benchmarks package.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Timing", "device_sync", "measure"]
+__all__ = ["Timing", "device_sync", "gpu_time_ms", "measure"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,22 @@ def measure(
         runs=runs,
         warmup_runs=warm,
     )
+
+
+def gpu_time_ms(fn: Callable[[], object], *, runs: int = 10) -> float:
+    """GPU time of one call of `fn` in milliseconds: the summed durations of the CUDA kernels, copies and memsets it
+    queues on any stream (ONNX Runtime's own and CUDA-graph replays included; torch.profiler with CUPTI), averaged
+    over `runs` traced calls after one untraced call. Work that overlaps on several streams counts twice."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / runs / 1e3

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from raggedvit.images import load_image_dir, preprocess, sample_images
+from raggedvit.images import class_indices, load_image_dir, preprocess, read_labels, sample_images, scan_image_folder
 from raggedvit.weights import load_vit
 
 
@@ -50,3 +50,48 @@ def test_preprocess_uses_the_model_resolution(img_size: int | None, side: int) -
     assert float(x.std()) > 0.1  # normalised photo content, not a constant
     with pytest.raises(ValueError, match="at least one image"):
         preprocess([], model)
+
+
+def _save(path: Path, color=(10, 20, 30)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (32, 24), color).save(path)
+
+
+def test_scan_image_folder_flat_and_class_folders(tmp_path: Path) -> None:
+    flat = tmp_path / "flat"
+    _save(flat / "b.png")
+    _save(flat / "a.jpg")
+    found = scan_image_folder(flat)
+    assert found.classes is None and found.names == ["a", "b"]
+    classes = tmp_path / "classes"
+    _save(classes / "n02123045" / "cat.png")
+    _save(classes / "7" / "x.png")
+    (classes / "empty").mkdir()
+    found = scan_image_folder(classes)
+    assert found.classes == ("7", "n02123045") and found.names == ["7/x", "n02123045/cat"]
+    _save(classes / "loose.png")
+    with pytest.raises(ValueError, match="holds images and class folders"):
+        scan_image_folder(classes)
+    with pytest.raises(ValueError, match="no images"):
+        scan_image_folder(_empty(tmp_path))
+
+
+def test_class_indices_from_names_synsets_and_labels_file(tmp_path: Path) -> None:
+    model, _ = load_vit("deit_tiny_patch16_224", model_kwargs={"depth": 1})
+    assert class_indices(["7", "n02123045", "n01440764"], model) == [7, 281, 0]  # ImageNet-1k synsets, by timm
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cats a cat\ndogs\n\n")
+    assert read_labels(labels) == {"cats": 0, "dogs": 1}
+    assert class_indices(["dogs", "cats"], model, read_labels(labels)) == [1, 0]
+    with pytest.raises(ValueError, match="'birds' is not in the labels file"):
+        class_indices(["birds"], model, read_labels(labels))
+    with pytest.raises(ValueError, match="'birds' is not a class index or a synset"):
+        class_indices(["birds"], model)
+    with pytest.raises(ValueError, match="class 1000; the model has 1000 classes"):
+        class_indices(["1000"], model)
+    labels.write_text("cats\n\ndogs\n")
+    with pytest.raises(ValueError, match="line 2 is empty"):
+        read_labels(labels)
+    labels.write_text("cats\ncats\n")
+    with pytest.raises(ValueError, match="'cats' on lines 1 and 2"):
+        read_labels(labels)

@@ -1,0 +1,148 @@
+"""A sweep's grid: the pruning specs of one policy, from text ("keep=0.3,0.5,0.7 at=3,6,9|4") or a mapping.
+
+The keys of a policy are `at` (PruneSpec.prune_at) and the PruneSpec fields it reads (raggedvit.policies
+.POLICY_PARAMS); each value is parsed by the field's type, so a policy added there with its fields takes part
+without a change here. The points are every combination of the values, in the order given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import json
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from raggedvit.policies import POLICIES, POLICY_PARAMS
+from raggedvit.pruning.spec import PruneSpec
+
+__all__ = ["SweepInputError", "grid_keys", "grid_points", "parse_grid", "point_key", "point_label", "point_params"]
+
+AT = "at"  # the grid's name of PruneSpec.prune_at
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class SweepInputError(ValueError):
+    """A sweep's input cannot be used (grid, images, labels, batch, settings of a resumed run): one line that says
+    what and how to fix it."""
+
+
+def grid_keys(policy: str) -> tuple[str, ...]:
+    """The keys a grid of `policy` takes: the PruneSpec fields the policy reads, then `at` (none for "none")."""
+    if policy not in POLICY_PARAMS:
+        raise SweepInputError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    return () if policy == "none" else (*POLICY_PARAMS[policy], AT)
+
+
+def _field_type(key: str) -> Any:
+    return typing.get_type_hints(PruneSpec)["prune_at" if key == AT else key]
+
+
+def _parse_value(policy: str, key: str, text: str) -> Any:
+    kind = _field_type(key)
+    word = text.strip()
+    try:
+        if key == AT:
+            return tuple(int(p) for p in word.split(","))
+        if kind is bool:
+            if word.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            return word.lower() in _TRUE
+        return kind(word)
+    except ValueError:
+        what = "comma-separated block indices" if key == AT else f"{getattr(kind, '__name__', kind)} values"
+        raise SweepInputError(f"--grid for {policy}: {key} takes {what}, got {text!r}") from None
+
+
+def parse_grid(policy: str, grid: str) -> dict[str, list[Any]]:
+    """'keep=0.3,0.5 at=3,6,9|4' -> {"keep": [0.3, 0.5], "at": [(3, 6, 9), (4,)]}: space-separated KEY=VALUES,
+    values separated by "," (`at`: alternatives separated by "|", each a comma-separated list of block indices).
+    SweepInputError for an empty grid, an unknown or repeated key, or a value of the wrong type."""
+    keys = grid_keys(policy)
+    if not grid.strip():
+        raise SweepInputError(f"--grid for {policy} is empty; give KEY=VALUES (keys: {', '.join(keys)})")
+    out: dict[str, list[Any]] = {}
+    for item in grid.split():
+        key, sep, values = item.partition("=")
+        if not sep:
+            raise SweepInputError(f"--grid for {policy}: {item!r} is not KEY=VALUES (keys: {', '.join(keys)})")
+        if key not in keys:
+            takes = f"takes {', '.join(keys)}" if keys else "takes no keys"
+            raise SweepInputError(f"--grid for {policy}: unknown key {key!r}; {policy} {takes}")
+        if key in out:
+            raise SweepInputError(f"--grid for {policy}: {key} is given twice")
+        parts = values.split("|") if key == AT else values.split(",")
+        if not values or any(not p.strip() for p in parts):
+            raise SweepInputError(f"--grid for {policy}: {key} has an empty value in {item!r}")
+        out[key] = [_parse_value(policy, key, p) for p in parts]
+    return out
+
+
+def _spec(policy: str, values: Mapping[str, Any]) -> PruneSpec:
+    """The spec of one point: PruneSpec.from_strings with the values it takes (its defaults for the others: a
+    missing `at` is its default prune_at), then the remaining fields set on the result."""
+    accepted = inspect.signature(PruneSpec.from_strings).parameters
+    kwargs = {("prune_at" if k == AT else k): v for k, v in values.items()}
+    direct = {k: v for k, v in kwargs.items() if k in accepted}
+    spec = PruneSpec.from_strings(policy, **direct)
+    rest = {k: v for k, v in kwargs.items() if k not in accepted}
+    return dataclasses.replace(spec, **rest) if rest else spec
+
+
+def grid_points(policy: str, grid: str | Mapping[str, Sequence[Any]]) -> list[PruneSpec]:
+    """Every point of the grid of `policy` (text as parse_grid takes, or {key: [values]}), in order, without
+    repeats. SweepInputError for a bad grid or a point PruneSpec refuses (the message names the point)."""
+    if policy == "none":
+        return [PruneSpec()]
+    if isinstance(grid, str):
+        values = parse_grid(policy, grid)
+    else:
+        keys = grid_keys(policy)
+        bad = [k for k in grid if k not in keys]
+        if bad:
+            raise SweepInputError(f"grid for {policy}: unknown key {bad[0]!r}; {policy} takes {', '.join(keys)}")
+        values = {k: [tuple(v) if k == AT else v for v in vs] for k, vs in grid.items()}
+        if not values or any(len(vs) == 0 for vs in values.values()):
+            raise SweepInputError(f"grid for {policy} is empty")
+    specs: list[PruneSpec] = []
+    for combo in itertools.product(*values.values()):
+        point = dict(zip(values, combo))
+        try:
+            spec = _spec(policy, point)
+        except ValueError as e:
+            shown = " ".join(f"{k}={_show(v)}" for k, v in point.items())
+            raise SweepInputError(f"--grid for {policy}: {shown}: {e}") from None
+        if spec not in specs:
+            specs.append(spec)
+    return specs
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def point_params(spec: PruneSpec) -> dict[str, Any]:
+    """The grid keys of the spec's policy and their values ({"keep": 0.5, "at": [4]}; {} for none)."""
+    return {k: list(spec.prune_at) if k == AT else getattr(spec, k) for k in grid_keys(spec.policy)}
+
+
+def point_label(spec: PruneSpec) -> str:
+    """A point's name in tables and charts: "topk-l2 keep=0.5 at=4", "evit keep=0.7 fuse at=3,6,9", "none"."""
+    words = [spec.policy]
+    for key, value in point_params(spec).items():
+        if isinstance(value, bool):
+            words += [key] if value else []
+        else:
+            words.append(f"{key}={_show(value)}")
+    return " ".join(words)
+
+
+def point_key(spec: PruneSpec) -> str:
+    """The identity of a point (what --resume matches): the spec as canonical JSON."""
+    return json.dumps(spec.to_dict(), sort_keys=True)

@@ -1,0 +1,177 @@
+"""A sweep's results: one PointResult per point, the Pareto front, and the JSON, CSV and Markdown forms."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FILES", "PointResult", "SweepResult"]
+
+FILES = ("sweep.json", "sweep.csv", "sweep.md", "sweep.png")
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One point (DESIGN.md section 7 says what each number measures).
+
+    key: identity of the point (its PruneSpec as canonical JSON); label: "topk-l2 keep=0.5 at=4"; params: its grid
+    keys and values; spec: PruneSpec.to_dict(). Accuracy side (PyTorch): agreement, top1, top5 (None without
+    labels), kl, tokens per stage, gflops per image, flops_ratio. Speed side (ONNX Runtime at the sweep's batch):
+    img_per_s, latency_ms (median; p10_ms, p90_ms), gpu_ms (CUDA only), runs, cuda_graph. seconds: wall time the
+    point took to measure."""
+
+    key: str
+    label: str
+    policy: str
+    params: dict[str, Any]
+    spec: dict[str, Any]
+    agreement: float
+    top1: float | None
+    top5: float | None
+    kl: float
+    tokens: list[float]
+    gflops: float
+    flops_ratio: float
+    img_per_s: float
+    latency_ms: float
+    p10_ms: float
+    p90_ms: float
+    gpu_ms: float | None
+    runs: int
+    cuda_graph: bool
+    seconds: float
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PointResult:
+        """The fields of a sweep.json point (derived columns such as speedup and pareto are left out)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass
+class SweepResult:
+    """settings: what was swept and how (model, weights, device, batch, dtype, images, versions); points: in the
+    order they were measured, the unpruned baseline (policy none) first."""
+
+    settings: dict[str, Any]
+    points: list[PointResult] = field(default_factory=list)
+
+    @property
+    def metric(self) -> str:
+        """The quality axis: "top1" with labelled images, else "agreement" (with the unpruned model)."""
+        return "top1" if self.settings.get("images", {}).get("labelled") else "agreement"
+
+    def quality(self, point: PointResult) -> float:
+        return float(getattr(point, self.metric))
+
+    @property
+    def baseline(self) -> PointResult | None:
+        return next((p for p in self.points if p.policy == "none"), None)
+
+    def speedup(self, point: PointResult) -> float | None:
+        """img/s over the unpruned baseline's."""
+        base = self.baseline
+        return point.img_per_s / base.img_per_s if base is not None and base.img_per_s > 0 else None
+
+    def pareto(self) -> set[str]:
+        """Keys of the points no other point beats: none is at least as fast and as good with one of the two
+        strictly better (img/s against `metric`)."""
+        pts = [(p.img_per_s, self.quality(p), p.key) for p in self.points]
+        return {k for s, q, k in pts if not any(s2 >= s and q2 >= q and (s2 > s or q2 > q) for s2, q2, _ in pts)}
+
+    def by_speed(self) -> list[PointResult]:
+        """The points, fastest first."""
+        return sorted(self.points, key=lambda p: -p.img_per_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        front = self.pareto()
+        rows = []
+        for p in self.points:
+            speed = self.speedup(p)
+            rows.append({**asdict(p), "speedup": speed, "pareto": p.key in front})
+        return {"settings": self.settings, "metric": self.metric, "points": rows}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepResult:
+        return cls(dict(data["settings"]), [PointResult.from_dict(p) for p in data.get("points", [])])
+
+    @classmethod
+    def load(cls, path: str | Path) -> SweepResult:
+        """A sweep.json."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def param_keys(self) -> list[str]:
+        """Every grid key of the points, in order of first appearance (the CSV's parameter columns)."""
+        keys: list[str] = []
+        for p in self.points:
+            keys += [k for k in p.params if k not in keys]
+        return keys
+
+    def to_csv(self) -> str:
+        """One row per point, fastest first; a column per grid key (empty where a policy has no such key)."""
+        front = self.pareto()
+        keys = self.param_keys()
+        head = ["label", "policy", *keys, "img_per_s", "speedup", "latency_ms", "p10_ms", "p90_ms", "gpu_ms"]
+        head += ["cuda_graph", "agreement", "top1", "top5", "kl", "tokens", "gflops", "flops_ratio", "pareto"]
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
+        out.writerow(head)
+        for p in self.by_speed():
+            params = [_cell(p.params.get(k, "")) for k in keys]
+            out.writerow(
+                [p.label, p.policy, *params, f"{p.img_per_s:.6g}", _cell(self.speedup(p)), f"{p.latency_ms:.6g}"]
+                + [f"{p.p10_ms:.6g}", f"{p.p90_ms:.6g}", _cell(p.gpu_ms), int(p.cuda_graph), f"{p.agreement:.6g}"]
+                + [_cell(p.top1), _cell(p.top5), f"{p.kl:.6g}", " ".join(f"{t:.6g}" for t in p.tokens)]
+                + [f"{p.gflops:.6g}", f"{p.flops_ratio:.6g}", int(p.key in front)]
+            )
+        return buf.getvalue()
+
+    def to_markdown(self) -> str:
+        """A title line, what was run, and the table fastest first, Pareto points marked ●."""
+        s = self.settings
+        front = self.pareto()
+        labelled = self.metric == "top1"
+        gpu = any(p.gpu_ms is not None for p in self.points)
+        images = s.get("images", {})
+        lines = [
+            f"# Sweep: {s.get('model')}",
+            "",
+            f"{s.get('weights', {}).get('source', '?')} weights, {s.get('dtype')} export, batch {s.get('batch')}, "
+            f"{s.get('device_name')} ({s.get('device')}); {images.get('count')} images ({images.get('source')}). "
+            f"● = Pareto point: no other point is both faster and better by {self._metric_name()}. "
+            "Agreement on seeded weights says nothing about accuracy on trained ones.",
+            "",
+        ]
+        cols = ["", "point", "img/s", "speedup", *(["GPU ms"] if gpu else []), "agreement"]
+        cols += ["top-1", "top-5"] if labelled else []
+        cols += ["KL", "tokens per stage", "FLOPs"]
+        align = ["---" if c in ("", "point") else "---:" for c in cols]
+        lines += ["| " + " | ".join(cols) + " |", "|" + "|".join(align) + "|"]
+        for p in self.by_speed():
+            speed = self.speedup(p)
+            row = ["●" if p.key in front else "", p.label, f"{p.img_per_s:,.1f}", f"{speed:.2f}x" if speed else "-"]
+            row += [f"{p.gpu_ms:.3f}" if p.gpu_ms is not None else "-"] if gpu else []
+            row.append(f"{100 * p.agreement:.1f}%")
+            row += [f"{100 * (p.top1 or 0):.1f}%", f"{100 * (p.top5 or 0):.1f}%"] if labelled else []
+            tokens = ", ".join(f"{t:.1f}" for t in p.tokens) or "-"
+            row += [f"{p.kl:.4f}", tokens, f"{p.flops_ratio:.2f}x"]
+            lines.append("| " + " | ".join(row) + " |")
+        return "\n".join(lines) + "\n"
+
+    def _metric_name(self) -> str:
+        return "top-1 accuracy" if self.metric == "top1" else "agreement with the unpruned model"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)

@@ -1,0 +1,320 @@
+"""run_sweep: every point measured in turn, each written as soon as it is done, so --resume skips it."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raggedvit.pruning import PruneSpec
+from raggedvit.pruning.backbone import Backbone, backbone_for
+from raggedvit.sweep.grid import SweepInputError, point_key, point_label, point_params
+from raggedvit.sweep.inputs import sweep_images
+from raggedvit.sweep.measure import measure_accuracy, measure_speed, reference
+from raggedvit.sweep.report import FILES, PointResult, SweepResult
+from raggedvit.weights import WeightsInfo
+
+__all__ = ["DTYPES", "default_dtype", "run_sweep", "write_outputs"]
+
+DTYPES = ("fp32", "fp16", "fp16-all")
+_OOM_TEXT = ("out of memory", "can't allocate memory", "failed to allocate memory")
+
+
+def default_dtype(device: str) -> str:
+    """The export dtype of a sweep: fp16-all on CUDA (the fastest), fp32 on the CPU (the CPU EP has no fp16 GEMMs)."""
+    return "fp16-all" if device == "cuda" else "fp32"
+
+
+def run_sweep(
+    vit: torch.nn.Module,
+    weights: WeightsInfo,
+    points: Sequence[PruneSpec],
+    *,
+    images: str | Path | None = None,
+    labels: str | Path | None = None,
+    device: str = "cpu",
+    batch: int = 32,
+    dtype: str | None = None,
+    capacity: bool = False,
+    seconds: float = 0.5,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = False,
+) -> SweepResult:
+    """Measure the unpruned model (policy none, always first) and every point of `points` on `vit`.
+
+    vit, weights: raggedvit.weights.load_vit's model and WeightsInfo. points: PruneSpecs (grid_points). images: a
+    folder (ImageNet-style class folders give top-1 / top-5; `labels` maps their names to class indices), None for
+    the sample photos. device: where PyTorch and ONNX Runtime run. batch: the batch timed (and PyTorch's batch).
+    dtype: the export dtype (default_dtype). capacity: export in the capacity layout (every policy static-shape).
+    seconds: timed seconds per point. out: a folder for sweep.json / .csv / .md / .png, rewritten after every point;
+    resume: keep the points a previous run with the same settings finished there. progress: a tqdm bar on stderr.
+
+    SweepInputError (one line) for unusable input; an interrupt loses only the point in progress."""
+    dtype = dtype or default_dtype(device)
+    _check_args(device, batch, dtype, seconds, out, resume)
+    try:
+        backbone = backbone_for(vit)
+    except ValueError as e:
+        raise SweepInputError(f"unsupported model {weights.model_name}: {e}") from None
+    if int(getattr(vit, "num_classes", 0) or 0) == 0:
+        raise SweepInputError(f"{weights.model_name} has no classifier head (num_classes=0): a sweep compares classes")
+    specs = _points(points, backbone)
+    _check_batch_fits(backbone, batch, device)
+    imgs = sweep_images(vit, images, labels)
+    settings = _settings(weights, backbone, imgs.describe(), device, batch, dtype, capacity, seconds)
+    result = SweepResult(settings)
+    out_dir = Path(out) if out is not None else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    done = _finished(out_dir, settings) if resume and out_dir is not None else {}
+    result.points = [done[point_key(s)] for s in specs if point_key(s) in done]
+    todo = [s for s in specs if point_key(s) not in done]
+    if out_dir is not None and not todo:
+        write_outputs(result, out_dir)
+        return result
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=len(specs),
+        initial=len(specs) - len(todo),
+        desc="sweep",
+        unit="point",
+        file=sys.stderr,
+        disable=None if progress else True,
+        dynamic_ncols=True,
+    )
+    recipe = {"model": weights.model_name, "weights": weights.to_dict()}
+    try:
+        with _workdir(out_dir) as work, _out_of_memory(batch, device):
+            model = vit if device == "cpu" else copy.deepcopy(vit).to(device)
+            bar.set_postfix_str("unpruned reference")
+            ref = reference(model, imgs, batch=batch, device=device)
+            inputs = next(imgs.batches(vit, batch))[1]  # the first images, tiled to the batch for timing
+            for spec in todo:
+                bar.set_postfix_str(point_label(spec))
+                start = time.perf_counter()
+                acc = measure_accuracy(model, backbone, spec, imgs, ref, batch=batch, device=device)
+                speed = measure_speed(
+                    vit,
+                    spec,
+                    inputs,
+                    work,
+                    recipe=recipe,
+                    dtype=dtype,
+                    capacity=capacity,
+                    device=device,
+                    batch=batch,
+                    seconds=seconds,
+                )
+                point = PointResult(
+                    key=point_key(spec),
+                    label=point_label(spec),
+                    policy=spec.policy,
+                    params=point_params(spec),
+                    spec=spec.to_dict(),
+                    **acc,
+                    **speed,
+                    seconds=round(time.perf_counter() - start, 3),
+                )
+                result.points = _in_order(specs, [*result.points, point])
+                if out_dir is not None:
+                    write_outputs(result, out_dir)
+                bar.update()
+    finally:
+        bar.close()
+    return result
+
+
+def write_outputs(result: SweepResult, out: Path) -> list[Path]:
+    """sweep.json, sweep.csv, sweep.md and sweep.png in `out`, atomically as a set."""
+    import json
+
+    from raggedvit.exporter._io import atomic_write_all
+    from raggedvit.sweep.plot import plot_png
+
+    data = [json.dumps(result.to_dict(), indent=1) + "\n", result.to_csv(), result.to_markdown(), plot_png(result)]
+    return atomic_write_all({out / name: d for name, d in zip(FILES, data)})
+
+
+def _check_args(device: str, batch: int, dtype: str, seconds: float, out, resume: bool) -> None:
+    if device not in ("cpu", "cuda"):
+        raise SweepInputError(f"device must be cpu or cuda, got {device!r}")
+    if batch < 1:
+        raise SweepInputError(f"--batch must be positive, got {batch}")
+    if dtype not in DTYPES:
+        raise SweepInputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not (seconds > 0 and seconds < float("inf")):
+        raise SweepInputError(f"--seconds must be positive, got {seconds}")
+    if resume and out is None:
+        raise SweepInputError("--resume needs the folder of the run to resume (--out)")
+    if out is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # before the first point, not after it
+            raise SweepInputError("sweep.png needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)")
+        _check_out(Path(out))
+    if device == "cuda":
+        import onnxruntime as ort
+
+        if not torch.cuda.is_available():
+            raise SweepInputError("--device cuda: torch sees no CUDA GPU on this machine")
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise SweepInputError(f"--device cuda: onnxruntime {ort.__version__} has no CUDAExecutionProvider")
+
+
+def _check_out(out: Path) -> None:
+    """SweepInputError unless `out` is (or can be made) a writable folder."""
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe == out and not out.is_dir():
+        raise SweepInputError(f"--out {str(out)!r} exists and is not a folder")
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise SweepInputError(f"--out {str(out)!r}: folder {str(probe)!r} is not writable")
+
+
+def _points(points: Sequence[PruneSpec], backbone: Backbone) -> list[PruneSpec]:
+    """The unpruned baseline, then `points` without repeats; SweepInputError for a point the model cannot run."""
+    specs = [PruneSpec()]
+    for spec in points:
+        try:
+            spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
+        except ValueError as e:
+            raise SweepInputError(f"{point_label(spec)}: {e}") from None
+        if spec not in specs:
+            specs.append(spec)
+    return specs
+
+
+def _in_order(specs: list[PruneSpec], points: list[PointResult]) -> list[PointResult]:
+    order = {point_key(s): i for i, s in enumerate(specs)}
+    return sorted(points, key=lambda p: order[p.key])
+
+
+def _check_batch_fits(backbone: Backbone, batch: int, device: str) -> None:
+    """SweepInputError when the batch's float32 images and largest activations (an MLP's hidden rows, a few live at
+    once) exceed the device's memory: a lower bound of what the batch needs; a failed allocation later is reported
+    the same way (_out_of_memory)."""
+    model = backbone.model
+    size = [int(s) for s in model.patch_embed.img_size]
+    widest = max((m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)), default=0)
+    need = batch * (3 * size[0] * size[1] + 4 * backbone.tokens_per_image() * widest) * 4
+    if device == "cuda":
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    else:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return
+    if need > total:
+        raise SweepInputError(
+            f"--batch {batch} does not fit the {device}: it needs at least {need / 2**30:.1f} GiB, the {device} has "
+            f"{total / 2**30:.1f} GiB"
+        )
+
+
+@contextlib.contextmanager
+def _out_of_memory(batch: int, device: str) -> Iterator[None]:
+    """A failed allocation (PyTorch or ONNX Runtime) as SweepInputError: the batch does not fit the device."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - ONNX Runtime's errors have no common type but Exception
+        text = str(e)
+        oom = isinstance(e, MemoryError) or any(t in text.lower() for t in _OOM_TEXT)
+        if isinstance(e, SweepInputError) or not oom:
+            raise
+        first = " ".join(text.split())[:300] or type(e).__name__
+        raise SweepInputError(f"--batch {batch} does not fit the {device}: {first}") from None
+
+
+@contextlib.contextmanager
+def _workdir(out: Path | None) -> Iterator[Path]:
+    """A scratch folder for the exports, removed however the sweep ends: a staging folder in `out`, else a
+    temporary one."""
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="raggedvit-sweep-") as tmp:
+            yield Path(tmp)
+        return
+    from raggedvit.exporter._io import staging_dir
+
+    with staging_dir(out, "sweep-exports") as tmp:
+        yield tmp
+
+
+def _finished(out: Path, settings: dict[str, Any]) -> dict[str, PointResult]:
+    """The points of out/sweep.json by key, when its settings are these ({} without the file);
+    SweepInputError when they differ or the file cannot be read."""
+    path = out / FILES[0]
+    if not path.exists():
+        return {}
+    try:
+        prev = SweepResult.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SweepInputError(f"--resume: cannot read {str(path)!r} ({type(e).__name__}: {e}); start afresh") from None
+    for key in sorted(set(settings) | set(prev.settings)):
+        if prev.settings.get(key) != settings.get(key):
+            raise SweepInputError(
+                f"--resume: {str(path)!r} was made with other settings ({key}: {prev.settings.get(key)!r}, now "
+                f"{settings.get(key)!r}); use another --out or leave --resume out to start afresh"
+            )
+    return {p.key: p for p in prev.points}
+
+
+def _settings(
+    weights: WeightsInfo,
+    backbone: Backbone,
+    images: dict[str, Any],
+    device: str,
+    batch: int,
+    dtype: str,
+    capacity: bool,
+    seconds: float,
+) -> dict[str, Any]:
+    """What was swept and how: a resumed run must match every field."""
+    import importlib.metadata as md
+
+    import onnxruntime as ort
+
+    import raggedvit
+
+    return {
+        "model": weights.model_name,
+        "weights": weights.to_dict(),
+        "depth": backbone.depth,
+        "device": device,
+        "device_name": _device_name(device),
+        "batch": batch,
+        "dtype": dtype,
+        "capacity": capacity,
+        "seconds": seconds,
+        "images": images,
+        "versions": {
+            "raggedvit": raggedvit.__version__,
+            "torch": torch.__version__,
+            "onnxruntime": ort.__version__,
+            "timm": md.version("timm"),
+        },
+    }
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
