@@ -47,12 +47,6 @@ _SERVING_LABELS = {
     ("ort_raggedvit", "topk-l2"): "**raggedvit topk-l2**",
     ("ort_raggedvit", "cls-mass"): "**raggedvit cls-mass, capacity**",
     ("ort_raggedvit", "cls-mass:dead-linear"): "**raggedvit cls-mass, dead-row blocks**",
-    ("engine_unpruned", "none"): "block engine unpruned (PrunedViT, CUDA graph)",
-    ("engine", "topk-l2"): "block engine topk-l2 (PrunedViT, CUDA graph)",
-    ("engine", "cls-mass"): "block engine cls-mass capacity (PrunedViT, CUDA graph)",
-    ("ort_engine_unpruned", "none"): "block engine unpruned (ORT, `--engine block`)",
-    ("ort_engine", "topk-l2"): "block engine topk-l2 (ORT, `--engine block`)",
-    ("ort_engine", "cls-mass"): "block engine cls-mass capacity (ORT, `--engine block`)",
 }
 # the README's short table: these rows only
 _SERVING_SHORT = (
@@ -334,38 +328,6 @@ def cuda_graph(full: bool, prefix: str) -> list[str]:
     return lines
 
 
-def block_engine(full: bool, prefix: str) -> list[str]:
-    name = f"block_engine_{GPU}.json"
-    data = _load(name)
-    env, gate = data["env"], data["gate"]
-    verdict = "passed" if gate["passed"] else f"not passed ({gate['reason']})"
-    lines = [
-        f"`python3 -m benchmarks.block_engine`: GPU time per ViT block (fp16, CUDA-graph replay of a chain of "
-        f"blocks), one persistent launch against the per-op block in PyTorch (cuBLAS GEMMs, or raggedvit's ragged "
-        f"linear), and the block's roofline (weight and activation bytes at HBM bandwidth, or FLOPs at the tensor "
-        f"rate). Gate (the engine at least 2x the faster per-op block at B=1): {verdict}. "
-        f"{_env_caption(env)}; {_provenance(full, name, env.get('commit'), env.get('date'))}.",
-        "",
-        "| model | rows (B) | engine | per-op, cuBLAS | per-op, ragged linear | per-op / engine | roofline |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in data["records"]:
-        ops = [r[k] for k in ("per_op_cublas_us", "per_op_ragged_us") if r.get(k)]
-        ratio = f"{min(ops) / r['engine_us']:.2f}x" if ops and r.get("engine_us") else "—"
-        lines.append(
-            f"| {r['model']} | {r['T']} ({r['B']}) | {_n(r.get('engine_us'))} | {_n(r.get('per_op_cublas_us'))} | "
-            f"{_n(r.get('per_op_ragged_us'))} | {ratio} | {_n(r.get('roofline_us'))} |"
-        )
-    if full:
-        lines += ["", "Each phase run alone, µs (roofline µs):", ""]
-        phases = [c["phase"] for c in data["records"][0].get("phases", [])]
-        lines += ["| model | rows | " + " | ".join(phases) + " |", "|---|---:|" + "---:|" * len(phases)]
-        for r in data["records"]:
-            cells = [f"{_n(c.get('alone_us'))} ({c['roofline_us']:.2f})" for c in r.get("phases", [])]
-            lines.append(f"| {r['model']} | {r['T']} | " + " | ".join(cells) + " |")
-    return lines
-
-
 SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "serving": serving,
     "families": families,
@@ -374,7 +336,6 @@ SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "ort_op": ort_op,
     "validate": validate,
     "cuda_graph": cuda_graph,
-    "block_engine": block_engine,
 }
 
 _MARKED = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)

@@ -112,14 +112,6 @@ def main() -> None:
     help="With --ragged-linear: every block, or only the blocks whose rows include dead rows (--capacity after a "
     "cls-mass stage); the other blocks keep MatMul, which is faster on full rows.",
 )
-@click.option(
-    "--engine",
-    type=click.Choice(["ops", "block"]),
-    default="ops",
-    show_default=True,
-    help="block: each timm pre-norm Block as one com.raggedvit::RaggedViTBlock node (the block engine; blocks it "
-    "cannot take keep their ops); ops: each block as its ops.",
-)
 def export(
     model,
     output,
@@ -137,7 +129,6 @@ def export(
     capacity,
     ragged_linear,
     ragged_linear_blocks,
-    engine,
 ) -> None:
     """Export MODEL (a timm ViT name) with token pruning to an ONNX file."""
     from tqdm import tqdm
@@ -185,8 +176,6 @@ def export(
             check_ragged_linear(vit, dtype)
         except ValueError as e:
             raise CliError(f"--ragged-linear: {e}") from None
-    if engine == "block" and not backbone.supports_block_op:
-        raise CliError(f"--engine block needs a timm VisionTransformer; {model} runs as {type(backbone).__name__}")
     weights = info.to_dict()  # the checkpoint's file name and sha256, never a local path
     if checkpoint is not None:  # and its path relative to the model's directory (validate looks there)
         from raggedvit.exporter.metadata import checkpoint_relpath
@@ -204,7 +193,6 @@ def export(
             diagnostics=diagnostics,
             capacity=capacity,
             ragged_linear=ragged_linear_blocks if ragged_linear else False,
-            engine=engine,
         )
     except OSError as e:
         raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None
@@ -480,7 +468,7 @@ def info() -> None:
             click.echo(f"GPU {i}         {torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]})")
     else:
         click.echo("GPU           none (torch.cuda.is_available() is False)")
-    from raggedvit.custom_ops import OpLibraryNotBuilt, library_info
+    from raggedvit.custom_ops import OpLibraryNotBuilt, cubin_summary, library_info
 
     try:
         lib = library_info()
@@ -494,14 +482,10 @@ def info() -> None:
     for key in sorted(flat):
         value = flat[key]
         click.echo(f"  {key:<16} {', '.join(map(str, value)) or '-' if isinstance(value, list) else value}")
-    block = lib.get("build", {}).get("block", {})
-    if block.get("resources"):  # the AOT block engine's resource report (custom_ops/_aot_block.block_report)
-        res = block["resources"].values()
-        regs = sorted(r["registers"] for r in res)
-        spills = max(r["local_bytes"] + r["stack_bytes"] for r in res)
-        archs = ", ".join(f"sm_{a}" for a in block["archs"])
-        click.echo(f"  {'block engine':<16} {len(res)} cubins ({archs}): {regs[0]}-{regs[-1]} registers, {spills} "
-                   f"spill bytes, >= {min(r['programs_per_sm'] for r in res)} programs per SM")  # fmt: skip
+    click.echo("cubins")
+    for op, n, size, archs in cubin_summary(lib.get("build", {})):
+        where = f"sm_{', sm_'.join(map(str, archs))}" if archs else "no arch"
+        click.echo(f"  {op:<16} {n} ({size / 2**20:.1f} MiB; {where})")
 
 
 # ---- bench, triton-repo, coverage (raggedvit/_cli_tools.py) -------------------------------------------------

@@ -14,7 +14,7 @@ __all__ = ["ServingConfig"]
 class ServingConfig:
     device: str = "cuda"
     dtype: str = "fp16"  # torch variants' dtype ("fp32" on the CPU debug run)
-    export_dtype: str = "fp16-all"  # raggedvit export recipe of the ORT variants (names.ORT) and the torch engine
+    export_dtype: str = "fp16-all"  # raggedvit export recipe of ort_unpruned and ort_raggedvit
     models: tuple[str, ...] = ("deit_base", "deit_small")  # short names: <name>_patch16_224 in timm
     batches: tuple[int, ...] = (1, 4, 32, 128)
     policies: tuple[str, ...] = DEFAULT_POLICIES

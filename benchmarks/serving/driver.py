@@ -4,35 +4,19 @@ Per model (deit_base, deit_small at 224 px; seeded weights, raggedvit.weights) a
   timm_eager         timm's model, eager, fp16
   timm_compile       torch.compile(mode="reduce-overhead") of timm's model, fp16 (the ratios' denominator)
   ort_unpruned       raggedvit's policy-none export (fp16-all) in ONNX Runtime as a CUDA graph (GraphRunner)
-  engine_unpruned    PrunedViT(engine="block"), policy none, in the export recipe's dtypes (fp16-all), one
-                     torch.cuda.CUDAGraph per batch: every block one launch of the Triton block engine
-  ort_engine_unpruned  the policy-none export with --engine block (fp16-all: one com.raggedvit::RaggedViTBlock node
-                     per block, the CUDA EP's AOT block engine) in ONNX Runtime as a CUDA graph (GraphRunner);
-                     failures recorded as for ort_engine below
 and per pruning policy (topk-l2 keep 0.5 at block 4; cls-mass mass 0.9 at blocks 3, 6, 9):
   prunedvit_eager    raggedvit.pruning.PrunedViT, eager, fp16
   prunedvit_compile  torch.compile(mode="reduce-overhead") of PrunedViT (failures and fallbacks recorded)
   ort_raggedvit      raggedvit's export (fp16-all): a CUDA graph when its shapes are static, else node by node
-  engine             the block engine with the policy (capacity layout: static shapes), one CUDA graph per batch;
-                     skipped with the reason when the engine declines a block or the capture fails
-  ort_engine         the policy's export with --engine block (fp16-all, capacity layout for adaptive policies) as a
-                     CUDA graph (GraphRunner); when the graph fails, node by node with the CPU EP fallback off (no
-                     block silently on the CPU), noted; an error with both reasons when that fails too; skipped
-                     with the reason when the export has no RaggedViTBlock node (the export's failure: an error)
-A policy string ending in ":linear" (cls-mass:mass=0.9:at=3,6,9:linear) runs prunedvit_eager, prunedvit_compile and
-ort_raggedvit with the block GEMMs in raggedvit's ragged linear op (PrunedViT(ragged_linear=True), export
---ragged-linear); ":dead-linear" only in the blocks whose rows include dead rows (ragged_linear="dead-rows",
-export --ragged-linear-blocks dead-rows). The block engine variants ignore the suffix (every block is one op).
+A policy string ending in ":linear" (cls-mass:mass=0.9:at=3,6,9:linear) runs those three with the block GEMMs in
+raggedvit's ragged linear op (PrunedViT(ragged_linear=True), export --ragged-linear); ":dead-linear" only in the
+blocks whose rows include dead rows (ragged_linear="dead-rows", export --ragged-linear-blocks dead-rows).
 
 Images: raggedvit.images.sample_inputs (the sample photos) tiled to the batch, on the device. img/s = B / the
 median over rounds of each round's median latency (raggedvit.timing.measure); rounds interleave the variants.
 Each record also holds kernels and GPU time per forward (torch.profiler/CUPTI), the logits against float32
 references (timm for unpruned, PrunedViT for pruned variants), at batch 1 the latency over the weight-bandwidth
-floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchmarks.serving.names.BARS),
-`engine_targets` the block engine's targets (names.ENGINE_TARGETS: GPU time per forward, pruned over unpruned
-engine, wall time over torch.compile, large batches against the per-op export), judged on both the torch engine
-(engine vs engine_unpruned) and its export (ort_engine vs ort_engine_unpruned, the product path). On the CPU debug
-run the exports run on the CPU EP (RaggedViTBlock's CPU kernel) and the torch engine eagerly (its reference kernel).
+floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchmarks.serving.names.BARS).
 
     python3 -m benchmarks.serving                         # H200: both models, ~4 min
     python3 -m benchmarks.serving --device cpu --smoke    # debug: deit_tiny, fp32, CUDA-only variants skipped
@@ -54,20 +38,10 @@ _T0 = time.time()  # the time budget counts from here, imports included
 from benchmarks.e2e.report import write_json  # noqa: E402
 from benchmarks.env import result_path  # noqa: E402
 from benchmarks.serving.config import ServingConfig  # noqa: E402
-from benchmarks.serving.names import (  # noqa: E402
-    BANDWIDTH_SOURCE,
-    ORT,
-    ORT_ENGINE,
-    PRUNED,
-    UNPRUNED,
-    VARIANTS,
-    split_linear,
-    table_bandwidth,
-    timm_name,
-)
-from benchmarks.serving.report import apply_floor, engine_targets, plot, ratios, table, targets  # noqa: E402
+from benchmarks.serving.names import BANDWIDTH_SOURCE, VARIANTS, table_bandwidth, timm_name  # noqa: E402
+from benchmarks.serving.report import apply_floor, plot, ratios, table, targets  # noqa: E402
 
-__all__ = ["build_config", "export_jobs", "main", "measure_copy_bandwidth"]
+__all__ = ["build_config", "main", "measure_copy_bandwidth"]
 
 _REPORT_RESERVE_S = 6.0
 
@@ -109,32 +83,6 @@ def build_config(args: argparse.Namespace) -> ServingConfig:
         except ValueError as exc:
             raise SystemExit(f"bad --policies entry {text!r}: {exc}") from None
     return cfg
-
-
-def export_jobs(cfg: ServingConfig, model: str, work: Path) -> dict[tuple[str, str], Any]:
-    """(policy, engine) -> ExportJob for the ORT variants of `model` the run selects: engine "ops" for ort_unpruned
-    (policy "none") and ort_raggedvit (each policy), "block" for ort_engine_unpruned and ort_engine. The block
-    exports take the policy without its ":linear" suffix (every block is one RaggedViTBlock op, as in the torch
-    engine variants): policies that differ only in the suffix map to the same job."""
-    from benchmarks.serving.exports import ExportJob
-
-    kwargs = tuple(sorted(cfg.model_kwargs.items()))
-    jobs: dict[tuple[str, str], Any] = {}
-    block: dict[str, Any] = {}  # policy without the suffix -> its block-engine job
-    for i, p in enumerate(("none", *cfg.policies)):
-        variants = UNPRUNED if p == "none" else PRUNED
-        wanted = [v for v in variants if v in cfg.variants and v in ORT]
-        stem = str(work / f"{model}_{i}_{p.split(':')[0]}")
-        if any(v not in ORT_ENGINE for v in wanted):
-            jobs[(p, "ops")] = ExportJob(timm_name(model), p, cfg.export_dtype, f"{stem}.onnx", kwargs)
-        if any(v in ORT_ENGINE for v in wanted):
-            base = split_linear(p)[0]
-            if base not in block:
-                block[base] = ExportJob(
-                    timm_name(model), base, cfg.export_dtype, f"{stem}_block.onnx", kwargs, engine="block"
-                )
-            jobs[(p, "block")] = block[base]
-    return jobs
 
 
 def measure_copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> dict[str, Any]:
@@ -206,15 +154,26 @@ def main(argv: list[str] | None = None) -> int:
     cfg = build_config(args)
 
     from benchmarks.env import environment
-    from benchmarks.serving.exports import Exports
+    from benchmarks.serving.exports import ExportJob, Exports
     from benchmarks.serving.runner import ModelRun, blank_record, log
 
     deadline = _T0 + cfg.time_budget_s - _REPORT_RESERVE_S
     work = args.work or Path(tempfile.mkdtemp(prefix="serving_"))
     work.mkdir(parents=True, exist_ok=True)
-    jobs = {m: export_jobs(cfg, m, work) for m in cfg.models}
-    # one export per distinct job (policies differing only in a ":linear" suffix share their block-engine export)
-    exports = Exports(list(dict.fromkeys(j for js in jobs.values() for j in js.values())), cfg.export_workers)
+    jobs = {
+        m: {
+            p: ExportJob(
+                timm_name(m),
+                p,
+                cfg.export_dtype,
+                str(work / f"{m}_{i}_{p.split(':')[0]}.onnx"),
+                tuple(sorted(cfg.model_kwargs.items())),
+            )
+            for i, p in enumerate(("none", *cfg.policies))
+        }
+        for m in cfg.models
+    }
+    exports = Exports([j for js in jobs.values() for j in js.values()], cfg.export_workers)
     env = environment()
     if cfg.device == "cuda" and cfg.cupti_warmup:
         from torch.profiler import ProfilerActivity, profile
@@ -238,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
         "records": [],
         "ratios": [],
         "targets": [],
-        "engine_targets": [],
         "seconds": None,
     }
     write_json(json_path, result)
@@ -275,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     result["seconds"] = round(time.time() - _T0, 1)
     write_json(json_path, result)
     log(f"wrote {json_path} in {result['seconds']} s")
-    print(table(result["records"], result["targets"], result["engine_targets"]), flush=True)
+    print(table(result["records"], result["targets"]), flush=True)
     return 0
 
 
@@ -284,4 +242,3 @@ def _summarize(result: dict[str, Any]) -> None:
     apply_floor(result["records"], weights, result["bandwidth"])
     result["ratios"] = ratios(result["records"])
     result["targets"] = targets(result["records"])
-    result["engine_targets"] = engine_targets(result["records"])

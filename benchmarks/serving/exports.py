@@ -1,8 +1,7 @@
 """raggedvit exports of every model and policy, made in worker processes while the GPU work of the run starts.
 
 Each job loads the seeded timm weights itself (raggedvit.weights.load_vit, seed 0: the weights the torch variants
-use) and calls raggedvit.exporter.export_onnx (engine "ops": the per-op graph; "block": one
-com.raggedvit::RaggedViTBlock node per block); a failed job returns its error text instead of a path.
+use) and calls raggedvit.exporter.export_onnx; a failed job returns its error text instead of a path.
 """
 
 from __future__ import annotations
@@ -20,20 +19,17 @@ __all__ = ["ExportJob", "Exports", "export_job"]
 
 @dataclass(frozen=True)
 class ExportJob:
-    """One export: `policy` is a policy string ("none" or e.g. "topk-l2:keep=0.5:at=4"); `engine` export_onnx's
-    engine ("ops" or "block")."""
+    """One export: `policy` is a policy string ("none" or e.g. "topk-l2:keep=0.5:at=4")."""
 
     timm_name: str
     policy: str
     dtype: str
     path: str
     model_kwargs: tuple[tuple[str, Any], ...] = ()
-    engine: str = "ops"
 
 
 def export_job(job: ExportJob) -> dict[str, Any]:
-    """Run one export; returns {"path", "seconds", "nodes", "static_shapes", ...} or {"error", "seconds"}. Engine
-    "block" exports also return "engine", "block_nodes" (RaggedViTBlock nodes) and "depth" (blocks of the model)."""
+    """Run one export; returns {"path", "seconds", "nodes", "static_shapes"} or {"error", "seconds"}."""
     t0 = time.perf_counter()
     try:
         import onnx
@@ -50,23 +46,17 @@ def export_job(job: ExportJob) -> dict[str, Any]:
         recipe = {"model": job.timm_name, "weights": info.to_dict(), "benchmark": "benchmarks.serving"}
         # adaptive policies export in the capacity layout (static row counts per stage): one CUDA graph per batch
         capacity = not spec.static_shapes
-        extra: dict[str, Any] = {"ragged_linear": linear} if linear else {}
-        if job.engine != "ops":
-            extra["engine"] = job.engine
+        extra = {"ragged_linear": linear} if linear else {}
         export_onnx(vit, spec, job.path, dtype=job.dtype, recipe=recipe, capacity=capacity, **extra)
-        graph = onnx.load(job.path, load_external_data=False).graph
-        out = {
+        nodes = len(onnx.load(job.path, load_external_data=False).graph.node)
+        return {
             "path": job.path,
             "seconds": round(time.perf_counter() - t0, 1),
-            "nodes": len(graph.node),
+            "nodes": nodes,
             "static_shapes": True,  # static per batch size: static_shapes policies, or the capacity layout
             "capacity": capacity,
             "ragged_linear": linear,
         }
-        if job.engine != "ops":
-            blocks = sum(n.op_type == "RaggedViTBlock" for n in graph.node)
-            out.update(engine=job.engine, block_nodes=blocks, depth=len(getattr(vit, "blocks", ())))
-        return out
     except Exception as exc:  # noqa: BLE001 - the run records it and goes on
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:600]

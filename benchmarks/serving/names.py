@@ -15,37 +15,23 @@ __all__ = [
     "COMPILED",
     "CUDA_ONLY",
     "DEFAULT_POLICIES",
-    "ENGINE",
-    "ENGINE_PAIRS",
-    "ENGINE_TARGETS",
     "HBM_BANDWIDTH",
     "ORT",
-    "ORT_ENGINE",
     "PRUNED",
     "UNPRUNED",
     "VARIANTS",
     "Bar",
-    "EngineTarget",
     "split_linear",
     "table_bandwidth",
 ]
 
-# unpruned (policy "none"): timm's model eager, torch.compile(mode="reduce-overhead"), raggedvit's policy-none export,
-# the block engine in torch, the block engine's policy-none export
-UNPRUNED = ("timm_eager", "timm_compile", "ort_unpruned", "engine_unpruned", "ort_engine_unpruned")
-# per pruning policy: PrunedViT eager, PrunedViT under torch.compile(mode="reduce-overhead"), raggedvit's export,
-# the block engine in torch, the block engine's export
-PRUNED = ("prunedvit_eager", "prunedvit_compile", "ort_raggedvit", "engine", "ort_engine")
+# unpruned (policy "none"): timm's model eager, torch.compile(mode="reduce-overhead"), raggedvit's policy-none export
+UNPRUNED = ("timm_eager", "timm_compile", "ort_unpruned")
+# per pruning policy: PrunedViT eager, PrunedViT under torch.compile(mode="reduce-overhead"), raggedvit's export
+PRUNED = ("prunedvit_eager", "prunedvit_compile", "ort_raggedvit")
 VARIANTS = UNPRUNED + PRUNED
-# PrunedViT(engine="block", capacity=True) in the export recipe's dtypes (precision.apply_dtype), one
-# torch.cuda.CUDAGraph per batch (eager on CPU: the block op's reference kernel)
-ENGINE = ("engine_unpruned", "engine")
-# raggedvit's exports with engine="block" (one com.raggedvit::RaggedViTBlock node per block; the CUDA EP kernel is
-# the AOT block engine): run as the other exports, but never with a block placed on the CPU EP on CUDA
-ORT_ENGINE = ("ort_engine_unpruned", "ort_engine")
 COMPILED = ("timm_compile", "prunedvit_compile")
-# raggedvit's exports in ONNX Runtime: a CUDA graph when the export has static shapes, else node by node
-ORT = ("ort_unpruned", "ort_raggedvit", *ORT_ENGINE)
+ORT = ("ort_unpruned", "ort_raggedvit")  # CUDA graph when the export has static shapes, else node by node
 CUDA_ONLY = COMPILED  # mode="reduce-overhead" is CUDA graphs; the CPU debug run skips them
 BASELINE = "timm_compile"  # the bars' denominator: torch.compile unpruned
 
@@ -91,57 +77,6 @@ BARS = (
     Bar("cls-mass", "ort_raggedvit", (1, 4), 1.5, mode="cuda_graph"),
     Bar("cls-mass", "ort_raggedvit", (32, 128), 2.0, mode="cuda_graph"),
 )
-
-
-@dataclass(frozen=True)
-class EngineTarget:
-    """One target of the block engine, judged per model, policy and batch of the run on the records of `variant`
-    (each pruning policy of the run; "none" for an unpruned variant).
-
-    `metric`: "gpu_us" (profiled GPU time per forward, gpu_us_per_forward) or "wall" (host-timed ms_per_batch).
-    Without `against` the value is the metric itself, met when <= `limit`. With `against` (same model and batch;
-    policy "none" when `against` is unpruned, else the same policy): value = variant's metric / against's, met when
-    <= `limit`; with `speedup` value = against's / variant's, met when >= `limit`. `models`: short or timm names the
-    target applies to (None: every model)."""
-
-    variant: str
-    metric: str
-    limit: float
-    batches: tuple[int, ...]
-    against: str | None = None
-    speedup: bool = False
-    models: tuple[str, ...] | None = None
-
-    @property
-    def text(self) -> str:
-        who = f"{'/'.join(self.models)} " if self.models else ""
-        what = {"gpu_us": "GPU time per forward", "wall": "wall time"}[self.metric]
-        bs = ",".join(str(b) for b in self.batches)
-        if self.against is None:
-            return f"{who}{self.variant} {what} <= {self.limit:g} us at B={bs}"
-        rel = f">= {self.limit:g}x faster than" if self.speedup else f"<= {self.limit:g}x"
-        return f"{who}{self.variant} {what} {rel} {self.against} at B={bs}"
-
-
-def _engine_targets(engine: str, unpruned: str) -> tuple[EngineTarget, ...]:
-    """The block engine's targets for one pair of its variants: `engine` (pruned) and `unpruned` (policy none)."""
-    return (
-        EngineTarget(engine, "gpu_us", 150.0, (1,), models=("deit_base",)),
-        EngineTarget(engine, "gpu_us", 250.0, (4,), models=("deit_base",)),
-        EngineTarget(engine, "gpu_us", 80.0, (1,), models=("deit_small",)),
-        EngineTarget(engine, "gpu_us", 0.75, (1, 4), against=unpruned),  # pruning pays at small batches
-        EngineTarget(engine, "wall", 3.0, (1,), against=BASELINE, speedup=True),
-        EngineTarget(engine, "wall", 2.5, (4,), against=BASELINE, speedup=True),
-        EngineTarget(engine, "gpu_us", 1.0, (32, 128), against="ort_raggedvit"),  # no large batch slower than export
-        EngineTarget(unpruned, "gpu_us", 1.0, (32, 128), against="ort_unpruned"),
-    )
-
-
-# the block engine's targets (GPU time is compared across runs; wall time at B=1 moves with the host), judged on the
-# engine in torch (PrunedViT(engine="block") as a CUDA graph) and on its ONNX export (--engine block in ORT: the
-# product path), each pruned variant against its own unpruned one
-ENGINE_PAIRS = {"engine": "engine_unpruned", "ort_engine": "ort_engine_unpruned"}
-ENGINE_TARGETS = tuple(t for engine, unpruned in ENGINE_PAIRS.items() for t in _engine_targets(engine, unpruned))
 
 # peak HBM bandwidth in bytes/s by GPU name (torch.cuda.get_device_name), from the vendors' datasheets
 HBM_BANDWIDTH = {

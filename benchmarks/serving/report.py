@@ -1,5 +1,4 @@
-"""Results of benchmarks.serving: ratios to torch.compile unpruned, the speed bars, the block engine's targets, the
-floor, table and PNG.
+"""Results of benchmarks.serving: ratios to torch.compile unpruned, the speed bars, the floor, table and PNG.
 
 Reads records only (no torch): `python3 -m benchmarks.serving` writes them, these functions derive the rest.
 """
@@ -9,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving.names import BARS, BASELINE, ENGINE_PAIRS, ENGINE_TARGETS, UNPRUNED, VARIANTS, timm_name
+from benchmarks.serving.names import BARS, BASELINE, VARIANTS
 
-__all__ = ["apply_floor", "engine_targets", "plot", "ratios", "table", "targets"]
+__all__ = ["apply_floor", "plot", "ratios", "table", "targets"]
 
 
 def _ok(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
@@ -21,22 +20,13 @@ def _ok(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 
 def ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """img/s of every variant over BASELINE (torch.compile unpruned) on the same model and batch; None where
-    either side has no measurement. Also sets rec["vs_compile_unpruned"] on each record, and on each pruned
-    engine record (names.ENGINE_PAIRS: `engine` in torch, `ort_engine` its export) its GPU time and wall time over
-    its unpruned engine's (`engine_unpruned`, `ort_engine_unpruned`: rec["vs_engine_unpruned"])."""
+    either side has no measurement. Also sets rec["vs_compile_unpruned"] on each record."""
     ok = _ok(records)
     out = []
     for r in records:
         base = ok.get((r["model"], BASELINE, "none", r["batch"]))
         v = r["img_per_s"] / base["img_per_s"] if r.get("status") == "ok" and base else None
         r["vs_compile_unpruned"] = round(v, 3) if v is not None else None
-        if r["variant"] in ENGINE_PAIRS:
-            unpruned = ok.get((r["model"], ENGINE_PAIRS[r["variant"]], "none", r["batch"]))
-            ok_r = r if r.get("status") == "ok" else None
-            r["vs_engine_unpruned"] = {
-                "gpu_time": _over(ok_r, unpruned, "gpu_us_per_forward"),
-                "wall_time": _over(ok_r, unpruned, "ms_per_batch"),
-            }
         if r["variant"] != BASELINE:
             out.append(
                 {
@@ -51,66 +41,6 @@ def ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
             )
     return out
-
-
-def _over(rec: dict[str, Any] | None, other: dict[str, Any] | None, field: str) -> float | None:
-    """rec[field] / other[field], None unless both are measured."""
-    a, b = (rec or {}).get(field), (other or {}).get(field)
-    return round(a / b, 3) if a and b else None
-
-
-_METRIC = {"gpu_us": "gpu_us_per_forward", "wall": "ms_per_batch"}
-
-
-def engine_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each target of names.ENGINE_TARGETS per model (those it names), policy and batch of the run: the measured
-    value (see EngineTarget), both sides' metric, met (False when unmeasured) and why not."""
-    ok = _ok(records)
-    run_batches = {r["batch"] for r in records}
-    policies = [p for p in dict.fromkeys(r["policy"] for r in records) if p != "none"]
-    rows = []
-    for model in dict.fromkeys(r["model"] for r in records):
-        for t in ENGINE_TARGETS:
-            if t.models is not None and timm_name(model) not in {timm_name(m) for m in t.models}:
-                continue
-            field = _METRIC[t.metric]
-            for policy in ["none"] if t.variant in UNPRUNED else policies:
-                against_policy = "none" if t.against in UNPRUNED else policy
-                for b in (b for b in t.batches if b in run_batches):
-                    rec = ok.get((model, t.variant, policy, b))
-                    other = ok.get((model, t.against, against_policy, b)) if t.against else None
-                    mine, theirs = (rec or {}).get(field), (other or {}).get(field)
-                    value, why = None, None
-                    if rec is None:
-                        why = f"not measured ({t.variant})"
-                    elif t.against is not None and other is None:
-                        why = f"not measured ({t.against})"
-                    elif not mine or (t.against is not None and not theirs):
-                        why = f"no {field} (profile missing)"
-                    elif t.against is None:
-                        value = mine
-                    else:
-                        value = theirs / mine if t.speedup else mine / theirs
-                    met = value is not None and (value >= t.limit if t.speedup else value <= t.limit)
-                    rows.append(
-                        {
-                            "target": t.text,
-                            "model": model,
-                            "variant": t.variant,
-                            "policy": policy,
-                            "against": t.against,
-                            "against_policy": against_policy if t.against else None,
-                            "batch": b,
-                            "metric": field,
-                            "variant_value": mine,
-                            "against_value": theirs,
-                            "value": round(value, 3) if value is not None else None,
-                            "limit": t.limit,
-                            "met": bool(met),
-                            "why_not": why,
-                        }
-                    )
-    return rows
 
 
 def _gpu_time_ratio(rec: dict[str, Any] | None, base: dict[str, Any] | None) -> float | None:
@@ -196,13 +126,12 @@ def _fmt(v: float | None, width: int = 9) -> str:
     return f"{v:>{width},.0f}" if v >= 100 else f"{v:>{width}.2f}"
 
 
-def table(records: list[dict[str, Any]], rows: list[dict[str, Any]], engine_rows: list[dict[str, Any]] = ()) -> str:
-    """img/s per (model, variant, policy) and batch with the ratio to BASELINE, then the bars, then the block
-    engine's targets (with the pruned engine's GPU time over the unpruned engine's)."""
+def table(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """img/s per (model, variant, policy) and batch with the ratio to BASELINE, then the bars."""
     ok = _ok(records)
     batches = sorted({r["batch"] for r in records})
     lines = [
-        f"{'model':<11}{'variant':<21}{'policy':<35}{'mode':<23}" + "".join(f"{'B=' + str(b):>16}" for b in batches)
+        f"{'model':<11}{'variant':<19}{'policy':<35}{'mode':<23}" + "".join(f"{'B=' + str(b):>16}" for b in batches)
     ]
     keys = dict.fromkeys((r["model"], r["variant"], r["policy"]) for r in records)
     for model, variant, policy in sorted(keys, key=lambda k: (k[0], VARIANTS.index(k[1]) if k[1] in VARIANTS else 99)):
@@ -212,7 +141,7 @@ def table(records: list[dict[str, Any]], rows: list[dict[str, Any]], engine_rows
         for r in recs:
             x = r.get("vs_compile_unpruned") if r else None
             cells.append(_fmt(r["img_per_s"] if r else None) + (f" {x:5.2f}x" if x is not None else "       "))
-        lines.append(f"{model:<11}{variant:<21}{policy[:34]:<35}{str(mode)[:22]:<23}" + "".join(cells))
+        lines.append(f"{model:<11}{variant:<19}{policy[:34]:<35}{str(mode)[:22]:<23}" + "".join(cells))
     met = sum(r["met"] for r in rows)
     lines.append(f"bars: {met}/{len(rows)} met (ratio = img/s over {BASELINE} unpruned at the same batch)")
     for r in rows:
@@ -221,13 +150,6 @@ def table(records: list[dict[str, Any]], rows: list[dict[str, Any]], engine_rows
             shown += f" (rounds {min(r['round_ratios']):.2f}-{max(r['round_ratios']):.2f}x)"
         head = f"  {'MET ' if r['met'] else 'miss'} {r['model']} B={r['batch']} [{r['policy']}]: {shown}"
         lines.append(f"{head}  {r['bar']}" + (f" ({r['why_not']})" if r["why_not"] else ""))
-    if engine_rows:
-        met = sum(r["met"] for r in engine_rows)
-        lines.append(f"engine targets: {met}/{len(engine_rows)} met")
-        for r in engine_rows:
-            shown = "-" if r["value"] is None else f"{r['value']:.3g}" + ("x" if r["against"] else " us")
-            head = f"  {'MET ' if r['met'] else 'miss'} {r['model']} B={r['batch']} [{r['policy']}]: {shown}"
-            lines.append(f"{head}  {r['target']}" + (f" ({r['why_not']})" if r["why_not"] else ""))
     bad = [r for r in records if r.get("status") != "ok"]
     if bad:
         first = next((r for r in bad if r["status"] == "error"), bad[0])

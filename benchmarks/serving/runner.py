@@ -18,19 +18,10 @@ from benchmarks.e2e.profile import count_kernels
 from benchmarks.e2e.variants import Step, torch_step
 from benchmarks.serving.config import ServingConfig
 from benchmarks.serving.exports import ExportJob, Exports
-from benchmarks.serving.names import CUDA_ONLY, ENGINE, ORT, ORT_ENGINE, PRUNED, UNPRUNED, split_linear, timm_name
-from benchmarks.serving.steps import (
-    CompiledModel,
-    GraphedModel,
-    OrtExport,
-    compiled_step,
-    engine_declined,
-    engine_probe,
-    reset_dynamo,
-)
+from benchmarks.serving.names import CUDA_ONLY, ORT, PRUNED, UNPRUNED, split_linear, timm_name
+from benchmarks.serving.steps import CompiledModel, OrtExport, compiled_step, reset_dynamo
 from raggedvit.images import sample_inputs, tile
-from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.pruning.precision import apply_dtype
+from raggedvit.pruning import PrunedViT
 from raggedvit.timing import device_sync, measure
 from raggedvit.weights import load_vit
 
@@ -159,11 +150,8 @@ class ModelRun:
                 if key[0] in cfg.variants:
                     self.compiled[key] = CompiledModel(module, dynamic=cfg.compile_dynamic)
             self.info["compile"] = {f"{v}|{p}": m.calls for (v, p), m in self.compiled.items()}
-        self._engines(ref32, specs)
         self.info["setup_s"] = round(time.perf_counter() - t0, 1)
-        self.info["exports"] = {}  # policy -> the per-op export (ort_unpruned, ort_raggedvit)
-        if any(v in cfg.variants for v in ORT_ENGINE):
-            self.info["engine_exports"] = {}  # policy -> the --engine block export (ort_engine_unpruned, ort_engine)
+        self.info["exports"] = {}
         log(f"{self.model}: models and references ready ({time.perf_counter() - t0:.0f} s)")
         for i, b in enumerate(cfg.batches):
             left = self.deadline - time.time()
@@ -176,96 +164,18 @@ class ModelRun:
                 return
             self._batch(b, photos)
 
-    def _engines(self, ref32: torch.nn.Module, specs: dict[str, PruneSpec]) -> None:
-        """The block engine variants: PrunedViT(engine="block") of the float32 model in the export recipe's dtypes,
-        capacity layout (static shapes per batch, so every policy captures as one CUDA graph)."""
-        self.engines: dict[Key, PrunedViT] = {}
-        self.engine_error: str | None = None
-        if not any(v in self.cfg.variants for v in ENGINE):
-            return
-        try:
-            vit = apply_dtype(ref32, self.cfg.export_dtype)
-            wanted = {("engine_unpruned", "none"): PruneSpec("none")} | {("engine", p): s for p, s in specs.items()}
-            for key, spec in wanted.items():
-                if key[0] in self.cfg.variants:
-                    self.engines[key] = PrunedViT(vit, spec, capacity=True, engine="block").eval()
-        except Exception as exc:  # noqa: BLE001 - the engine variants are skipped with this reason
-            traceback.print_exc()
-            self.engine_error = f"PrunedViT(engine='block') refused the model: {_short(exc)}"
-        self.info["engine"] = {"dtype": self.cfg.export_dtype, "error": self.engine_error}
-
-    def _engine_step(self, key: Key, x32: torch.Tensor, m: dict[str, Any]) -> GraphedModel | None:
-        """The engine variant `key` at this batch: probed (the engine's calls counted over one forward), then
-        captured as a CUDA graph on CUDA; None with m["skip"] set when the engine declines every block or the
-        capture fails (a partial decline is noted in m["note"])."""
-        if self.engine_error is not None:
-            m["skip"] = self.engine_error
-            return None
-        model = self.engines[key]
-        probe = m["engine"] = engine_probe(model, x32)
-        if not self.cuda:
-            probe["note"] = "CPU tensors: the block op's reference kernel (no engine, no CUDA graph)"
-        else:
-            why, m["note"] = engine_declined(probe)
-            if why is not None:
-                m["skip"] = why
-                return None
-        try:
-            return GraphedModel(model, x32, graph=self.cuda)
-        except Exception as exc:  # noqa: BLE001 - recorded as the skip reason
-            traceback.print_exc()
-            m["skip"] = f"CUDA graph capture failed: {_short(exc)}"
-            return None
-
-    def _export(self, policy: str, engine: str = "ops") -> dict[str, Any]:
-        """The export of `policy` ("none" or a policy string) with export_onnx's `engine` ("ops": info["exports"],
-        "block": info["engine_exports"]), waited for on first use."""
-        made = self.info["exports" if engine == "ops" else "engine_exports"]
-        if policy not in made:
+    def _export(self, policy: str) -> dict[str, Any]:
+        """The export of `policy` ("none" or a policy string), waited for on first use."""
+        if policy not in self.info["exports"]:
             t0 = time.perf_counter()
-            made[policy] = self.exports.result(self.jobs[(policy, engine)])
+            self.info["exports"][policy] = self.exports.result(self.jobs[policy])
             waited = time.perf_counter() - t0
-            log(f"{self.model} [{policy}] {engine} export: {made[policy]} (waited {waited:.0f} s)")
-        return made[policy]
-
-    def _ort_step(self, key: Key, b: int, x32: torch.Tensor, m: dict[str, Any]) -> OrtExport | None:
-        """The export variant `key` at this batch (OrtExport: a CUDA graph on CUDA, else node by node); None with
-        m["error"] set when the export failed, m["skip"] when a block-engine export has no RaggedViTBlock node.
-
-        The block-engine exports (ORT_ENGINE) never run a block on the CPU EP on CUDA: when the CUDA graph fails
-        they run node by node with the CPU EP fallback off (OrtExport raises with both reasons when that fails)."""
-        variant, policy = key
-        engine = "block" if variant in ORT_ENGINE else "ops"
-        made = self._export(policy, engine)
-        if made.get("path") is None:
-            m["error"] = f"export failed: {made.get('error')}"
-            return None
-        if engine == "block":
-            blocks, depth = made.get("block_nodes", 0), made.get("depth")
-            if not blocks:
-                m["skip"] = f"the --engine block export has no RaggedViTBlock node (of {depth} blocks): nothing to run"
-                return None
-            if depth and blocks < depth:
-                m["note"] = f"{blocks} of {depth} blocks are RaggedViTBlock nodes (the others export as ops)"
-        static = bool(made.get("static_shapes"))
-        ort_run = OrtExport(
-            made["path"], self.cfg.device, b, x32, graph=self.cuda and static, cpu_fallback=engine == "ops"
-        )
-        m["mode"] = ort_run.mode
-        m["fallback"] = (lambda r=ort_run: r.node_by_node_step(x32), "a node-by-node session of the export")
-        notes = [m["note"]] if m["note"] else []
-        if ort_run.graph_error:
-            how = "node by node" + ("" if engine == "ops" else " (CUDA EP only: CPU EP fallback off)")
-            notes.append(f"CUDA graph failed, ran {how}: {ort_run.graph_error}")
-        elif self.cuda and not static:
-            notes.append("data-dependent token counts (NonZero): node by node")
-        elif not self.cuda and engine == "block":
-            notes.append("CPU EP: RaggedViTBlock's CPU kernel (no block engine, no CUDA graph)")
-        m["note"] = "; ".join(notes)
-        return ort_run
+            log(f"{self.model} [{policy}] export: {self.info['exports'][policy]} (waited {waited:.0f} s)")
+        return self.info["exports"][policy]
 
     # ------------------------------------------------------------------ one batch size
     def _batch(self, b: int, photos: torch.Tensor) -> None:
+        cfg = self.cfg
         x32 = tile(photos, b).to(self.device)
         xt = x32.to(self.dtype)
         steps: dict[Key, Step] = {}
@@ -291,19 +201,19 @@ class ModelRun:
                     skips = sum(c["cudagraph_skips"] for c in cm.calls.values())
                     m["mode"] = "cuda_graph_trees" if skips == 0 else "inductor_no_cudagraphs"
                     steps[key] = compiled_step(cm, xt)
-                elif variant in ENGINE:
-                    graphed = self._engine_step(key, x32, m)  # float32 images, as the exports take them
-                    if graphed is None:
-                        continue
-                    keep.append(graphed)
-                    m["mode"] = graphed.mode
-                    m["fallback"] = (lambda g=graphed: (g.eager_step(), None), "the same module run eagerly")
-                    steps[key] = graphed.step()
                 else:
-                    ort_run = self._ort_step(key, b, x32, m)
-                    if ort_run is None:
+                    made = self._export(policy)
+                    if made.get("path") is None:
+                        m["error"] = f"export failed: {made.get('error')}"
                         continue
+                    path, static = made["path"], bool(made.get("static_shapes"))
+                    ort_run = OrtExport(path, cfg.device, b, x32, graph=self.cuda and static)
                     keep.append(ort_run)
+                    m["mode"], m["ort"] = ort_run.mode, ort_run
+                    if ort_run.graph_error:
+                        m["note"] = f"CUDA graph failed, ran node by node: {ort_run.graph_error}"
+                    elif self.cuda and not static:
+                        m["note"] = "data-dependent token counts (NonZero): node by node"
                     steps[key] = ort_run.step()
             except Exception as exc:  # noqa: BLE001 - recorded
                 traceback.print_exc()
@@ -343,11 +253,10 @@ class ModelRun:
 
     def _finish(self, key: Key, b: int, step: Step | None, m: dict[str, Any], round_ms: list[float], x32) -> None:
         variant, policy = key
-        extra = {"engine": m["engine"]} if "engine" in m else {}
         if "skip" in m:
-            self.emit(blank_record(self.model, variant, policy, b, "skipped", note=m["skip"], error=m["skip"], **extra))
+            self.emit(blank_record(self.model, variant, policy, b, "skipped", note=m["skip"], error=m["skip"]))
             return
-        rec = blank_record(self.model, variant, policy, b, "error", mode=m.get("mode"), note=m["note"], **extra)
+        rec = blank_record(self.model, variant, policy, b, "error", mode=m.get("mode"), note=m["note"])
         if "compile" in m:
             rec["compile"] = m["compile"]
         if "error" in m or step is None or not round_ms:
@@ -370,7 +279,7 @@ class ModelRun:
             rec["check_error"] = _short(exc)
         if self.cuda:
             try:
-                rec.update(self._profile(step, m.get("mode"), m.get("fallback"), b))
+                rec.update(self._profile(step, m.get("ort"), x32, b))
             except Exception as exc:  # noqa: BLE001
                 traceback.print_exc()
                 rec["profile_error"] = _short(exc)
@@ -400,22 +309,19 @@ class ModelRun:
             out["mean_tokens"] = [round(v, 2) for v in got_c.float().mean(0).tolist()]
         return out
 
-    def _profile(self, step: Step, mode: str | None, fallback: tuple[Callable, str] | None, b: int) -> dict[str, Any]:
-        """Kernels and GPU time per forward of the timed call; for a CUDA graph that CUPTI does not trace, of
-        `fallback` ((() -> (step, keep-alive), what it is): the same kernels outside the graph)."""
+    def _profile(self, step: Step, ort_run: OrtExport | None, x32: torch.Tensor, b: int) -> dict[str, Any]:
         forwards = self.cfg.profile_forwards
         prof = count_kernels(step[0], forwards=forwards, top=self.cfg.top_kernels)
         source = "torch.profiler (CUPTI) over the timed call"
         if prof["kernels_per_forward"] == 0:
             source += "; no kernels traced (CUDA-graph replay not seen by CUPTI? try --cupti-warmup)"
-        if prof["kernels_per_forward"] == 0 and fallback is not None and mode == "cuda_graph":
-            # CUPTI may not trace replays of graphs captured before it started: count the same kernels outside
-            # the graph (a replay runs the captured kernels)
-            make, what = fallback
-            other, alive = make()
-            prof = count_kernels(other[0], forwards=forwards, top=self.cfg.top_kernels)
-            source = f"no kernels traced in the CUDA-graph replay; counted on {what}"
-            del alive
+        if prof["kernels_per_forward"] == 0 and ort_run is not None and ort_run.mode == "cuda_graph":
+            # CUPTI may not trace replays of graphs captured before it started: count the same export's kernels
+            # node by node (a replay runs the captured kernels)
+            nbn, session = ort_run.node_by_node_step(x32)
+            prof = count_kernels(nbn[0], forwards=forwards, top=self.cfg.top_kernels)
+            source = "no kernels traced in the CUDA-graph replay; counted on a node-by-node session of the export"
+            del session
         return {
             "kernels_per_forward": prof["kernels_per_forward"],
             "copies_per_forward": prof["copies_per_forward"],

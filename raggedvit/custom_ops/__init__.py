@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LIBRARY_NAME", "OpLibraryNotBuilt", "library_info", "library_path"]
+__all__ = ["LIBRARY_NAME", "OpLibraryNotBuilt", "cubin_summary", "library_info", "library_path"]
 
 LIBRARY_NAME = "libraggedvit_ort.so"
 _HERE = Path(__file__).resolve().parent
@@ -41,3 +41,23 @@ def library_info() -> dict[str, Any]:
     info = json.loads(fn().decode())
     info["path"] = library_path()
     return info
+
+
+# the build info's part of each op's cubins ("" is the top level: attention), in the order of the ops list
+_CUBIN_PARTS = (
+    ("RaggedAttention", ""),
+    ("RaggedLinear", "linear"),
+    ("RaggedSelect", "select"),
+    ("BiasGelu", "gelu"),
+    ("GatherLayerNorm", "norm"),
+    ("PatchEmbed", "embed"),
+)
+
+
+def cubin_summary(build: dict[str, Any]) -> list[tuple[str, int, int, list[int]]]:
+    """(op, cubins, cubin bytes, archs) per CUDA op of library_info()["build"]; a CPU-only build has 0 of each."""
+    out = []
+    for op, key in _CUBIN_PARTS:
+        part = build.get(key, {}) if key else build
+        out.append((op, int(part.get("num_cubins", 0)), int(part.get("cubin_bytes", 0)), list(part.get("archs", []))))
+    return out

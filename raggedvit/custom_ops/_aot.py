@@ -174,8 +174,6 @@ def cache_key(job: Any) -> str:
 
     h = hashlib.sha256()
     h.update(job.source.read_bytes())
-    for extra in getattr(job, "extra_sources", ()):  # the sources the kernel's source imports
-        h.update(extra.read_bytes())
     h.update(triton.__version__.encode())
     h.update(json.dumps(asdict(job), sort_keys=True).encode())
     h.update(b"aot-v1")
@@ -230,8 +228,6 @@ def _compile(job: Any) -> AotResult:
     from triton.backends.compiler import GPUTarget
 
     triton.runtime.driver.set_active(_StubDriver(job.arch))
-    if hasattr(job, "prepare"):  # a job whose kernel imports other kernel sources registers them first
-        job.prepare()
     module = _load_module(job.source, f"_raggedvit_aot_{job.source.stem}")
     fn = getattr(module, job.function)
     sig, consts = job.signature()

@@ -1,6 +1,5 @@
 """Builds libraggedvit_ort.so: Triton AOT cubins of raggedvit/kernels/_kernel.py, _linear_kernel.py (the ragged
-linear and the bias + GELU kernels), _select_kernel.py, _norm_kernel.py, _embed_kernel.py and _block_kernel.py (the
-block engine) + the C++ op library.
+linear and the bias + GELU kernels), _select_kernel.py, _norm_kernel.py and _embed_kernel.py + the C++ op library.
 
     python raggedvit/custom_ops/build.py --output PATH [--archs 80,86,89,90] [--jobs N]
 
@@ -32,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 
 from raggedvit.custom_ops import (  # noqa: E402
     _aot,
-    _aot_block,
     _aot_embed,
     _aot_linear,
     _aot_norm,
@@ -48,14 +46,12 @@ SOURCES = (
     "bias_gelu.cc",
     "gather_layer_norm.cc",
     "patch_embed.cc",
-    "vit_block.cc",
     "cpu/ragged_attention_cpu.cc",
     "cpu/patch_embed_cpu.cc",
     "cpu/gather_layer_norm_cpu.cc",
     "cpu/bias_gelu_cpu.cc",
     "cpu/ragged_linear_cpu.cc",
     "cpu/ragged_select_cpu.cc",
-    "cpu/vit_block_cpu.cc",
     "cuda/ragged_attention_cuda.cc",
     "cuda/ragged_linear_cuda.cc",
     "cuda/launcher.cc",
@@ -68,8 +64,6 @@ SOURCES = (
     "cuda/norm_launcher.cc",
     "cuda/patch_embed_cuda.cc",
     "cuda/embed_launcher.cc",
-    "cuda/vit_block_cuda.cc",
-    "cuda/block_launcher.cc",
     "registration.cc",
 )
 CXXFLAGS = [
@@ -111,8 +105,8 @@ def _compile_one(job: _aot.AotJob, cache_dir: Path) -> tuple[_aot.AotResult, boo
 @dataclass
 class Cubins:
     """Every compiled kernel of a build: the attention table rows (result, min_tokens), the linear cubins that fit
-    their arch's shared memory and those skipped for exceeding it, the selection, bias + GELU, gather + LayerNorm,
-    patch embedding and block engine cubins (the last with their cuobjdump resource report)."""
+    their arch's shared memory and those skipped for exceeding it, the selection, bias + GELU, gather + LayerNorm
+    and patch embedding cubins."""
 
     rows: list[tuple[_aot.AotResult, int]] = field(default_factory=list)
     linear: list[_aot.AotResult] = field(default_factory=list)
@@ -121,7 +115,6 @@ class Cubins:
     gelu: list[_aot.AotResult] = field(default_factory=list)
     norm: list[_aot.AotResult] = field(default_factory=list)
     embed: list[_aot.AotResult] = field(default_factory=list)
-    block: list[tuple[_aot.AotResult, dict[str, int]]] = field(default_factory=list)
 
 
 def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> Cubins:
@@ -132,14 +125,12 @@ def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> Cubins
     gelu_work = _aot_linear.make_gelu_plan(archs)
     norm_work = _aot_norm.make_norm_plan(archs)
     embed_work = _aot_embed.make_embed_plan(archs)
-    block_work = _aot_block.make_block_plan(archs)
     if not work and not linear_work:
         return Cubins()
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     # most expensive first (forward kernels, wide heads, large linear tiles), so two workers finish together
     order = sorted(work, key=lambda j: (j.kernel != "fwd", -j.block_d, j.dtype != "fp32"))
-    # the block engine's cubins take longest (one whole block each): first
-    order = block_work + sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + embed_work + select_work
+    order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + embed_work + select_work
     order += gelu_work + norm_work
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
         futures = {job: pool.submit(_compile_one, job, cache_dir) for job in order}
@@ -154,14 +145,12 @@ def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> Cubins
         gelu=[done[job][0] for job in gelu_work],
         norm=[done[job][0] for job in norm_work],
         embed=[done[job][0] for job in embed_work if fits[job]],
-        block=[(done[job][0], _aot_block.block_report(done[job][0].cubin, done[job][0].function_name))
-               for job in block_work],
-    )  # fmt: skip
+    )
     print(
         f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, {len(out.linear)} linear "
         f"kernel rows ({len(out.skipped)} skipped: shared memory above the arch limit), {len(select_work)} select "
         f"rows, {len(gelu_work)} bias-GELU rows, {len(norm_work)} gather-LayerNorm rows, {len(out.embed)} "
-        f"patch-embedding rows, {len(out.block)} block engine rows, for sm_{', sm_'.join(map(str, archs))}",
+        f"patch-embedding rows, for sm_{', sm_'.join(map(str, archs))}",
         flush=True,
     )
     return out
@@ -225,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
     info = _codegen.build_info(c.rows, _version(), triton.__version__, c.linear, c.skipped, c.select, c.gelu, c.norm,
-                               c.embed, c.block)  # fmt: skip
+                               c.embed)  # fmt: skip
     new_text = gen_dir / f"cubins.cc.new{os.getpid()}"
-    _codegen.write_cubin_source(new_text, c.rows, info, c.linear, c.select, c.gelu, c.norm, c.embed, c.block)
+    _codegen.write_cubin_source(new_text, c.rows, info, c.linear, c.select, c.gelu, c.norm, c.embed)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()
     else:

@@ -12,7 +12,6 @@
 #include "cpu/ragged_attention_cpu.h"
 #include "cpu/ragged_linear_cpu.h"
 #include "cpu/ragged_select_cpu.h"
-#include "cpu/vit_block_cpu.h"
 #include "cuda/bias_gelu_cuda.h"
 #include "cuda/gather_layer_norm_cuda.h"
 #include "cuda/launcher.h"
@@ -20,7 +19,6 @@
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
 #include "cuda/ragged_select_cuda.h"
-#include "cuda/vit_block_cuda.h"
 
 #define RAGGEDVIT_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -41,10 +39,6 @@ const OpSet& Ops() {
       for (auto token_pos : kCuTypes) set.ops.push_back(std::make_unique<RaggedAttentionCpuOp>(nullptr, cu, token_pos));
       set.ops.push_back(std::make_unique<RaggedLinearCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
       set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
-      for (auto stream : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-                          ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
-        set.ops.push_back(std::make_unique<RaggedViTBlockCpuOp>(nullptr, stream, cu));
-      }
     }
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
     set.ops.push_back(std::make_unique<BiasGeluCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
@@ -67,13 +61,6 @@ const OpSet& Ops() {
           set.ops.push_back(std::make_unique<RaggedLinearCudaOp>(kCudaExecutionProvider, dtype, cu));
           set.ops.push_back(std::make_unique<GatherLayerNormCudaOp>(kCudaExecutionProvider, dtype, cu));
         }
-      }
-      // typed: the block engine's cubins take float16 Linear weights and int64 cu_seqlens (what fp16 / fp16-all
-      // exports write); other RaggedViTBlock nodes (fp32 exports) find no CUDA kernel and run on the CPU EP
-      for (auto stream : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}) {
-        set.ops.push_back(std::make_unique<RaggedViTBlockCudaOp>(kCudaExecutionProvider, stream,
-                                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
-                                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16));
       }
     }
   });
@@ -109,7 +96,7 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
            raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
-           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\", \"" + raggedvit::kBlockOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

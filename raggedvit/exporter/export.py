@@ -114,7 +114,7 @@ class _Outputs(nn.Module):
 def block_output_name(block: int) -> str:
     """Name of the tensor that holds block `block`'s output rows [T_b, C] in an exported graph (not a graph output:
     the validator marks it as one in a copy of the model, recipe key "block_outputs")."""
-    return f"raggedvit_block_{block}_out"
+    return f"raggedvit.block_{block}_out"
 
 
 def _unmark_block_outputs(model: ir.Model, count: int) -> list[str]:
@@ -138,7 +138,6 @@ def build_model(
     diagnostics: bool = False,
     capacity: bool = False,
     ragged_linear: bool | str = False,
-    engine: str = "ops",
 ) -> ir.Model:
     """The ONNX model (onnx_ir) of PrunedViT(vit, spec, capacity=capacity) in the export recipe `dtype`.
 
@@ -149,9 +148,7 @@ def build_model(
     graph runs as a CUDA graph (GraphRunner). `ragged_linear`: block GEMMs as com.raggedvit::RaggedLinear nodes,
     True / "all" in every block, "dead-rows" in the blocks with dead rows only (PrunedViT's `ragged_linear`;
     `check_ragged_linear` refusals), recipe key "ragged_linear" (True or "dead-rows"; only written when on, so
-    default exports are unchanged). `engine`: "block" exports each block PrunedViT(engine="block") runs as one op
-    as one com.raggedvit::RaggedViTBlock node (its weights as initializers), recipe key "engine" (only written for
-    "block").
+    default exports are unchanged).
     Recipe key "block_outputs": per block, the name of the tensor holding its output rows (`block_output_name`;
     traced as outputs, then unmarked: the graph computes nothing more for them).
     """
@@ -165,7 +162,6 @@ def build_model(
         spec,
         capacity=capacity,
         ragged_linear=ragged_linear,
-        engine=engine,
         block_outputs=True,
     )
     h, w = (int(s) for s in vit.patch_embed.img_size)
@@ -200,7 +196,6 @@ def build_model(
         "prune": spec.to_dict(),
         "capacity": bool(capacity),
         **({"ragged_linear": True if mode == "all" else mode} if mode is not None else {}),
-        **({"engine": engine} if engine != "ops" else {}),
         "dtype": dtype,
         "img_size": h,
         "num_prefix_tokens": model.num_prefix,
@@ -280,7 +275,6 @@ def export_onnx(
     diagnostics: bool = False,
     capacity: bool = False,
     ragged_linear: bool | str = False,
-    engine: str = "ops",
 ) -> Path:
     """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
     model = build_model(
@@ -291,6 +285,5 @@ def export_onnx(
         diagnostics=diagnostics,
         capacity=capacity,
         ragged_linear=ragged_linear,
-        engine=engine,
     )
     return save_model(model, path)

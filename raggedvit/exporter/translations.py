@@ -2,7 +2,6 @@
 
 `torch.ops.raggedvit.ragged_attention` -> `com.raggedvit::RaggedAttention` (DESIGN.md section 3),
 `torch.ops.raggedvit.ragged_linear` -> `com.raggedvit::RaggedLinear`,
-`torch.ops.raggedvit.vit_block` -> `com.raggedvit::RaggedViTBlock` (one whole pre-norm block, weights as inputs),
 `torch.ops.raggedvit.select_rows` -> `com.raggedvit::RaggedSelect` (a pruning stage's indices), and
 `aten.sort` -> ONNX TopK over the whole axis: ONNX TopK orders equal values by ascending index, which is the
 stable sort PrunedViT asks for (ties: the lower position first).
@@ -26,14 +25,11 @@ __all__ = [
     "RAGGED_ATTENTION_SCHEMA",
     "RAGGED_LINEAR_SCHEMA",
     "RAGGED_SELECT_SCHEMA",
-    "RAGGED_VIT_BLOCK_SCHEMA",
     "TRANSLATIONS",
-    "VIT_BLOCK_INPUTS",
     "ragged_attention",
     "ragged_linear",
     "select_rows",
     "sort",
-    "vit_block",
 ]
 
 _P = OpSchema.FormalParameter
@@ -99,44 +95,11 @@ RAGGED_SELECT_SCHEMA = OpSchema(
         OpSchema.Attribute("mass", OpSchema.AttrType.FLOAT, "kept cls mass (mass)", required=False),
     ],
 )
-# RaggedViTBlock's inputs, in order (the weights in BlockWeights' order); "?" marks the optional ones
-VIT_BLOCK_INPUTS = (
-    "x", "cu_seqlens", "norm1_weight", "norm1_bias", "qkv_weight", "qkv_bias?", "proj_weight", "proj_bias?",
-    "norm2_weight", "norm2_bias", "fc1_weight", "fc1_bias?", "fc2_weight", "fc2_bias?", "ls1?", "ls2?",
-)  # fmt: skip
-_STREAM_INPUTS = {"x", "norm1_weight", "norm1_bias", "norm2_weight", "norm2_bias", "ls1", "ls2"}
-
-
-def _block_input(spec: str) -> OpSchema.FormalParameter:
-    name = spec.rstrip("?")
-    kind = "I" if name == "cu_seqlens" else "T" if name in _STREAM_INPUTS else "G"
-    return _P(name, kind, param_option=_OPTIONAL) if spec.endswith("?") else _P(name, kind)
-
-
-RAGGED_VIT_BLOCK_SCHEMA = OpSchema(
-    "RaggedViTBlock",
-    RAGGED_DOMAIN,
-    1,
-    inputs=[_block_input(spec) for spec in VIT_BLOCK_INPUTS],
-    outputs=[_P("y", "T"), _P("cls_attn", "F", param_option=_OPTIONAL)],
-    type_constraints=[
-        ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "the residual stream x, y, norms, LayerScales"),
-        ("G", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "the Linear weights and biases"),
-        ("I", ["tensor(int32)", "tensor(int64)"], "cu_seqlens [B+1]"),
-        ("F", ["tensor(float)"], "cls_attn [T]"),
-    ],
-    attributes=[
-        OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "H", required=True),
-        OpSchema.Attribute("epsilon", OpSchema.AttrType.FLOAT, "both LayerNorms' epsilon", required=True),
-        OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "softmax scale", required=True),
-    ],
-)
 _EMPTY_F32 = onnx.helper.make_tensor("empty", onnx.TensorProto.FLOAT, [0], [])
 _RAGGED = onnxscript.values.Opset(RAGGED_DOMAIN, 1)
 _RAGGED_ATTENTION = onnxscript.values.Op(_RAGGED, "RaggedAttention", RAGGED_ATTENTION_SCHEMA)
 _RAGGED_LINEAR = onnxscript.values.Op(_RAGGED, "RaggedLinear", RAGGED_LINEAR_SCHEMA)
 _RAGGED_SELECT = onnxscript.values.Op(_RAGGED, "RaggedSelect", RAGGED_SELECT_SCHEMA)
-_RAGGED_VIT_BLOCK = onnxscript.values.Op(_RAGGED, "RaggedViTBlock", RAGGED_VIT_BLOCK_SCHEMA)
 
 
 def ragged_attention(
@@ -178,43 +141,6 @@ def ragged_linear(x, weight, bias=None, residual=None, cu_seqlens=None, activati
     return _RAGGED_LINEAR(x, weight, bias, residual, cu_seqlens, activation=int(activation))
 
 
-def vit_block(
-    x,
-    cu_seqlens,
-    norm1_weight,
-    norm1_bias,
-    qkv_weight,
-    qkv_bias,
-    proj_weight,
-    proj_bias,
-    norm2_weight,
-    norm2_bias,
-    fc1_weight,
-    fc1_bias,
-    fc2_weight,
-    fc2_bias,
-    ls1,
-    ls2,
-    num_heads: int = 1,
-    eps: float = 1e-6,
-    scale: float = 1.0,
-    return_cls_attn=False,
-):
-    """raggedvit::vit_block(x [T, C], cu [B+1], the 14 BlockWeights tensors (None: absent), num_heads, eps, scale,
-    return_cls_attn) -> one RaggedViTBlock node (absent optional inputs are empty names; attributes num_heads,
-    epsilon, scale) -> (y [T, C], cls_attn [T], or a [0] constant when not requested)."""
-    inputs = [x, cu_seqlens, norm1_weight, norm1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, norm2_weight,
-              norm2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ls1, ls2]  # fmt: skip
-    attrs = {"num_heads": int(num_heads), "epsilon": float(eps), "scale": float(scale)}
-    if return_cls_attn:
-        y, cls_attn = _RAGGED_VIT_BLOCK(*inputs, **attrs, _outputs=2)
-        return y, cls_attn
-    y = _RAGGED_VIT_BLOCK(*inputs, **attrs, _outputs=1)
-    if isinstance(y, (tuple, list)):
-        y = y[0]
-    return y, op.Constant(value=_EMPTY_F32)  # the unrequested cls_attn: [0], unused
-
-
 def select_rows(scores, cu, width: int, bound: int, num_prefix: int, policy: int, keep: float = 0.0, mass: float = 0.0):
     """raggedvit::select_rows(scores [T], cu [B+1], width, bound, num_prefix, policy, keep, mass) ->
     RaggedSelect(scores, cu) -> (src, cu_new, seq_id, pos [B*bound] / [B+1], k [B]); every attribute written."""
@@ -248,7 +174,6 @@ TRANSLATIONS: dict[Callable, Callable] = {
     torch.ops.raggedvit.ragged_attention.default: ragged_attention,
     torch.ops.raggedvit.ragged_linear.default: ragged_linear,
     torch.ops.raggedvit.select_rows.default: select_rows,
-    torch.ops.raggedvit.vit_block.default: vit_block,
     torch.ops.aten.sort.default: _sort_default,
     torch.ops.aten.sort.stable: _sort_stable,
 }

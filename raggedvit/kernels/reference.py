@@ -14,18 +14,15 @@ with t = -1, any out-of-range t) is a class row. `relative_position_index` gives
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
 __all__ = [
-    "BlockWeights",
     "live_rows",
     "pos_table_size",
     "ragged_attention_reference",
     "ragged_linear_reference",
     "relative_position_index",
-    "vit_block_reference",
 ]
 
 
@@ -172,87 +169,3 @@ def ragged_linear_reference(
         y = y + residual.to(cd)
     y = torch.where(live_rows(x.shape[0], cu_seqlens, x.device)[:, None], y, 0.0)
     return y if cd == torch.float64 else y.to(x.dtype)
-
-
-class BlockWeights(NamedTuple):
-    """The parameters of one pre-norm ViT block (timm's `Block` with `Attention` and `Mlp`), C = width,
-    F = MLP hidden width. Norm weights and LayerScales are in the residual stream's dtype; the four Linear
-    weights and their biases in the GEMM dtype (float16 or float32)."""
-
-    norm1_weight: torch.Tensor  # [C]
-    norm1_bias: torch.Tensor  # [C]
-    qkv_weight: torch.Tensor  # [3C, C]
-    qkv_bias: torch.Tensor | None  # [3C]
-    proj_weight: torch.Tensor  # [C, C]
-    proj_bias: torch.Tensor | None  # [C]
-    norm2_weight: torch.Tensor  # [C]
-    norm2_bias: torch.Tensor  # [C]
-    fc1_weight: torch.Tensor  # [F, C]
-    fc1_bias: torch.Tensor | None  # [F]
-    fc2_weight: torch.Tensor  # [C, F]
-    fc2_bias: torch.Tensor | None  # [C]
-    ls1: torch.Tensor | None = None  # [C] LayerScale gamma after attention
-    ls2: torch.Tensor | None = None  # [C] LayerScale gamma after the MLP
-
-
-def vit_block_reference(
-    x: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    w: BlockWeights,
-    num_heads: int,
-    *,
-    eps: float = 1e-6,
-    scale: float | None = None,
-    return_cls_attn: bool = False,
-    compute_dtype: torch.dtype | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """One whole pre-norm ViT block on packed rows: the semantics of the block engine.
-
-        h   = LN1(x)                              (statistics in compute_dtype)
-        qkv = h @ qkv_weight^T + qkv_bias         rounded to the GEMM dtype
-        o   = ragged_attention(qkv, cu_seqlens)   rounded to the GEMM dtype (DESIGN.md section 1)
-        x1  = x + ls1 * (o @ proj_weight^T + proj_bias)        rounded to x's dtype
-        a   = GELU_erf(LN2(x1) @ fc1_weight^T + fc1_bias)      rounded to the GEMM dtype
-        y   = x1 + ls2 * (a @ fc2_weight^T + fc2_bias)         rounded to x's dtype
-
-    Every product accumulates in compute_dtype; the roundings above are where a fused kernel stores to memory.
-
-    Args:
-        x: [T, C] packed rows (the residual stream); sequence b is rows [cu[b], cu[b+1]); rows >= cu[B] are dead.
-        cu_seqlens: [B+1] int32/int64, 0 = cu[0] <= ... <= cu[B] <= T.
-        w: the block's parameters (BlockWeights).
-        num_heads: H (C = H * D).
-        eps: the LayerNorms' epsilon (both norms).
-        scale: the softmax scale, default 1/sqrt(D).
-        return_cls_attn: also return cls_attn [T] float32 (ragged_attention_reference's).
-        compute_dtype: float32 for half inputs by default; torch.float64 for a gold reference (no roundings then).
-
-    Returns:
-        y [T, C] in x's dtype (float64 with compute_dtype float64), zeros on the dead rows (and cls_attn [T]).
-    """
-    cd = compute_dtype or (torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
-    gold = cd == torch.float64
-    gemm_dtype = cd if gold else w.qkv_weight.dtype
-    stream_dtype = cd if gold else x.dtype
-    C = x.shape[1]
-    live = live_rows(x.shape[0], cu_seqlens, x.device)[:, None]
-
-    def linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return torch.nn.functional.linear(a.to(cd), weight.to(cd), None if bias is None else bias.to(cd))
-
-    def norm(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.layer_norm(a.to(cd), (C,), weight.to(cd), bias.to(cd), eps)
-
-    def gamma(ls: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
-        return a if ls is None else a * ls.to(cd)
-
-    qkv = linear(norm(x, w.norm1_weight, w.norm1_bias), w.qkv_weight, w.qkv_bias).to(gemm_dtype)
-    res = ragged_attention_reference(
-        qkv, cu_seqlens, num_heads, scale=scale, return_cls_attn=return_cls_attn, compute_dtype=cd
-    )
-    o, cls_attn = res if return_cls_attn else (res, None)
-    x1 = (x.to(cd) + gamma(w.ls1, linear(o.to(gemm_dtype), w.proj_weight, w.proj_bias))).to(stream_dtype)
-    a = torch.nn.functional.gelu(linear(norm(x1, w.norm2_weight, w.norm2_bias), w.fc1_weight, w.fc1_bias))
-    y = x1.to(cd) + gamma(w.ls2, linear(a.to(gemm_dtype), w.fc2_weight, w.fc2_bias))
-    y = torch.where(live, y, 0.0).to(stream_dtype)
-    return (y, cls_attn) if return_cls_attn else y

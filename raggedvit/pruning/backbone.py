@@ -58,9 +58,6 @@ class Backbone:
     # whether `block(..., ragged_linear=True)` can run the block GEMMs with raggedvit.kernels.ragged_linear
     # (PrunedViT asks for it per block, see its `ragged_linear`; backbones without support refuse it)
     supports_ragged_linear: ClassVar[bool] = False
-    # whether `block(..., block_op=True)` runs each block it can as one raggedvit.kernels.vit_block op (PrunedViT's
-    # engine="block"; backbones without support refuse it)
-    supports_block_op: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -102,10 +99,9 @@ class Backbone:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """blocks[index] on packed rows: state.x [T, C] -> x' [T, C] (and cls_attn [T] float32 when asked).
         ragged_linear: run the block GEMMs with the ragged linear op over the live rows [0, cu[B]) (asked only of
-        backbones with supports_ragged_linear); backbones with supports_block_op also take `block_op=True` (the
-        whole block as one op where it can, PrunedViT's engine="block"). Backbones whose `head_rows` gives rows also
-        take `out_rows=(rows [R] int64, cu [B+1] int64)` (the last block only, never with return_cls_attn): every row
-        attends as usual, the rest of the block runs on `rows` alone, and x' is [R, C] (cu: its images' rows)."""
+        backbones with supports_ragged_linear). Backbones whose `head_rows` gives rows also take `out_rows=(rows
+        [R] int64, cu [B+1] int64)` (the last block only, never with return_cls_attn): every row attends as usual,
+        the rest of the block runs on `rows` alone, and x' is [R, C] (cu: its images' rows)."""
         raise NotImplementedError
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:

@@ -25,7 +25,6 @@ from raggedvit.pruning.select_op import select_rows
 from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
 
 __all__ = [
-    "ENGINES",
     "RAGGED_LINEAR_MODES",
     "PackedState",
     "PrunedOutput",
@@ -68,7 +67,6 @@ class PrunedOutput(NamedTuple):
 
 
 RAGGED_LINEAR_MODES = ("all", "dead-rows")
-ENGINES = ("ops", "block")  # PrunedViT's `engine`: per-op blocks, or each supported block as one op
 
 
 def ragged_linear_mode(value: bool | str | None) -> str | None:
@@ -273,11 +271,6 @@ class PrunedViT(nn.Module):
     full rows: docs/decisions.md). Same results up to rounding; timm VisionTransformer only
     (ValueError otherwise).
 
-    `engine`: "ops" (default) runs each block as its ops; "block" runs every block that
-    `packed_block.block_weights` takes (timm's pre-norm Block with Attention, LayerNorms, LayerScale or none, a
-    GELU Mlp) as one `raggedvit.kernels.vit_block` op (torch.ops.raggedvit.vit_block, exported as one
-    com.raggedvit::RaggedViTBlock node), with cls attention where a stage follows; other blocks keep the ops (and
-    `ragged_linear`). Same results up to rounding; backbones with supports_block_op only (ValueError otherwise).
     `block_outputs` also returns each block's output rows (PrunedOutput.blocks): the validator's per-block drift
     reads them, and the exporter traces them to name each block's output tensor in the graph.
     """
@@ -290,19 +283,10 @@ class PrunedViT(nn.Module):
         *,
         capacity: bool = False,
         ragged_linear: bool | str = False,
-        engine: str = "ops",
         block_outputs: bool = False,
     ) -> None:
         super().__init__()
         backbone = backbone_for(vit)
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        if engine == "block" and not backbone.supports_block_op:
-            raise ValueError(
-                f"engine='block' needs a timm VisionTransformer; {type(vit).__name__} runs as "
-                f"{type(backbone).__name__}, which has no block op path"
-            )
-        self.engine = engine
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
         mode = ragged_linear_mode(ragged_linear)
         if mode is not None and not backbone.supports_ragged_linear:
@@ -365,8 +349,6 @@ class PrunedViT(nn.Module):
             # the last block past its attention runs on the rows the head reads (token pooling), no others
             head = bb.head_rows(state) if bi == bb.depth - 1 and not need_cls else None
             kwargs = {} if head is None else {"out_rows": (head[0], steps * head[1])}
-            if self.engine == "block":
-                kwargs["block_op"] = True
             out = bb.block(
                 bi,
                 state,

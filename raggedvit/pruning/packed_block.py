@@ -1,22 +1,20 @@
-"""One timm `Block` on packed rows [T, C] with the ragged attention op (opt-in: the ragged linear op, or the whole
-block as one op)."""
+"""One timm `Block` on packed rows [T, C] with the ragged attention op (opt-in: the ragged linear op)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, LayerScale, Mlp
-from timm.models.vision_transformer import Attention, Block
+from timm.layers import DropPath, Mlp
+from timm.models.vision_transformer import Block
 from torch import nn
 
-from raggedvit.kernels import BlockWeights, ragged_attention, vit_block
+from raggedvit.kernels import ragged_attention
 from raggedvit.kernels import ragged_linear as fused_linear
 from raggedvit.pruning.backbone import AttentionFn
 
 __all__ = [
     "AttentionFn",
     "block_tail",
-    "block_weights",
     "module_dtype",
     "packed_block_forward",
     "ragged_tail",
@@ -51,7 +49,6 @@ def packed_block_forward(
     attention: AttentionFn | None = None,
     ragged_linear: bool = False,
     out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_op: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """timm Block.forward on packed sequences.
 
@@ -70,10 +67,6 @@ def packed_block_forward(
         out_rows: (rows [R] int64, cu [B+1] int64 of those rows) or None: every row attends as usual, then the
             rest of the block (proj, residual, norm2, MLP: all per row) runs on `rows` alone (the rows a token-pooling
             head reads, after the last block). Not with return_cls_attn.
-        block_op: run the whole block as one `raggedvit.kernels.vit_block` op (torch.ops.raggedvit.vit_block; one
-            com.raggedvit::RaggedViTBlock node in an export) when `block_weights` takes the block and `attention` is
-            None; other blocks keep the per-op path. With out_rows the op runs on every row, then the rows are
-            gathered (the rest of the block is per row).
 
     Returns:
         x' [T, C] ([R, C] with out_rows) (and cls_attn [T] float32).
@@ -82,14 +75,6 @@ def packed_block_forward(
         raise TypeError(f"packed_block_forward supports timm's Block only, got {type(block).__name__}")
     if out_rows is not None and return_cls_attn:
         raise ValueError("out_rows and return_cls_attn exclude each other")
-    weights = block_weights(block, x.dtype) if block_op and attention is None else None
-    if weights is not None:
-        attn = block.attn
-        res = vit_block(
-            x, cu_seqlens, weights, attn.num_heads, eps=block.norm1.eps, scale=attn.scale,
-            return_cls_attn=return_cls_attn,
-        )  # fmt: skip
-        return res if out_rows is None else res.index_select(0, out_rows[0])
     attn = block.attn
     h = block.norm1(x)
     hc = h.to(attn.qkv.weight.dtype)
@@ -118,62 +103,6 @@ def packed_block_forward(
         x, h, o = x.index_select(0, rows), h.index_select(0, rows), o.index_select(0, rows)
     x = ragged_tail(block, x, h, o, cu_seqlens) if ragged_linear else block_tail(block, x, h, o)
     return (x, cls_attn) if return_cls_attn else x
-
-
-def _layer_norm(norm: nn.Module, width: int) -> bool:
-    """nn.LayerNorm (or a subclass such as timm's) over the last dim of width `width`, with weight and bias."""
-    return (
-        isinstance(norm, nn.LayerNorm)
-        and tuple(norm.normalized_shape) == (width,)
-        and norm.weight is not None
-        and norm.bias is not None
-    )
-
-
-def block_weights(block: nn.Module, stream: torch.dtype) -> BlockWeights | None:
-    """The BlockWeights of `block` when the block op (raggedvit.kernels.vit_block) computes exactly this block on
-    a residual stream of dtype `stream`, else None (the block keeps the per-op path).
-
-    Taken: timm's `Block` (eval mode) with timm's `Attention` (no q/k norm, no attention-output norm or gate),
-    nn.LayerNorm norm1 / norm2 with affine weights and one epsilon, LayerScale or nothing for ls1 / ls2, timm's
-    `Mlp` with fc1 -> nn.GELU (erf) -> fc2, inert dropouts and drop paths; norms and LayerScales in `stream`, the
-    four Linear layers (weights and biases) in one dtype."""
-    if type(block) is not Block or block.training:
-        return None
-    attn, mlp = block.attn, block.mlp
-    if type(attn) is not Attention or not (isinstance(attn.qkv, nn.Linear) and isinstance(attn.proj, nn.Linear)):
-        return None
-    C = attn.qkv.in_features
-    if getattr(attn, "gate", None) is not None or not all(
-        _inert(m) for m in (attn.q_norm, attn.k_norm, attn.norm, attn.attn_drop, attn.proj_drop)
-    ):
-        return None
-    if not (_layer_norm(block.norm1, C) and _layer_norm(block.norm2, C) and block.norm1.eps == block.norm2.eps):
-        return None
-    if not (_plain_mlp(mlp) and type(mlp.act) is nn.GELU and mlp.act.approximate == "none"):
-        return None
-    if not all(_inert(m) for m in (block.drop_path1, block.drop_path2)):
-        return None
-    gammas = []
-    for ls in (block.ls1, block.ls2):
-        if isinstance(ls, LayerScale):
-            gammas.append(ls.gamma)
-        elif isinstance(ls, nn.Identity):
-            gammas.append(None)
-        else:
-            return None
-    w = BlockWeights(
-        block.norm1.weight, block.norm1.bias, attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias,
-        block.norm2.weight, block.norm2.bias, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias, *gammas,
-    )  # fmt: skip
-    stream_names = ("norm1_weight", "norm1_bias", "norm2_weight", "norm2_bias", "ls1", "ls2")
-    gemm = attn.qkv.weight.dtype
-    for name, t in w._asdict().items():
-        if t is not None and t.dtype != (stream if name in stream_names else gemm):
-            return None
-    if attn.qkv.out_features != 3 * C or mlp.fc1.in_features != C or mlp.fc2.out_features != C:
-        return None
-    return w
 
 
 def block_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

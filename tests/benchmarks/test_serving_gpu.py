@@ -1,9 +1,6 @@
 """`python3 -m benchmarks.serving` on the GPU with a small model (deit_tiny, depth 4, batches 1 and 4, --smoke): the
 CUDA paths end to end — torch.compile(mode="reduce-overhead") of timm and PrunedViT, the policy-none and topk-l2
-exports as CUDA graphs, cls-mass recorded (ok or with its error), the block engine variants as CUDA graphs (or skipped
-with the reason), the block engine's exports (--engine block: one RaggedViTBlock node per block, on the CUDA EP) as
-CUDA graphs (or recorded with the reason), kernel counts, the copy bandwidth, the ratios and the engine targets of
-both."""
+exports as CUDA graphs, cls-mass recorded (ok or with its error), kernel counts, the copy bandwidth and the ratios."""
 
 from __future__ import annotations
 
@@ -33,7 +30,7 @@ def test_serving_cuda_paths(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("serving_*.json")
     res = json.loads(path.read_text())
     recs = {(r["variant"], r["policy"], r["batch"]): r for r in res["records"]}
-    assert len(recs) == len(res["records"]) == 2 * (5 + 2 * 5)
+    assert len(recs) == len(res["records"]) == 2 * (3 + 2 * 3)
     for key in [(v, "none", b) for v in ("timm_eager", "timm_compile", "ort_unpruned") for b in (1, 4)] + [
         (v, TOPK, b) for v in ("prunedvit_eager", "prunedvit_compile", "ort_raggedvit") for b in (1, 4)
     ]:
@@ -49,28 +46,6 @@ def test_serving_cuda_paths(tmp_path: Path) -> None:
         for v in ("prunedvit_compile", "ort_raggedvit"):
             r = recs[(v, CLS, b)]
             assert r["status"] == "ok" or r["error"], r
-    engine_keys = [("engine_unpruned", "none", b) for b in (1, 4)]
-    engine_keys += [("engine", p, b) for p in (TOPK, CLS) for b in (1, 4)]
-    for key in engine_keys:
-        r = recs[key]  # the block engine as a CUDA graph, or skipped with the engine's or the capture's reason
-        assert r["status"] == "ok" or (r["status"] == "skipped" and r["note"]), r
-        if r["status"] == "ok":
-            assert r["mode"] == "cuda_graph" and r["engine"]["calls"] > 0, r
-            assert r["kernels_per_forward"] > 0 and r["top1_agree"] == 1.0, r
-    ort_keys = [("ort_engine_unpruned", "none", b) for b in (1, 4)]
-    ort_keys += [("ort_engine", p, b) for p in (TOPK, CLS) for b in (1, 4)]
-    for key in ort_keys:
-        r = recs[key]  # the --engine block export as a CUDA graph on the CUDA EP, or recorded with the reason
-        assert r["status"] == "ok" or (r["status"] in ("skipped", "error") and r["error"]), r
-        if r["status"] == "ok":
-            assert r["mode"] == "cuda_graph", r
-            assert r["kernels_per_forward"] > 0 and r["top1_agree"] == 1.0, r
-    made = res["models"]["deit_tiny"]["engine_exports"]
-    assert set(made) == {"none", TOPK, CLS}
-    for e in made.values():
-        assert e.get("error") or (e["engine"], e["block_nodes"], e["depth"]) == ("block", 4, 4), e
-    assert {t["batch"] for t in res["engine_targets"]} == {1, 4}
-    assert {t["variant"] for t in res["engine_targets"]} == {"engine", "ort_engine"}
     assert res["bandwidth"]["measured_bytes_per_s"] > 1e11
     assert recs[("timm_eager", "none", 1)]["floor"]["latency_over_measured_floor"] > 1.0
     assert {t["batch"] for t in res["targets"]} == {1, 4}

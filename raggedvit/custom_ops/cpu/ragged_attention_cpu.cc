@@ -235,30 +235,6 @@ OrtStatusPtr DispatchIndex(Ort::KernelContext& ctx, const Attrs& attrs, const Di
 
 }  // namespace
 
-template <typename I>
-std::string RaggedAttentionCpuFloat(Ort::KernelContext& ctx, const float* qkv, float* out, float* cls, const I* cu,
-                                    const Dims& d, float scale) {
-  Job<float> job;
-  job.qkv = qkv;
-  job.bias = nullptr;
-  job.out = out;
-  job.cls = cls;
-  job.d = d;
-  job.scale = scale;
-  const int64_t live = static_cast<int64_t>(cu[d.B]);  // checked: cu[B] <= T, so T*H*D bounds the offsets
-  std::fill(out + live * d.H * d.D, out + d.T * d.H * d.D, 0.0f);
-  if (cls != nullptr) std::fill(cls + live, cls + d.T, 0.0f);
-  std::string err = MakeTasks(cu, d, &job.tasks);
-  if (!err.empty()) return err;
-  if (!job.tasks.empty()) ctx.ParallelFor(&RunTaskFn<float>, job.tasks.size(), 0, &job);
-  return job.failed.load() ? "CPU attention failed: " + job.error : "";
-}
-
-template std::string RaggedAttentionCpuFloat<int32_t>(Ort::KernelContext&, const float*, float*, float*,
-                                                      const int32_t*, const Dims&, float);
-template std::string RaggedAttentionCpuFloat<int64_t>(Ort::KernelContext&, const float*, float*, float*,
-                                                      const int64_t*, const Dims&, float);
-
 RaggedAttentionCpuKernel::RaggedAttentionCpuKernel(const Attrs& attrs, const OrtKernelInfo*) : attrs_(attrs) {}
 
 OrtStatusPtr RaggedAttentionCpuKernel::ComputeV2(OrtKernelContext* context) {

@@ -16,11 +16,4 @@ struct RaggedAttentionCpuKernel {
 
 using RaggedAttentionCpuOp = RaggedAttentionOp<RaggedAttentionCpuKernel>;
 
-// The kernel's attention on float rows, for ops that compose it (RaggedViTBlock): qkv [T, 3*H*D] float (no
-// bias), out [T, H*D], cls [T] or nullptr; cu [B+1] checked by CheckCuValues. The dead rows [cu[B], T) of out and
-// cls are zeroed. "" on success, else the error text.
-template <typename I>
-std::string RaggedAttentionCpuFloat(Ort::KernelContext& ctx, const float* qkv, float* out, float* cls, const I* cu,
-                                    const Dims& d, float scale);
-
 }  // namespace raggedvit

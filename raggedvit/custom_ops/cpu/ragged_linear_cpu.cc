@@ -103,23 +103,6 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const LinearAttrs& attrs, const Li
 
 }  // namespace
 
-void RaggedLinearCpuFloat(Ort::KernelContext& ctx, const float* x, const float* w, const float* bias, float* y,
-                          int64_t live, int64_t N, int64_t K, bool gelu) {
-  if (live == 0 || N == 0) return;
-  Job<float> job;
-  job.x = x;
-  job.w = w;
-  job.bias = bias;
-  job.residual = nullptr;
-  job.y = y;
-  job.live = live;
-  job.N = N;
-  job.K = K;
-  job.gelu = gelu;
-  const int64_t tasks = (live + kRowsPerTask - 1) / kRowsPerTask;
-  ctx.ParallelFor(&RunTask<float>, static_cast<size_t>(tasks), 0, &job);
-}
-
 RaggedLinearCpuKernel::RaggedLinearCpuKernel(const LinearAttrs& attrs, const OrtKernelInfo*) : attrs_(attrs) {}
 
 OrtStatusPtr RaggedLinearCpuKernel::ComputeV2(OrtKernelContext* context) {

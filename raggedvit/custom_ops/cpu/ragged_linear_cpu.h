@@ -16,9 +16,4 @@ struct RaggedLinearCpuKernel {
 
 using RaggedLinearCpuOp = RaggedLinearOp<RaggedLinearCpuKernel>;
 
-// The kernel's GEMM on float rows, for ops that compose it (RaggedViTBlock): y[r] = act(x[r] w^T + bias) for
-// r < live (x [live, K], w [N, K], bias [N] or nullptr, y [live, N]; act: GELU (erf) when gelu), fp32 accumulation.
-void RaggedLinearCpuFloat(Ort::KernelContext& ctx, const float* x, const float* w, const float* bias, float* y,
-                          int64_t live, int64_t N, int64_t K, bool gelu);
-
 }  // namespace raggedvit

@@ -43,18 +43,6 @@ std::string EnterContext(void* stream, int device_ordinal, LaunchScope& scope, c
 std::string Launch(CUfunction fn, unsigned grid_x, unsigned grid_y, int num_warps, int shared_bytes, void* stream,
                    void** args, const char* what);
 
-// A cooperative launch (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_COOPERATIVE) of a (grid_x, 1, 1) grid: the driver
-// guarantees every program is resident at once, or fails the launch. "" or the error naming `what`.
-std::string LaunchCooperative(CUfunction fn, unsigned grid_x, int num_warps, int shared_bytes, void* stream,
-                              void** args, const char* what);
-
-// Programs of fn one multiprocessor holds at once (cuOccupancyMaxActiveBlocksPerMultiprocessor; call inside a
-// PickFn); "" on success.
-std::string ResidentPrograms(CUfunction fn, int num_warps, int shared_bytes, int* per_sm);
-
-// words 32-bit zeros at dst, enqueued on stream (cuMemsetD32Async); "" on success.
-std::string ZeroWords(void* dst, size_t words, void* stream);
-
 // Multiprocessors of the current context's device (call inside a PickFn: the context is current); "" on success.
 std::string CurrentMultiprocessorCount(int* count);
 

@@ -40,10 +40,6 @@ struct Driver {
   CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) = nullptr;
-  // optional: only the block engine needs them (cuLaunchKernelEx: CUDA 12 drivers)
-  CUresult (*LaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
-  CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t) = nullptr;
-  CUresult (*MemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream) = nullptr;
 };
 
 template <typename F>
@@ -81,10 +77,6 @@ const Driver& GetDriver() {
     Bind(lib, "cuGetErrorName", &drv.GetErrorName, &missing);
     std::string optional;
     Bind(lib, "cuTensorMapEncodeTiled", &drv.TensorMapEncodeTiled, &optional);
-    Bind(lib, "cuLaunchKernelEx", &drv.LaunchKernelEx, &optional);
-    Bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", &drv.OccupancyMaxActiveBlocksPerMultiprocessor,
-         &optional);
-    Bind(lib, "cuMemsetD32Async", &drv.MemsetD32Async, &optional);
     if (!missing.empty()) {
       drv.error = "libcuda.so.1 lacks " + missing;
       return;
@@ -257,45 +249,6 @@ std::string Launch(CUfunction fn, unsigned grid_x, unsigned grid_y, int num_warp
                                         static_cast<unsigned>(shared_bytes), static_cast<CUstream>(stream), args,
                                         nullptr);
   return r == CUDA_SUCCESS ? "" : ErrorText((std::string("cuLaunchKernel(") + what + ")").c_str(), r);
-}
-
-std::string LaunchCooperative(CUfunction fn, unsigned grid_x, int num_warps, int shared_bytes, void* stream,
-                              void** args, const char* what) {
-  const Driver& drv = GetDriver();
-  if (drv.LaunchKernelEx == nullptr) return "libcuda.so.1 lacks cuLaunchKernelEx (a CUDA 12 driver)";
-  CUlaunchAttribute coop = {};
-  coop.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-  coop.value.cooperative = 1;
-  CUlaunchConfig cfg = {};
-  cfg.gridDimX = grid_x;
-  cfg.gridDimY = 1;
-  cfg.gridDimZ = 1;
-  cfg.blockDimX = 32u * static_cast<unsigned>(num_warps);
-  cfg.blockDimY = 1;
-  cfg.blockDimZ = 1;
-  cfg.sharedMemBytes = static_cast<unsigned>(shared_bytes);
-  cfg.hStream = static_cast<CUstream>(stream);
-  cfg.attrs = &coop;
-  cfg.numAttrs = 1;
-  CUresult r = drv.LaunchKernelEx(&cfg, fn, args, nullptr);
-  return r == CUDA_SUCCESS ? "" : ErrorText((std::string("cuLaunchKernelEx(cooperative ") + what + ")").c_str(), r);
-}
-
-std::string ResidentPrograms(CUfunction fn, int num_warps, int shared_bytes, int* per_sm) {
-  const Driver& drv = GetDriver();
-  if (drv.OccupancyMaxActiveBlocksPerMultiprocessor == nullptr) {
-    return "libcuda.so.1 lacks cuOccupancyMaxActiveBlocksPerMultiprocessor";
-  }
-  CUresult r = drv.OccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fn, 32 * num_warps,
-                                                              static_cast<size_t>(shared_bytes));
-  return r == CUDA_SUCCESS ? "" : ErrorText("cuOccupancyMaxActiveBlocksPerMultiprocessor", r);
-}
-
-std::string ZeroWords(void* dst, size_t words, void* stream) {
-  const Driver& drv = GetDriver();
-  if (drv.MemsetD32Async == nullptr) return "libcuda.so.1 lacks cuMemsetD32Async";
-  CUresult r = drv.MemsetD32Async(reinterpret_cast<CUdeviceptr>(dst), 0u, words, static_cast<CUstream>(stream));
-  return r == CUDA_SUCCESS ? "" : ErrorText("cuMemsetD32Async", r);
 }
 
 std::string CurrentMultiprocessorCount(int* count) {

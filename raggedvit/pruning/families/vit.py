@@ -21,7 +21,6 @@ class ViTBackbone(Backbone):
 
     model_classes = (VisionTransformer,)
     supports_ragged_linear = True
-    supports_block_op = True
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__(model)
@@ -42,7 +41,6 @@ class ViTBackbone(Backbone):
         attention: AttentionFn | None,
         ragged_linear: bool = False,
         out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-        block_op: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return packed_block_forward(
             self.model.blocks[index],
@@ -53,7 +51,6 @@ class ViTBackbone(Backbone):
             attention=attention,
             ragged_linear=ragged_linear,
             out_rows=out_rows,
-            block_op=block_op,
         )
 
     def head_rows(self, state: PackedState) -> tuple[torch.Tensor, int] | None:

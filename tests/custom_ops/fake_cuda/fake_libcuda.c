@@ -2,9 +2,7 @@
  * It appends one line per driver call the launcher makes to $FAKE_CUDA_LOG and refuses launches whose
  * stream context is not current. Behaviour from the environment:
  *   FAKE_CUDA_ARCH (default 90), FAKE_CUDA_DEVICES (default 1), FAKE_CUDA_SMEM_OPTIN (default 232448),
- *   FAKE_CUDA_LAUNCH_ERR / FAKE_CUDA_LOAD_ERR: CUresult returned by cuLaunchKernel(Ex) / cuModuleLoadData,
- *   FAKE_CUDA_OCCUPANCY (default 2): cuOccupancyMaxActiveBlocksPerMultiprocessor's programs per SM,
- *   FAKE_CUDA_MEMSET_ERR: CUresult returned by cuMemsetD32Async.
+ *   FAKE_CUDA_LAUNCH_ERR / FAKE_CUDA_LOAD_ERR: CUresult returned by cuLaunchKernel / cuModuleLoadData.
  * A "cubin" here is a NUL-terminated tag string; streams encode their device in the low 4 bits.
  */
 #include <stdarg.h>
@@ -18,27 +16,6 @@ typedef int CUdevice;
 typedef void* CUcontext;
 typedef void* CUstream;
 typedef void* CUmodule;
-typedef unsigned long long CUdeviceptr;
-/* cuLaunchKernelEx's arguments, laid out as CUlaunchAttribute / CUlaunchConfig of cuda.h (the triton wheel's):
-   a 4-byte attribute id padded to 8, then a 64-byte value union (8-byte aligned: it holds pointers) */
-typedef struct {
-  int id;
-  char pad[4];
-  union {
-    char pad[64];
-    void* align;
-    int cooperative; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE */
-  } value;
-} FakeLaunchAttribute;
-typedef struct {
-  unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-  CUstream hStream;
-  FakeLaunchAttribute* attrs;
-  unsigned numAttrs;
-} FakeLaunchConfig;
-_Static_assert(sizeof(FakeLaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
-_Static_assert(sizeof(FakeLaunchConfig) == 56, "CUlaunchConfig is 56 bytes");
-#define FAKE_LAUNCH_ATTRIBUTE_COOPERATIVE 2
 typedef struct {
   char tag[128];
   char name[64];
@@ -208,54 +185,6 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
                   *(unsigned long long*)params[n_ptr + 1 + n_int]);
   log_line("launch %s %s grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%llx ctx=%d args=%s", fn->name, fn->tag, gx, gy,
            gz, bx, by, bz, smem, (unsigned long long)(uintptr_t)stream, device_of_ctx(current()), args);
-  return 0;
-}
-/* _vit_block: 26 pointers (X, CU, the 14 weights, Xn, Qkv, Att, Lse, Cls, X1, Hid, Part, Ctr, Y), T, B, J, C, F, H,
-   D, eps and qk_scale (fp32 bits), ph_lo, ph_hi, max_tiles, then Triton's 2 scratch pointers */
-static int print_vit_block(char* args, size_t size, void** params) {
-  int pos = 0;
-  for (int i = 0; i < 26; ++i)
-    pos += snprintf(args + pos, size - pos, "%s%llx", i ? "," : "", *(unsigned long long*)params[i]);
-  for (int i = 26; i < 38; ++i) pos += snprintf(args + pos, size - pos, ",%d", *(int32_t*)params[i]);
-  pos += snprintf(args + pos, size - pos, ",%llx,%llx", *(unsigned long long*)params[38],
-                  *(unsigned long long*)params[39]);
-  return pos;
-}
-
-/* Logged like cuLaunchKernel's launches, with coop=<the cooperative attribute's value, 0 when absent> and
-   attrs=<numAttrs>; only _vit_block's parameters are printed. */
-CUresult cuLaunchKernelEx(const FakeLaunchConfig* cfg, void* f, void** params, void** extra) {
-  FakeFunction* fn = (FakeFunction*)f;
-  int err = env_int("FAKE_CUDA_LAUNCH_ERR", 0);
-  if (err) return err;
-  CUstream stream = cfg->hStream;
-  if (stream && current() != ctx_of_device((int)((uintptr_t)stream & 0xf))) return 201;
-  if (!current() || extra) return 201;
-  if (cfg->numAttrs && !cfg->attrs) return 1; /* CUDA_ERROR_INVALID_VALUE */
-  int coop = 0;
-  for (unsigned i = 0; i < cfg->numAttrs; ++i)
-    if (cfg->attrs[i].id == FAKE_LAUNCH_ATTRIBUTE_COOPERATIVE) coop = cfg->attrs[i].value.cooperative;
-  char args[1024] = "";
-  if (strcmp(fn->name, "_vit_block") == 0) print_vit_block(args, sizeof args, params);
-  log_line("launch %s %s grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%llx ctx=%d coop=%d attrs=%u args=%s", fn->name,
-           fn->tag, cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ, cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ,
-           cfg->sharedMemBytes, (unsigned long long)(uintptr_t)stream, device_of_ctx(current()), coop, cfg->numAttrs,
-           args);
-  return 0;
-}
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, void* f, int block, size_t smem) {
-  if (!current()) return 201;
-  *n = env_int("FAKE_CUDA_OCCUPANCY", 2);
-  log_line("occupancy %s block=%d smem=%zu -> %d", ((FakeFunction*)f)->tag, block, smem, *n);
-  return 0;
-}
-CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t words, CUstream stream) {
-  int err = env_int("FAKE_CUDA_MEMSET_ERR", 0);
-  if (err) return err;
-  if (stream && current() != ctx_of_device((int)((uintptr_t)stream & 0xf))) return 201;
-  if (!current()) return 201;
-  log_line("memset dst=%llx words=%zu value=%u stream=%llx ctx=%d", dst, words, value,
-           (unsigned long long)(uintptr_t)stream, device_of_ctx(current()));
   return 0;
 }
 CUresult cuGetErrorName(CUresult r, const char** name) {

@@ -10,12 +10,6 @@
 //        i-th buffer of scores, cu, k, src, cu_new, seq_id, pos 8 bytes off)
 //        or a PatchEmbed launch: E dtype B C H W patch P N misalign   (misalign i > 0: the i-th buffer of Images,
 //        Weight, Prefix, Pos, Out 8 bytes off)
-//        or a RaggedViTBlock launch: V stream_dtype gemm_dtype index T C F B H cls ls1 ls2 biases misalign workspace
-//        (biases: bit mask of qkv_bias 1, proj_bias 2, fc1_bias 4, fc2_bias 8 present; misalign i > 0: the i-th
-//        buffer of x, cu, y, workspace, cls_attn, then the 14 weights in BlockWeight order 8 bytes off; workspace 0:
-//        none). x 0xa00000, cu 0xb00000, y 0xc00000, cls_attn 0xd00000, workspace 0x10000000, weight i at
-//        0x1000000 + i * 0x100000; eps 1e-6, scale 0.125, stream 0x5000. Runs BlockWorkspaceBytes, then (when it
-//        succeeds) LaunchVitBlock: "OK <workspace bytes>" or "ERR <message>".
 // stdout: "OK" or "ERR <message>" per line.
 #include <cstdint>
 #include <iostream>
@@ -175,31 +169,6 @@ const EmbedImage kEmbedImages[] = {
     EMB(kFloat16, 90, kSmall, false, 20480, 32, 64, 4, 16),  // wrong param count
 };
 const size_t kNumEmbedImages = sizeof(kEmbedImages) / sizeof(kEmbedImages[0]);
-namespace {
-#define BLK(dt, arch, cls, ls, bc, shared, np)                                                                   \
-  {DType::dt, arch, cls, ls, bc, "_vit_block",                                                                  \
-   reinterpret_cast<const unsigned char*>("block/" #dt "/sm" #arch "/cls" #cls "/ls" #ls "/c" #bc), 8, shared, 4, \
-   np, 128}
-// both BLOCK_Cs of one variant, 1024 listed first (the launch must take the smallest >= C)
-#define BLK2(dt, arch, cls, ls)                 \
-  BLK(dt, arch, cls, ls, 1024, 131072, 40), \
-  BLK(dt, arch, cls, ls, 512, 90112, 40)
-}  // namespace
-
-// sm_90 (listed first) and sm_80: every stream dtype x cls_attn x LayerScale x BLOCK_C; one sm_89 image (fp16, no
-// cls_attn, no LayerScale, BLOCK_C 512) with a wrong parameter count, so sm_86 takes sm_80's images and sm_89 its own
-const BlockImage kBlockImages[] = {
-    BLK2(kFloat16, 90, false, false), BLK2(kFloat16, 90, false, true), BLK2(kFloat16, 90, true, false),
-    BLK2(kFloat16, 90, true, true),   BLK2(kFloat32, 90, false, false), BLK2(kFloat32, 90, false, true),
-    BLK2(kFloat32, 90, true, false),  BLK2(kFloat32, 90, true, true),   BLK2(kFloat16, 80, false, false),
-    BLK2(kFloat16, 80, false, true),  BLK2(kFloat16, 80, true, false),  BLK2(kFloat16, 80, true, true),
-    BLK2(kFloat32, 80, false, false), BLK2(kFloat32, 80, false, true),  BLK2(kFloat32, 80, true, false),
-    BLK2(kFloat32, 80, true, true),
-    BLK(kFloat16, 89, false, false, 512, 90112, 38),  // wrong param count
-};
-const size_t kNumBlockImages = sizeof(kBlockImages) / sizeof(kBlockImages[0]);
-// bm, bn_narrow, att_bm, max_split, programs_per_sm, head_dim_max
-const BlockConfig kBlockConfig = {64, 64, 64, 4, 2, 64};
 const int64_t kEmbedMidM = 512;
 const int64_t kEmbedLargeM = 16384;
 const char* const kBuildInfoJson = "{}";
@@ -283,39 +252,6 @@ int main() {
       e.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
       std::string err = LaunchPatchEmbed(e);
       std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
-      continue;
-    }
-    if (line[0] == 'V') {
-      std::string tag;
-      int stream_dtype, gemm_dtype, index, cls, ls1, ls2, biases, misalign, workspace;
-      BlockLaunch b;
-      in >> tag >> stream_dtype >> gemm_dtype >> index >> b.T >> b.C >> b.F >> b.B >> b.H >> cls >> ls1 >> ls2 >>
-          biases >> misalign >> workspace;
-      b.stream_dtype = static_cast<DType>(stream_dtype);
-      b.gemm_dtype = static_cast<DType>(gemm_dtype);
-      b.index_type = static_cast<IndexType>(index);
-      uintptr_t addr[5 + kNumBlockWeights] = {0xa00000, 0xb00000, 0xc00000, 0x10000000, 0xd00000};
-      for (int i = 0; i < kNumBlockWeights; ++i) addr[5 + i] = 0x1000000 + uintptr_t{0x100000} * i;
-      if (misalign > 0 && misalign <= 5 + kNumBlockWeights) addr[misalign - 1] += 8;
-      b.x = reinterpret_cast<const void*>(addr[0]);
-      b.cu = reinterpret_cast<const void*>(addr[1]);
-      b.y = reinterpret_cast<void*>(addr[2]);
-      if (workspace) b.workspace = reinterpret_cast<void*>(addr[3]);
-      if (cls) b.cls_attn = reinterpret_cast<float*>(addr[4]);
-      for (int i = 0; i < kNumBlockWeights; ++i) b.w[i] = reinterpret_cast<const void*>(addr[5 + i]);
-      const int bias_inputs[] = {kWQkvB, kWProjB, kWFc1B, kWFc2B};
-      for (int i = 0; i < 4; ++i) {
-        if (!(biases & (1 << i))) b.w[bias_inputs[i]] = nullptr;
-      }
-      if (!ls1) b.w[kWLs1] = nullptr;
-      if (!ls2) b.w[kWLs2] = nullptr;
-      b.epsilon = 1e-6f;
-      b.scale = 0.125f;
-      b.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
-      size_t bytes = 0;
-      std::string err = BlockWorkspaceBytes(b, &bytes);
-      if (err.empty()) err = LaunchVitBlock(b);
-      std::cout << (err.empty() ? "OK " + std::to_string(bytes) : "ERR " + err) << std::endl;
       continue;
     }
     if (line[0] == 'S') {
