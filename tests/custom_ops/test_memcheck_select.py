@@ -4,7 +4,6 @@ checks bite; its cu clamping is the kernels'."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from raggedvit.runtime import create_session, session_options
+from tests.support.env import child_env
 from tests.support.memcheck_select import SelectCalls, select_rows_numpy
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 def test_script_runs_select_calls_on_cpu(ort_library):
     proc = subprocess.run(
         [sys.executable, "-m", "tests.custom_ops.memcheck_ort_fuzz", "--calls", "500", "--seed", "3"],
-        capture_output=True, text=True, timeout=300, cwd=_ROOT, env={**os.environ, "PYTHONPATH": str(_ROOT)},
+        capture_output=True, text=True, timeout=300, cwd=_ROOT, env=child_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "only the RaggedSelect calls run" in proc.stdout

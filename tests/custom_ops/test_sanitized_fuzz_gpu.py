@@ -19,6 +19,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from tests.support.env import child_env
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -37,8 +39,7 @@ def _sanitizer() -> str | None:
 
 
 def _run(args: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(_ROOT), **env}
-    return subprocess.run(args, cwd=_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, cwd=_ROOT, env=child_env(**env), capture_output=True, text=True, timeout=timeout)
 
 
 def _memcheck(driver: list[str], log: Path, timeout: float, **env: str) -> None:

@@ -4,19 +4,19 @@ it set before triton's import) and returns the JSON it prints."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.env import child_env
+
 _HERE = Path(__file__).resolve().parent
-_ROOT = _HERE.parents[1]
 
 
 def run_cases_interpreted(script: str) -> Any:
     """The parsed stdout of `python3 tests/kernels/<script>` under TRITON_INTERPRET=1 (asserts exit status 0)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(_ROOT)}
+    env = child_env(TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, str(_HERE / script)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)

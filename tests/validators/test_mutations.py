@@ -26,10 +26,12 @@ from ._mutants import BASE_SPEC, MUTANTS, Mutant, export_mutant, write_base_chec
 ROOT = Path(__file__).resolve().parents[2]
 _CUDA = torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers()
 _GPU = [pytest.mark.gpu, pytest.mark.skipif(not _CUDA, reason="needs CUDA and onnxruntime's CUDA EP")]
+# each target is an xdist group of its own (`--dist loadgroup`): its module fixtures run once, on one worker, and the
+# targets run side by side
 TARGETS = [
-    pytest.param(("cpu", "fp32"), id="cpu-fp32"),
-    pytest.param(("cuda", "fp16"), id="cuda-fp16", marks=_GPU),
-    pytest.param(("cuda", "fp16-all"), id="cuda-fp16-all", marks=_GPU),
+    pytest.param(("cpu", "fp32"), id="cpu-fp32", marks=pytest.mark.xdist_group("cpu-fp32")),
+    pytest.param(("cuda", "fp16"), id="cuda-fp16", marks=[*_GPU, pytest.mark.xdist_group("cuda-fp16")]),
+    pytest.param(("cuda", "fp16-all"), id="cuda-fp16-all", marks=[*_GPU, pytest.mark.xdist_group("cuda-fp16-all")]),
 ]
 # Mutants below the default rule of a dtype -> why (measured on the CPU EP, DESIGN.md section 6). LayerNorm eps
 # 1e-6 -> 1e-4 moves the residual stream by 2e-5 to 1e-4 (relative): 80x-500x the fp32 floor, but half the fp16
@@ -40,8 +42,7 @@ _BELOW_THE_BAR = {
 }
 
 
-# one pytest-xdist worker runs this module (`--dist loadgroup`), so its module fixtures run once
-pytestmark = pytest.mark.xdist_group("test_mutations")
+pytestmark = pytest.mark.xdist_group("test_mutations")  # with a target's group: see TARGETS
 
 
 @pytest.fixture(scope="module")
