@@ -18,6 +18,7 @@ namespace raggedvit {
 
 constexpr const char* kGeluOpName = "BiasGelu";
 constexpr size_t kGeluX = 0, kGeluBias = 1, kGeluNumInputs = 2;
+constexpr InputSpec kGeluInputs[kGeluNumInputs] = {{"X", true}, {"Bias", false}};
 
 struct GeluDims {
   int64_t M = 0, N = 0;  // X as [M, N] (M = product of the leading dims)
@@ -56,6 +57,8 @@ struct BiasGeluOp : Ort::CustomOpBase<BiasGeluOp<TKernel>, TKernel, /*WithStatus
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    const std::string err = MissingInputError(info, kGeluInputs, kGeluNumInputs);
+    if (!err.empty()) return MakeGeluStatus(ORT_INVALID_ARGUMENT, err);
     try {
       *kernel = new TKernel(info);
     } catch (const std::exception& e) {
@@ -68,9 +71,7 @@ struct BiasGeluOp : Ort::CustomOpBase<BiasGeluOp<TKernel>, TKernel, /*WithStatus
   const char* GetExecutionProviderType() const { return provider_; }
   size_t GetInputTypeCount() const { return kGeluNumInputs; }
   ONNXTensorElementDataType GetInputType(size_t) const { return data_type_; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i == kGeluX ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
-  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return data_type_; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_REQUIRED; }

@@ -29,6 +29,9 @@ namespace raggedvit {
 constexpr const char* kNormOpName = "GatherLayerNorm";
 constexpr size_t kNormX = 0, kNormIndex = 1, kNormGamma = 2, kNormBeta = 3, kNormSkip = 4, kNormBias = 5,
                  kNormCu = 6, kNormNumInputs = 7;
+constexpr InputSpec kNormInputs[kNormNumInputs] = {{"X", true},     {"Index", true}, {"Gamma", true},
+                                                   {"Beta", true},  {"Skip", false}, {"Bias", false},
+                                                   {"CuSeqlens", false}};
 
 struct NormDims {
   int64_t T = 0, R = 0, D = 0;
@@ -88,6 +91,8 @@ struct GatherLayerNormOp : Ort::CustomOpBase<GatherLayerNormOp<TKernel>, TKernel
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    const std::string err = MissingInputError(info, kNormInputs, kNormNumInputs);
+    if (!err.empty()) return MakeNormStatus(ORT_INVALID_ARGUMENT, err);
     try {
       *kernel = new TKernel(info);
     } catch (const std::exception& e) {
@@ -103,9 +108,7 @@ struct GatherLayerNormOp : Ort::CustomOpBase<GatherLayerNormOp<TKernel>, TKernel
     if (i == kNormIndex) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
     return i == kNormCu ? cu_type_ : data_type_;
   }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i >= kNormSkip ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
-  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }
   size_t GetOutputTypeCount() const { return 2; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return data_type_; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_REQUIRED; }

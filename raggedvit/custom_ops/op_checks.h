@@ -168,6 +168,42 @@ inline std::string ReadFloatAttr(const OrtKernelInfo* info, const char* name, fl
   return "";
 }
 
+// ---- inputs ------------------------------------------------------------------------------------------------------
+
+// One formal input of an op: its name and whether a node must give it.
+struct InputSpec {
+  const char* name;
+  bool required;
+};
+
+// ORT builds an op's ONNX schema from GetInputCharacteristic (onnxruntime/core/session/custom_ops.cc, CreateSchema:
+// the inputs are named "Input0", "Input1", ...) and ONNX checks every node against it before any op code runs
+// (onnx/defs/schema.cc, OpSchema::Verify): a required input left out or given as "" would be refused by its index
+// ("has input size 1 not in range [min=2, max=2]", "input 1 is marked single but has an empty string"). So every
+// com.raggedvit op declares all its inputs optional (InputCharacteristic) and refuses a missing required one itself
+// at kernel creation, by name (MissingInputError). An input past the declared count stays ONNX's to refuse
+// (DESIGN.md section 3).
+inline OrtCustomOpInputOutputCharacteristic InputCharacteristic() { return INPUT_OUTPUT_OPTIONAL; }
+
+// "" when the node of `info` gives every required input of `specs` (count of them, in order); else the text that
+// names the first missing one and the inputs the op takes.
+inline std::string MissingInputError(const OrtKernelInfo* info, const InputSpec* specs, size_t count) {
+  Ort::ConstKernelInfo ki(info);
+  const size_t given = ki.GetInputCount();
+  for (size_t i = 0; i < count; ++i) {
+    if (!specs[i].required || (i < given && !ki.GetInputName(i).empty())) continue;
+    std::string takes;
+    for (size_t j = 0; j < count; ++j) {
+      takes += (j ? ", " : "") + std::string(specs[j].name) + (specs[j].required ? "" : " (optional)");
+    }
+    const std::string why = i < given ? "is an empty name" : "is missing (the node gives " + std::to_string(given) +
+                                                                 " of the " + std::to_string(count) + " inputs)";
+    return std::string("required input '") + specs[i].name + "' (input " + std::to_string(i) + ") " + why +
+           "; give the node its inputs in this order: " + takes;
+  }
+  return "";
+}
+
 constexpr float kFloatMax = std::numeric_limits<float>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 

@@ -23,6 +23,8 @@ namespace raggedvit {
 
 constexpr const char* kEmbedOpName = "PatchEmbed";
 constexpr size_t kEmbedImages = 0, kEmbedWeight = 1, kEmbedPrefix = 2, kEmbedPos = 3, kEmbedNumInputs = 4;
+constexpr InputSpec kEmbedInputs[kEmbedNumInputs] = {
+    {"Images", true}, {"Weight", true}, {"Prefix", true}, {"Pos", true}};
 
 struct EmbedDims {
   int64_t B = 0, C = 0, H = 0, W = 0, patch = 0, gh = 0, gw = 0, L = 0, P = 0, N = 0, K = 0;
@@ -67,6 +69,8 @@ struct PatchEmbedOp : Ort::CustomOpBase<PatchEmbedOp<TKernel>, TKernel, /*WithSt
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    const std::string err = MissingInputError(info, kEmbedInputs, kEmbedNumInputs);
+    if (!err.empty()) return MakeEmbedStatus(ORT_INVALID_ARGUMENT, err);
     try {
       *kernel = new TKernel(info);
     } catch (const std::exception& e) {
@@ -82,7 +86,7 @@ struct PatchEmbedOp : Ort::CustomOpBase<PatchEmbedOp<TKernel>, TKernel, /*WithSt
     if (i == kEmbedImages) return image_type_;
     return i == kEmbedWeight ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_REQUIRED; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_REQUIRED; }

@@ -38,6 +38,8 @@ struct Attrs {
 
 // Input positions of the optional inputs.
 constexpr size_t kBiasInput = 2, kPosTableInput = 3, kTokenPosInput = 4, kNumInputs = 5;
+constexpr InputSpec kInputs[kNumInputs] = {
+    {"qkv", true}, {"cu_seqlens", true}, {"bias", false}, {"pos_table", false}, {"token_pos", false}};
 
 struct Dims {
   int64_t T = 0, B = 0, H = 0, D = 0;
@@ -151,8 +153,10 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    std::string err = MissingInputError(info, kInputs, kNumInputs);
+    if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
     Attrs attrs;
-    std::string err = ReadAttrs(info, &attrs);
+    err = ReadAttrs(info, &attrs);
     if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
     try {
       *kernel = new TKernel(attrs, info);
@@ -171,9 +175,7 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
     if (i == kTokenPosInput) return token_pos_type_;
     return i == kPosTableInput ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
-  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }
   size_t GetOutputTypeCount() const { return 2; }
   ONNXTensorElementDataType GetOutputType(size_t i) const {
     return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;

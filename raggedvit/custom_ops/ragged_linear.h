@@ -26,6 +26,8 @@ constexpr const char* kLinearOpName = "RaggedLinear";
 // Input positions.
 constexpr size_t kLinearX = 0, kLinearW = 1, kLinearBias = 2, kLinearResidual = 3, kLinearCu = 4,
                  kLinearNumInputs = 5;
+constexpr InputSpec kLinearInputs[kLinearNumInputs] = {
+    {"X", true}, {"W", true}, {"Bias", false}, {"Residual", false}, {"CuSeqlens", false}};
 
 struct LinearAttrs {
   int64_t activation = 0;  // 0 none, 1 GELU (erf)
@@ -91,8 +93,10 @@ struct RaggedLinearOp : Ort::CustomOpBase<RaggedLinearOp<TKernel>, TKernel, /*Wi
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    std::string err = MissingInputError(info, kLinearInputs, kLinearNumInputs);
+    if (!err.empty()) return MakeLinearStatus(ORT_INVALID_ARGUMENT, err);
     LinearAttrs attrs;
-    std::string err = ReadLinearAttrs(info, &attrs);
+    err = ReadLinearAttrs(info, &attrs);
     if (!err.empty()) return MakeLinearStatus(ORT_INVALID_ARGUMENT, err);
     try {
       *kernel = new TKernel(attrs, info);
@@ -106,9 +110,7 @@ struct RaggedLinearOp : Ort::CustomOpBase<RaggedLinearOp<TKernel>, TKernel, /*Wi
   const char* GetExecutionProviderType() const { return provider_; }
   size_t GetInputTypeCount() const { return kLinearNumInputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const { return i == kLinearCu ? cu_type_ : data_type_; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i <= kLinearW ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
-  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return data_type_; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_REQUIRED; }

@@ -1,6 +1,7 @@
 // Attribute reading, argument checks and shape inference of RaggedSelect (shared by every EP).
 #include "ragged_select.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -41,6 +42,14 @@ std::string CheckSelectInputs(const std::vector<int64_t>& scores_shape, ONNXTens
     return std::string("input 'cu' must be int64, got ") + ElementTypeName(cu_type) + " " + shapes;
   }
   const int64_t B = cu_shape[0] - 1;
+  const int64_t width_limit = std::max(scores_shape[0], kSelectWidthFloor);
+  if (attrs.width > width_limit) {
+    return "attribute 'width' = " + std::to_string(attrs.width) +
+           " is far beyond the input: an image has at most T = " + std::to_string(scores_shape[0]) +
+           " rows, so width may be at most max(T, " +
+           std::to_string(kSelectWidthFloor) + ") = " + std::to_string(width_limit) +
+           "; set it to the rows per image before the stage " + shapes;
+  }
   if (!FitsBytes(B, attrs.width)) {
     return "B * width (B = " + std::to_string(B) + ", width = " + std::to_string(attrs.width) +
            ") int64 slots overflow int64 bytes " + shapes;

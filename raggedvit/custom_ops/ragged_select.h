@@ -10,9 +10,9 @@
 //   seq_id [B*bound]  int64: image of the slot each output row copies
 //   pos    [B*bound]  int64: position among its image's kept slots (0 before the first kept slot)
 //   k      [B]        int64: patch rows kept per image, clamp(k, 1, P_b), P_b = n_b - num_prefix
-//   attributes width (>= 1), bound (0..width), num_prefix (>= 0, default 0), policy (0 count: k = ceil(P_b*keep);
-//   1 mass: cls mass, DESIGN.md section 4 step 3), keep, mass (float in [0, 1], default 0: unset; the policy's
-//   own fraction in (0, 1]; another attribute type is refused)
+//   attributes width (1..max(T, kSelectWidthFloor)), bound (0..width), num_prefix (>= 0, default 0), policy (0
+//   count: k = ceil(P_b*keep); 1 mass: cls mass, DESIGN.md section 4 step 3), keep, mass (float in [0, 1], default
+//   0: unset; the policy's own fraction in (0, 1]; another attribute type is refused)
 #pragma once
 
 #include <cstdint>
@@ -25,9 +25,14 @@ namespace raggedvit {
 
 constexpr const char* kSelectOpName = "RaggedSelect";
 constexpr size_t kSelectScores = 0, kSelectCu = 1, kSelectNumInputs = 2;
+constexpr InputSpec kSelectInputs[kSelectNumInputs] = {{"scores", true}, {"cu", true}};
 constexpr size_t kSelectSrc = 0, kSelectCuNew = 1, kSelectSeqId = 2, kSelectPos = 3, kSelectK = 4,
                  kSelectNumOutputs = 5;
 constexpr float kClsMassEps = 1e-30f;  // CLS_MASS_EPS of raggedvit/pruning/spec.py
+// Largest width accepted beyond T: n_b <= T rows per image, so slots past T only pad, and the kernels' work and
+// scratch grow with B * width (a width of 2^30 on one row took 1.1 GiB and 2.5 s before anything else ran).
+// Every exported stage has T >= width (capacity layout: T = B * width).
+constexpr int64_t kSelectWidthFloor = int64_t{1} << 16;
 
 struct SelectAttrs {
   int64_t width = 0, bound = 0, num_prefix = 0, policy = 0;  // policy 0 count, 1 mass
@@ -47,7 +52,8 @@ inline OrtStatusPtr MakeSelectStatus(OrtErrorCode code, const std::string& msg) 
 // Reads and checks the attributes; "" on success, else the error text.
 std::string ReadSelectAttrs(const OrtKernelInfo* info, SelectAttrs* attrs);
 
-// Checks ranks, element types and that B*width, B*bound (and their byte sizes) fit int64; fills dims.
+// Checks ranks, element types, width <= max(T, kSelectWidthFloor) and that B*width, B*bound (and their byte sizes)
+// fit int64; fills dims.
 std::string CheckSelectInputs(const std::vector<int64_t>& scores_shape, ONNXTensorElementDataType scores_type,
                               const std::vector<int64_t>& cu_shape, ONNXTensorElementDataType cu_type,
                               const SelectAttrs& attrs, SelectDims* dims);
@@ -67,8 +73,10 @@ struct RaggedSelectOp : Ort::CustomOpBase<RaggedSelectOp<TKernel>, TKernel, /*Wi
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    std::string err = MissingInputError(info, kSelectInputs, kSelectNumInputs);
+    if (!err.empty()) return MakeSelectStatus(ORT_INVALID_ARGUMENT, err);
     SelectAttrs attrs;
-    std::string err = ReadSelectAttrs(info, &attrs);
+    err = ReadSelectAttrs(info, &attrs);
     if (!err.empty()) return MakeSelectStatus(ORT_INVALID_ARGUMENT, err);
     try {
       *kernel = new TKernel(attrs, info);
@@ -81,6 +89,7 @@ struct RaggedSelectOp : Ort::CustomOpBase<RaggedSelectOp<TKernel>, TKernel, /*Wi
   const char* GetName() const { return kSelectOpName; }
   const char* GetExecutionProviderType() const { return provider_; }
   size_t GetInputTypeCount() const { return kSelectNumInputs; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     return i == kSelectScores ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
   }

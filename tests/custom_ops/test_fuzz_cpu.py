@@ -95,6 +95,7 @@ def test_select_cases_cover_valid_and_refused_inputs():
     reasons = Counter(expected_any(c) or "valid" for c in select)
     assert reasons["valid"] > 300 and reasons["select attributes"] > 50 and reasons["select cu"] > 50, reasons
     assert reasons["select fraction"] > 50, reasons  # keep / mass outside (0, 1]: 1e20, 1.5, 0, -0.1, nan, inf
+    assert reasons["select huge width"] > 20, reasons  # width past max(T, 2**16): refused before any allocation
     bad = [c.keep if not 0 < c.keep <= 1 else c.mass for c in select if expected_any(c) == "select fraction"]
     assert {1e20, 1.5} <= set(bad) and any(v != v for v in bad), sorted(set(map(str, bad)))
     assert draw_select_case(SEED, 12) == draw_any(SEED, 12)  # a reported call replays alone

@@ -91,6 +91,21 @@ def test_input_errors(ort_library):
     assert "input 'scores' must be 1-D [T] (scores shape [2, 5], cu shape [2])" in str(info.value)
 
 
+@pytest.mark.parametrize("provider", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])  # fmt: skip
+def test_a_width_far_beyond_the_input_is_refused(ort_library, provider):
+    """width 2**30 on one row: refused before any slot table is allocated (it took 1.1 GiB and 2.5 s), with the
+    limit max(T, 65536) in the message; the limit itself is accepted."""
+    huge = GOOD | {"width": 2**30, "bound": 1, "num_prefix": 0}
+    with pytest.raises(Exception) as info:  # noqa: PT011
+        run(select_model(huge), np.ones(1, np.float32), np.array([0, 1], np.int64), provider)
+    assert ("RaggedSelect: attribute 'width' = 1073741824 is far beyond the input: an image has at most T = 1 rows, "
+            "so width may be at most max(T, 65536) = 65536; set it to the rows per image before the stage (scores "
+            "shape [1], cu shape [2])") in str(info.value)  # fmt: skip
+    src, *_ = run(select_model(huge | {"width": 65536}), np.ones(1, np.float32), np.array([0, 1], np.int64), provider)
+    assert src.tolist() == [0]
+
+
 def test_dead_rows_and_empty_capacity(ort_library):
     """bound 0: empty src / seq_id / pos, cu_new and k still computed; rows past cu[B] never read."""
     scores = np.array([0.5, 0.1, 0.9, 0.3, np.nan, np.nan], np.float32)  # rows 4, 5: dead

@@ -460,6 +460,7 @@ ARGUMENT_NAMES = (
 _NAMED = {
     "select attributes": ("width", "bound", "num_prefix", "policy"),
     "select fraction": ("keep", "mass"),
+    "select huge width": ("width",),
     "pos attributes": ("grid_h", "grid_w", "num_prefix"),
 }
 _OPS = ("linear", "norm", "embed", "gelu", "select")

@@ -14,6 +14,8 @@ from fuzz.cases import cpu_session, refusal
 __all__ = ["SELECT_AT", "SelectFuzzCase", "draw_select_case", "run_select_case", "select_expected_error"]
 
 SELECT_AT = 2  # call i is a RaggedSelect case when i % 10 == SELECT_AT (never a RaggedLinear index: i % 5 == 4)
+WIDTH_FLOOR = 1 << 16  # the op refuses width > max(T, WIDTH_FLOOR): slots past T only pad (a 2**30 width cost GiBs)
+HUGE_WIDTHS = (WIDTH_FLOOR + 1, 1 << 30, 1 << 40)
 _BREAKS = ("none",) * 6 + ("width", "bound", "policy", "prefix", "decreasing", "past_t", "too_long", "cu_rank",
            "fraction")  # fmt: skip
 
@@ -53,10 +55,10 @@ def draw_select_case(seed: int, index: int) -> SelectFuzzCase:
     if brk == "fraction":  # outside [0, 1] or (0, 1]: ceil(P * 1e20) overflows int64
         bad = rng.choice((0.0, 1.5, -0.1, 1e20, float("nan"), float("inf")))
         keep, mass = (bad, mass) if rng.random() < 0.5 else (keep, bad)
-    return SelectFuzzCase(
-        width, bound, -1 if brk == "prefix" else p, policy, keep, mass, counts, rng.choice((0, 0, 3)), brk,
-        rng.randrange(2**31),
-    )  # fmt: skip
+    dead, data_seed = rng.choice((0, 0, 3)), rng.randrange(2**31)
+    if brk == "none" and rng.random() < 0.1:  # drawn last: the other cases keep their values
+        width = rng.choice(HUGE_WIDTHS)
+    return SelectFuzzCase(width, bound, -1 if brk == "prefix" else p, policy, keep, mass, counts, dead, brk, data_seed)
 
 
 def select_expected_error(c: SelectFuzzCase) -> str | None:
@@ -65,6 +67,8 @@ def select_expected_error(c: SelectFuzzCase) -> str | None:
     own, other = (c.keep, c.mass) if c.policy == 0 else (c.mass, c.keep)  # the policy's fraction, the unused one
     if not (0 < own <= 1 and 0 <= other <= 1):  # NaN fails both
         return "select fraction"
+    if c.width > max(sum(c.counts) + c.dead, WIDTH_FLOOR):  # checked before the cu values
+        return "select huge width"
     if c.cu_break in ("decreasing", "past_t", "too_long", "cu_rank"):
         return "select cu"
     return None
