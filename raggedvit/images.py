@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -19,15 +20,18 @@ __all__ = [
     "load_image",
     "load_image_dir",
     "read_labels",
-    "scan_image_folder",
     "meta_model",
     "preprocess",
     "sample_images",
     "sample_inputs",
+    "scan_image_folder",
+    "skipped_entries",
     "tile",
+    "to_rgb",
 ]
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")  # multi-frame: the first frame
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")  # PIL's 16-bit grayscale (16-bit PNG and TIFF)
 _SKIMAGE_NAMES = ("chelsea", "coffee", "rocket", "astronaut")
 
 
@@ -68,11 +72,12 @@ def sample_images() -> list[tuple[str, Image.Image]]:
 
 
 def load_image_dir(path: str | Path) -> list[tuple[str, Image.Image]]:
-    """All images directly in `path` (sorted by file name) as (stem, RGB PIL image)."""
+    """All images directly in `path` (sorted by file name; suffixes IMAGE_SUFFIXES, a multi-frame file's first frame)
+    as (stem, RGB PIL image); what it leaves out: skipped_entries."""
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"image directory {str(root)!r} does not exist")
-    files = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
     if not files:
         raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {str(root)!r}")
     out = []
@@ -174,17 +179,44 @@ def load_image(path: str | Path) -> Image.Image:
     return _decode(Path(path))
 
 
+def skipped_entries(path: str | Path) -> list[str]:
+    """What load_image_dir(path) leaves out, sorted, each as "NAME (why)": files without an image suffix and
+    folders (not searched)."""
+    out = []
+    for p in sorted(Path(path).iterdir()):
+        if p.is_dir():
+            out.append(f"{p.name}/ (a folder: not searched)")
+        elif p.suffix.lower() not in IMAGE_SUFFIXES:
+            out.append(f"{p.name} (not an image suffix: {', '.join(IMAGE_SUFFIXES)})")
+    return out
+
+
 def _decode(path: Path) -> Image.Image:
-    """RGB image of `path`; ValueError naming the file if it cannot be decoded, is truncated, or is larger
-    than PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS, its warning treated as an error)."""
+    """RGB image of `path` (`to_rgb`); ValueError naming the file if it cannot be decoded, is truncated, is larger
+    than PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS, its warning treated as an error), or has pixels of
+    no fixed range."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
-                return im.convert("RGB")
+                return to_rgb(im)
     except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
         reason = " ".join(str(e).split()) or type(e).__name__
         raise ValueError(f"cannot decode image {str(path)!r}: {reason}") from None
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """8-bit RGB of a decoded image (its current frame: a GIF's first). 16-bit grayscale (PIL modes I;16*, and mode I
+    from a PNG, whose depth is at most 16 bits) is scaled to 8 bits, v * 255 / 65535 rounded: PIL's own convert
+    clips it at 255 (a 16-bit photo would turn almost white). 32-bit integer or float pixels (modes I, F of a TIFF)
+    have no fixed range: ValueError."""
+    if im.mode in _SIXTEEN_BIT_MODES or (im.mode == "I" and im.format == "PNG"):
+        wide = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
+        return Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8), "L").convert("RGB")
+    if im.mode in ("I", "F"):
+        kind = "float" if im.mode == "F" else "32-bit integer"
+        raise ValueError(f"{kind} pixels (PIL mode {im.mode}) have no fixed range: save it as an 8- or 16-bit image")
+    return im.convert("RGB")
 
 
 def preprocess(images: list[Image.Image] | list[tuple[str, Image.Image]], model: torch.nn.Module) -> torch.Tensor:

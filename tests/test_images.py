@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from raggedvit.images import class_indices, load_image_dir, preprocess, read_labels, sample_images, scan_image_folder
+from raggedvit.images import (
+    class_indices,
+    load_image_dir,
+    preprocess,
+    read_labels,
+    sample_images,
+    scan_image_folder,
+    skipped_entries,
+)
 from raggedvit.weights import load_vit
 
 
@@ -32,6 +41,42 @@ def test_load_image_dir(tmp_path: Path) -> None:
         load_image_dir(_empty(tmp_path))
     with pytest.raises(ValueError, match="does not exist"):
         load_image_dir(tmp_path / "missing")
+
+
+def test_sixteen_bit_png_is_scaled_not_clipped(tmp_path: Path) -> None:
+    """A 16-bit grayscale PNG (PIL mode I;16) of a dark-to-light ramp: its 8-bit RGB is the ramp scaled by 255/65535
+    (PIL's convert alone clips everything above 255 to white: 99.6% of this image)."""
+    ramp = np.linspace(0, 65535, 64 * 64).round().astype(np.uint16).reshape(64, 64)
+    Image.fromarray(ramp).save(tmp_path / "deep.png")
+    with Image.open(tmp_path / "deep.png") as im:
+        assert im.mode == "I;16"
+    ((name, rgb),) = load_image_dir(tmp_path)
+    got = np.asarray(rgb)
+    assert name == "deep" and got.shape == (64, 64, 3) and (got[..., 0] == got[..., 2]).all()
+    np.testing.assert_allclose(got[..., 0], ramp / 257.0, atol=0.5)
+    assert (got == 255).mean() < 0.01
+
+
+def test_a_folder_of_jpegs_and_gifs_reads_both(tmp_path: Path) -> None:
+    """GIFs are read (their first frame); what is left out is listed with the reason."""
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(tmp_path / "a.jpg")
+    frames = [Image.new("RGB", (32, 32), c) for c in ((0, 0, 255), (0, 255, 0))]
+    frames[0].save(tmp_path / "b.gif", save_all=True, append_images=frames[1:])
+    (tmp_path / "c.txt").write_text("notes")
+    (tmp_path / "sub").mkdir()
+    loaded = dict(load_image_dir(tmp_path))
+    assert sorted(loaded) == ["a", "b"] and loaded["b"].mode == "RGB"
+    assert loaded["b"].getpixel((5, 5)) == (0, 0, 255)  # the first frame
+    assert skipped_entries(tmp_path) == [
+        "c.txt (not an image suffix: .jpg, .jpeg, .png, .bmp, .webp, .tif, .tiff, .gif)",
+        "sub/ (a folder: not searched)",
+    ]
+
+
+def test_pixels_of_no_fixed_range_are_refused(tmp_path: Path) -> None:
+    Image.fromarray(np.full((8, 8), 0.5, np.float32)).save(tmp_path / "f.tif")
+    with pytest.raises(ValueError, match=r"cannot decode image '.*f.tif': float pixels \(PIL mode F\) have no fixed"):
+        load_image_dir(tmp_path)
 
 
 def _empty(root: Path) -> Path:
