@@ -17,7 +17,6 @@ as the server sees the repository (`server_repo`, "/models" for `docker run -v $
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -28,6 +27,8 @@ from onnx import TensorProto
 
 from raggedvit.custom_ops import LIBRARY_NAME, library_path
 from raggedvit.exporter._io import commit, staging_dir
+from raggedvit.exporter.files import external_data_files
+from raggedvit.exporter.metadata import RAGGED_DOMAIN
 
 __all__ = ["ModelRepository", "TensorConfig", "model_config", "tensor_configs", "write_model_repository"]
 
@@ -138,28 +139,19 @@ def model_config(
     return "\n".join(lines) + "\n"
 
 
-def _tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    """Initializers and tensor attributes of `graph` and its subgraphs."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            yield from ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _tensors(sub)
+def _uses_ragged_ops(model: onnx.ModelProto) -> bool:
+    """Whether any node of the model (its graph, subgraphs or functions) is a com.raggedvit op."""
 
+    def graph_uses(graph: onnx.GraphProto) -> bool:
+        for node in graph.node:
+            if node.domain == RAGGED_DOMAIN:
+                return True
+            subgraphs = [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+            if any(graph_uses(g) for g in subgraphs):
+                return True
+        return False
 
-def _external_files(model: onnx.ModelProto, model_path: Path) -> list[str]:
-    """Relative locations of the model's external data files (ValueError if one is not a file beside it)."""
-    files = set()
-    for tensor in _tensors(model.graph):
-        if tensor.data_location != TensorProto.EXTERNAL:
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        rel = PurePosixPath(location.replace("\\", "/"))
-        if not location or rel.is_absolute() or ".." in rel.parts or not (model_path.parent / rel).is_file():
-            raise ValueError(f"external data {location!r} of tensor {tensor.name!r} is not a file beside the model")
-        files.add(str(rel))
-    return sorted(files)
+    return graph_uses(model.graph) or any(n.domain == RAGGED_DOMAIN for f in model.functions for n in f.node)
 
 
 def write_model_repository(
@@ -179,8 +171,9 @@ def write_model_repository(
     (dynamic batching); 0, or a model whose batch dimension is fixed, serves the model's own shapes unbatched.
     kind: "gpu" (KIND_GPU instances: CUDA EP) or "cpu". server_repo: absolute path of repo_dir as the server
     sees it. library: the op library to copy (default: raggedvit.custom_ops.library_path()).
-    ValueError for bad arguments, a missing or unreadable model, a model Triton cannot describe, or an existing
-    repo_dir/<name>; OpLibraryNotBuilt if there is no library to copy.
+    ValueError for bad arguments, a missing or unreadable model, a model with no com.raggedvit op (it needs no op
+    library), a model Triton cannot describe, or an existing repo_dir/<name>; OpLibraryNotBuilt if there is no
+    library to copy.
     """
     onnx_path, repo_dir = Path(onnx_path), Path(repo_dir)
     name = onnx_path.stem if name is None else name
@@ -204,8 +197,13 @@ def write_model_repository(
         model = onnx.load(str(onnx_path), load_external_data=False)
     except DecodeError:
         raise ValueError(f"{str(onnx_path)!r} is not an ONNX model") from None
+    if not _uses_ragged_ops(model):
+        raise ValueError(
+            f"{onnx_path.name} has no {RAGGED_DOMAIN} op, so it needs no op library: serve it with Triton's "
+            "onnxruntime backend as it is (DIR/NAME/config.pbtxt and DIR/NAME/1/model.onnx), or give a raggedvit export"
+        )
     inputs, outputs = tensor_configs(model)
-    external = _external_files(model, onnx_path)
+    external = external_data_files(model, onnx_path)
     if not _batchable(inputs + outputs):
         max_batch_size = 0
     config = model_config(

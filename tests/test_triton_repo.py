@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 from google.protobuf import text_format
 from onnx import TensorProto, helper
 
 from raggedvit.custom_ops import LIBRARY_NAME, library_path
 from raggedvit.triton_repo import model_config, write_model_repository
 from tests.support.cli import run_cli
+from tests.support.testing import gelu_float64
 
 MODEL = "deit_tiny_patch16_224"
 ORT_TO_TRITON = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64", "tensor(float16)": "TYPE_FP16"}
@@ -102,23 +104,27 @@ def test_config_matches_the_model(exported, tmp_path):
     assert [list(o.shape) for o in outputs] == [[2, *entry.dims] for entry in config.output]
 
 
-def _identity_model(path: Path, shape: list, *, external: bool = False) -> None:
-    """x + w with x of `shape` (str = dynamic dim); w saved beside the model when `external`."""
+def _gelu_model(path: Path, shape: list, *, external: bool = False, ragged: bool = True) -> None:
+    """com.raggedvit::BiasGelu(x, w) with x of `shape` (str = dynamic dim); w saved beside the model when `external`;
+    ragged False: x + w in plain ONNX (a model that needs no op library)."""
     w = helper.make_tensor("w", TensorProto.FLOAT, [4], np.arange(4, dtype=np.float32).tobytes(), raw=True)
+    node = (helper.make_node("BiasGelu", ["x", "w"], ["y"], domain="com.raggedvit") if ragged
+            else helper.make_node("Add", ["x", "w"], ["y"]))  # fmt: skip
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "w"], ["y"])],
+        [node],
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
         [w],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     onnx.save(model, str(path), save_as_external_data=external, location="weights.bin", size_threshold=0)
 
 
 def test_fixed_batch_is_served_unbatched(tmp_path):
-    _identity_model(tmp_path / "fixed.onnx", [2, 4])
+    _gelu_model(tmp_path / "fixed.onnx", [2, 4])
     repo = write_model_repository(tmp_path / "fixed.onnx", tmp_path / "repo", max_batch_size=8, kind="cpu")
     config = parse_config(repo.config)
     assert repo.max_batch_size == 0 and config.max_batch_size == 0
@@ -127,13 +133,14 @@ def test_fixed_batch_is_served_unbatched(tmp_path):
 
 
 def test_external_data_is_copied(tmp_path):
-    _identity_model(tmp_path / "ext.onnx", ["n", 4], external=True)
+    _gelu_model(tmp_path / "ext.onnx", ["n", 4], external=True)
     repo = write_model_repository(tmp_path / "ext.onnx", tmp_path / "repo", name="ext")
     assert (repo.model.parent / "weights.bin").read_bytes() == (tmp_path / "weights.bin").read_bytes()
     config = parse_config(repo.config)
     assert config.max_batch_size == 32 and [list(t.dims) for t in config.input] == [[4]]
     y = _session(repo.model, repo.library).run(None, {"x": np.zeros((3, 4), np.float32)})[0]
-    np.testing.assert_array_equal(y, np.tile(np.arange(4, dtype=np.float32), (3, 1)))
+    gelu = gelu_float64(torch.arange(4, dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(y, np.tile(gelu, (3, 1)), rtol=1e-6)
 
 
 def test_names_are_quoted_for_text_format():
@@ -153,7 +160,7 @@ def test_strict_parse_rejects_unknown_fields(tmp_path):
 
 def test_cli_errors(tmp_path):
     exported = tmp_path / "m.onnx"
-    _identity_model(exported, ["n", 4])
+    _gelu_model(exported, ["n", 4])
 
     def error(*args: str) -> str:
         res = run_cli("triton-repo", *args)
@@ -166,6 +173,9 @@ def test_cli_errors(tmp_path):
     assert "is not an ONNX model" in error(str(tmp_path / "notes.txt"), str(tmp_path / "r"))
     assert "must be absolute" in error(str(exported), str(tmp_path / "r"), "--server-repo", "models")
     assert "not a folder name" in error(str(exported), str(tmp_path / "r"), "--name", "a/b")
+    _gelu_model(tmp_path / "plain.onnx", ["n", 4], ragged=False)
+    assert ("plain.onnx has no com.raggedvit op, so it needs no op library: serve it with Triton's onnxruntime backend"
+            in error(str(tmp_path / "plain.onnx"), str(tmp_path / "r")))  # fmt: skip
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())  # nothing half-written
     (tmp_path / "r" / "m").mkdir(parents=True)
     assert "already exists" in error(str(exported), str(tmp_path / "r"))

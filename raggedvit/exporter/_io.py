@@ -2,13 +2,20 @@
 
 `staging_dir` is the one mechanism (export, triton-repo, validate's report and bench's JSON use it): SIGINT and
 SIGTERM raise `Interrupted` from before the temp folder exists, its name is fixed before it is created (so the
-cleanup knows it at every moment), and it is removed however the block ends, a second signal included. `commit`
-renames staged entries onto their targets as a set: a failed rename or a signal before the last one undoes the
-earlier ones (a report is both its files or neither).
+cleanup knows it at every moment) and fits the file system's name limit whatever the target's name, and it is
+removed however the block ends, a second signal included. `commit` renames staged entries onto their targets as a
+set, holding an exclusive lock on the target folder (writers of one folder take turns: two exports to one `-o` leave
+one run's `.onnx` and `.data`, never a mix): a failed rename or a signal before the last one undoes the earlier ones
+(a report is both its files or neither). `undo_on_interrupt` extends that to a whole command: what it committed is
+removed again when a signal ends it, so an interrupted command leaves nothing. `check_target` refuses a target that
+cannot be written before any work is done.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import secrets
 import shutil
@@ -22,10 +29,13 @@ __all__ = [
     "Interrupted",
     "atomic_write",
     "atomic_write_all",
+    "check_target",
     "commit",
     "interrupts_raise",
+    "name_max",
     "open_file_mode",
     "staging_dir",
+    "undo_on_interrupt",
 ]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -88,12 +98,33 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
+_NAME_MAX = 255  # POSIX file systems' usual limit, where pathconf cannot tell
+
+
+def name_max(folder: str | Path) -> int:
+    """The longest file name (bytes) the file system of `folder` takes (255 where it cannot be asked)."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return _NAME_MAX
+
+
+def _staging_name(parent: Path, name: str) -> str:
+    """`.NAME.<8 hex>`, NAME cut (at a character boundary) so that the whole fits the folder's name limit: a legal
+    target name of up to the limit still gets a staging folder."""
+    suffix = f".{secrets.token_hex(4)}"
+    room = max(name_max(parent) - 1 - len(suffix), 1)
+    cut = os.fsencode(name)[:room].decode("utf-8", "ignore")  # a character split by the cut is dropped
+    return f".{cut or 'out'}{suffix}"
+
+
 @contextmanager
 def staging_dir(parent: str | Path, name: str) -> Iterator[Path]:
     """A new empty folder `parent/.NAME.<random>` for outputs to be committed beside it (same file system, so the
-    renames are atomic); removed with everything left in it when the block ends, normally or not."""
+    renames are atomic); removed with everything left in it when the block ends, normally or not. NAME is shortened
+    where the target's name leaves no room for the suffix."""
     parent = Path(parent)
-    tmp = parent / f".{name}.{secrets.token_hex(4)}"  # named before it exists: the cleanup always knows it
+    tmp = parent / _staging_name(parent, name)  # named before it exists: the cleanup always knows it
     restore = interrupts_raise(only_defaults=True)  # installed before the folder can exist
     try:
         try:
@@ -105,18 +136,81 @@ def staging_dir(parent: str | Path, name: str) -> Iterator[Path]:
         restore()
 
 
-def commit(moves: Mapping[Path, Path]) -> None:
-    """os.replace each staged entry onto its target, as a set: if a rename fails or a signal arrives before the
-    last one is done, the targets already replaced are removed again (none of the new outputs stays), and the
-    OSError or Interrupted propagates."""
-    started: list[tuple[Path, Path]] = []
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock on `folder` itself (no lock file is left behind) for the block: writers committing into
+    one folder take turns. Where the file system has no flock (some network mounts), the block runs unlocked."""
     try:
-        for src, dst in moves.items():
-            started.append((src, dst))  # recorded first: a signal right after the rename still undoes it
-            os.replace(src, dst)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        fd = -1  # the renames report the folder's problem
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+                    raise
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the lock
+
+
+_committed: list[list[Path]] = []  # one list per open undo_on_interrupt block: the targets committed in it
+
+
+def commit(moves: Mapping[Path, Path]) -> None:
+    """os.replace each staged entry onto its target, as a set, under an exclusive lock of the targets' folder (see
+    _folder_lock): if a rename fails or a signal arrives before the last one is done, the targets already replaced
+    are removed again (none of the new outputs stays), and the OSError or Interrupted propagates. Inside an
+    undo_on_interrupt block the targets are recorded for it."""
+    started: list[tuple[Path, Path]] = []
+    folders = sorted({Path(dst).parent for dst in moves.values()})
+    try:
+        with contextlib.ExitStack() as locks:
+            for folder in folders:  # one order for every writer: no deadlock between two multi-folder commits
+                locks.enter_context(_folder_lock(folder))
+            for src, dst in moves.items():
+                started.append((src, dst))  # recorded first: a signal right after the rename still undoes it
+                os.replace(src, dst)
+            if _committed:
+                _committed[-1].extend(Path(dst) for _, dst in started)
     except BaseException:
         _finish(lambda: [_remove(dst) for src, dst in started if not os.path.lexists(src)])
         raise
+
+
+@contextmanager
+def undo_on_interrupt() -> Iterator[None]:
+    """Outputs committed inside the block are removed again if it ends by SIGINT or SIGTERM (Interrupted,
+    KeyboardInterrupt), a signal that lands after the last rename included: an interrupted command leaves nothing
+    (exit 130), a command that was not interrupted leaves all of its outputs."""
+    _committed.append([])
+    try:
+        yield
+    except (Interrupted, *_UNWIND):
+        done = _committed[-1]
+        _finish(lambda: [_remove(p) for p in done])
+        raise
+    finally:
+        _committed.pop()
+
+
+def check_target(path: str | Path) -> None:
+    """OSError (with the target as its filename) unless `path` can be written now, before any work is done: its name
+    fits the file system's limit (ENAMETOOLONG) and its folder takes a new entry, which is tried by creating and
+    removing the staging folder the write would use (os.access says yes to root on read-only mounts and /proc)."""
+    path = Path(path)
+    limit = name_max(path.parent)
+    if len(os.fsencode(path.name)) > limit:
+        raise OSError(errno.ENAMETOOLONG, f"File name too long ({len(os.fsencode(path.name))} bytes, the limit here "
+                      f"is {limit})", str(path))  # fmt: skip
+    try:
+        with staging_dir(path.parent, path.name):
+            pass
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

@@ -82,7 +82,7 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
         problems.append(f"forbidden (host round trip / control flow) ops present: {bad}")
     try:
         recipe = read_recipe(model)
-    except KeyError as e:
+    except (KeyError, ValueError) as e:  # none, or malformed
         problems.append(str(e))
         recipe = {}
     depth = recipe.get("depth")

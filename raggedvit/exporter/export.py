@@ -19,9 +19,10 @@ from torch import nn
 
 import raggedvit
 from raggedvit.describe import PRODUCER_NAME, doc_string, scrub_paths
-from raggedvit.exporter._io import commit, open_file_mode, staging_dir
+from raggedvit.exporter._io import check_target, commit, open_file_mode, staging_dir
 from raggedvit.exporter._registry import reused_torchlib_registry
 from raggedvit.exporter.checks import OPSET
+from raggedvit.exporter.files import external_data_name
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rules import fuse_for_ort
 from raggedvit.exporter.translations import TRANSLATIONS
@@ -245,11 +246,12 @@ def strip_local_metadata(model: ir.Model) -> ir.Model:
 
 def save_model(model: ir.Model, path: str | Path) -> Path:
     """Strip the exporting machine's metadata (strip_local_metadata, in place), check (onnx.checker, full) and write
-    `model` to `path` atomically (staging_dir); weights over EXTERNAL_DATA_BYTES go to `path`.data beside it.
-    Nothing is left at `path` (or beside it) if anything fails or a signal arrives."""
+    `model` to `path` atomically (staging_dir); weights over EXTERNAL_DATA_BYTES go to a data file beside it
+    (files.external_data_name: `path`.data). The two are renamed into place as a pair (commit: one writer at a time
+    per folder). Nothing is left at `path` (or beside it) if anything fails or a signal arrives."""
     path = Path(path)
     size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
-    data_name = f"{path.name}.data" if size > EXTERNAL_DATA_BYTES else None
+    data_name = external_data_name(path) if size > EXTERNAL_DATA_BYTES else None
     with staging_dir(path.parent, path.name) as tmp:
         staged = tmp / path.name
         strip_local_metadata(model)
@@ -276,7 +278,9 @@ def export_onnx(
     capacity: bool = False,
     ragged_linear: bool | str = False,
 ) -> Path:
-    """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model)."""
+    """Trace, rewrite, check and write the pruned model to `path` (see build_model, save_model). OSError before the
+    tracing when `path` cannot be written (check_target)."""
+    check_target(path)
     model = build_model(
         vit,
         spec,

@@ -26,13 +26,28 @@ def write_recipe(model: onnx.ModelProto, recipe: dict[str, Any]) -> None:
 
 
 def read_recipe(model: onnx.ModelProto | str | Path) -> dict[str, Any]:
-    """The recipe dict of an exported model (path or ModelProto); KeyError if it has none."""
+    """The recipe dict of an exported model (path or ModelProto); KeyError if it has none, ValueError if it is not a
+    JSON object (the message says so and what to do)."""
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model), load_external_data=False)
     for p in model.metadata_props:
         if p.key == RECIPE_KEY:
-            return json.loads(p.value)
+            return _parse_recipe(p.value)
     raise KeyError(f"no '{RECIPE_KEY}' metadata: not exported by raggedvit")
+
+
+def _parse_recipe(text: str) -> dict[str, Any]:
+    fix = "the model was edited or not written by raggedvit export; export it again"
+    try:
+        recipe = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"its '{RECIPE_KEY}' metadata is malformed (not JSON: {e.msg} at line {e.lineno} column {e.colno}): {fix}"
+        ) from None
+    if not isinstance(recipe, dict):
+        kind = type(recipe).__name__
+        raise ValueError(f"its '{RECIPE_KEY}' metadata is malformed (a JSON {kind}, not an object): {fix}")
+    return recipe
 
 
 def write_recipe_ir(model: Any, recipe: dict[str, Any]) -> None:

@@ -1,14 +1,16 @@
-"""Kills writers of raggedvit's atomic outputs the moment their temp entry appears (run as a script by
-tests/exporter/test_io_signals.py).
+"""Kills writers of raggedvit's atomic outputs the moment their temp entry appears, or the moment an output is
+renamed into place (run as a script by tests/exporter/test_io_signals.py).
 
-    python3 tests/exporter/_signal_harness.py TARGET ATTEMPTS ROOT
+    python3 tests/exporter/_signal_harness.py TARGET ATTEMPTS ROOT [temp|rename]
 
-For each attempt it forks a child that, like the CLI, turns SIGINT / SIGTERM into Interrupted and writes TARGET
-into the empty folder ROOT/<attempt> through the library call the command uses (export: save_model; triton-repo:
-write_model_repository; validate --report: ValidationReport.write; bench --json: atomic_write), ending with the
-CLI's exit code (raggedvit._cli_support.exit_status). The parent watches the folder with inotify and sends SIGTERM
-as soon as the first entry is created there (attempt i waits (i % 4) * 100 us more, so the signal lands at several
-moments of the write), then prints one JSON line: the exit code, whether it was killed and the folder's listing.
+For each attempt it forks a child that, like the CLI, turns SIGINT / SIGTERM into Interrupted and, inside
+undo_on_interrupt (the CLI's), writes TARGET into the empty folder ROOT/<attempt> through the library call the
+command uses (export: save_model; triton-repo: write_model_repository; validate --report: ValidationReport.write;
+bench --json: atomic_write), then goes on for AFTER_WRITE_S (the rest of a command: its last lines of output),
+ending with the CLI's exit code (raggedvit._cli_support.exit_status). The parent watches the folder with inotify
+and sends SIGTERM as soon as the first entry is created there ("temp") or the first output is renamed into it
+("rename"); attempt i waits (i % 4) * 100 us more, so the signal lands at several moments of the write. It prints
+one JSON line per attempt: the exit code, whether it was killed and the folder's listing.
 """
 
 from __future__ import annotations
@@ -26,15 +28,20 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 IN_CREATE, IN_MOVED_TO, IN_NONBLOCK = 0x100, 0x80, 0o4000
+_EVENT = "iIII"  # struct inotify_event: wd, mask, cookie, len (then len bytes of name)
+AFTER_WRITE_S = 0.5  # long enough for the parent to see the rename and signal on a loaded machine
 
 
 def _tiny_onnx() -> bytes:
+    """images -> com.raggedvit::BiasGelu -> logits (triton-repo takes models with a raggedvit op only)."""
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])
-    graph = helper.make_graph([helper.make_node("Relu", ["images"], ["logits"])], "tiny", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    node = helper.make_node("BiasGelu", ["images"], ["logits"], domain="com.raggedvit")
+    graph = helper.make_graph([node], "tiny", [x], [y])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.raggedvit", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     return model.SerializeToString()
 
@@ -81,16 +88,44 @@ def _targets(scratch: Path):
 
 def _child(write, folder: Path) -> int:
     from raggedvit._cli_support import exit_status, interrupts_raise
+    from raggedvit.exporter._io import undo_on_interrupt
 
     interrupts_raise()
     try:
-        write(folder)
+        with undo_on_interrupt():
+            write(folder)
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < AFTER_WRITE_S:  # the command is not over when its output is in place
+                pass
         return 0
     except BaseException as e:  # noqa: BLE001 - the CLI's one error contract
         return exit_status(e)[0]
 
 
-def main(target: str, attempts: int, root: Path) -> None:
+def _wait_for(fd: int, at: str) -> bool:
+    """Blocks until the folder's first entry is created ("temp") or an entry not starting with "." is renamed into
+    it ("rename"); False after 30 s without."""
+    import struct
+
+    deadline = time.monotonic() + 30.0
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return False
+        if at == "temp":
+            return True
+        buf = os.read(fd, 65536)
+        while buf:
+            _, mask, _, size = struct.unpack_from(_EVENT, buf)
+            head = struct.calcsize(_EVENT)
+            name = buf[head : head + size].rstrip(b"\0").decode()
+            buf = buf[head + size :]
+            if mask & IN_MOVED_TO and not name.startswith("."):
+                return True
+    return False
+
+
+def main(target: str, attempts: int, root: Path, at: str = "temp") -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     write, _ = _targets(root / "scratch")[target]
     write(root / "scratch")  # warm up: imports and first-call costs happen before any fork
@@ -109,8 +144,7 @@ def main(target: str, attempts: int, root: Path) -> None:
             os.close(fd)
             os._exit(_child(write, folder))
         killed = False
-        ready, _, _ = select.select([fd], [], [], 30.0)
-        if ready:
+        if _wait_for(fd, at):
             wait = (i % 4) * 100e-6
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < wait:
@@ -131,4 +165,4 @@ def main(target: str, attempts: int, root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), *sys.argv[4:5])

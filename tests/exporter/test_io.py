@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,122 @@ def test_staging_dir_is_removed_on_any_exit(tmp_path):
         assert tmp.parent == tmp_path and tmp.name.startswith(".m.onnx.")
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- two writers of one output pair (an export whose weights go to a .data file) --------------------------------
+def _weights_model(value: float):
+    """An onnx_ir model whose one 4 KiB initializer holds `value` everywhere and whose doc_string names it."""
+    import numpy as np
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((32, 32), value, np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], doc_string=str(value))
+    model.ir_version = 10
+    return ir.from_proto(model)
+
+
+@pytest.mark.parametrize("locked", [True, False], ids=["locked", "unlocked (the check sees the mix)"])
+def test_two_exports_to_one_path_leave_one_consistent_pair(tmp_path, monkeypatch, locked):
+    """Writer A renames its .data, then stalls (until B has renamed its .onnx, at most 1 s) before its .onnx; writer B
+    commits its pair meanwhile. Under the folder lock B waits, and the pair left is B's; without it A's .onnx ends up
+    beside B's .data."""
+    import contextlib
+    import threading
+
+    import numpy as np
+    import onnx
+
+    from raggedvit.exporter import _io
+    from raggedvit.exporter import export as export_module
+
+    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1024)
+    if not locked:
+        monkeypatch.setattr(_io, "_folder_lock", lambda folder: contextlib.nullcontext())
+    a_renamed_data, b_renamed_onnx = threading.Event(), threading.Event()
+    real_replace = os.replace
+
+    def slowed(src, dst):  # the staging step slowed down: A stalls between the two renames into place
+        real_replace(src, dst)
+        if Path(dst).parent != tmp_path:  # onnx_ir's own rename inside the staging folder
+            return
+        if threading.current_thread().name == "A" and str(dst).endswith(".data"):
+            a_renamed_data.set()
+            b_renamed_onnx.wait(1.0)
+        if threading.current_thread().name == "B" and str(dst).endswith(".onnx"):
+            b_renamed_onnx.set()
+
+    monkeypatch.setattr(os, "replace", slowed)
+    path = tmp_path / "m.onnx"
+    a = threading.Thread(target=export_module.save_model, args=(_weights_model(1.0), path), name="A")
+    b = threading.Thread(target=export_module.save_model, args=(_weights_model(2.0), path), name="B")
+    a.start()
+    assert a_renamed_data.wait(10)
+    b.start()
+    a.join()
+    b.join()
+    model = onnx.load(str(path))  # with its external data
+    weights = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    consistent = bool((weights == float(model.doc_string)).all())
+    assert consistent == locked, (model.doc_string, np.unique(weights))
+
+
+# ---- names up to the file system's limit ----------------------------------------------------------------------------
+def test_names_up_to_the_limit_are_written(tmp_path, monkeypatch):
+    """A 255-byte target name gets a staging folder (its NAME part shortened); an export's data file of a long name is
+    shortened with a hash of the name; check_target refuses a name past the limit before any work."""
+    import errno
+
+    import onnx
+
+    from raggedvit.exporter import export as export_module
+    from raggedvit.exporter._io import check_target, name_max
+    from raggedvit.exporter.files import external_data_name, model_files
+
+    limit = name_max(tmp_path)
+    assert atomic_write(tmp_path / ("j" * (limit - 5) + ".json"), "{}").read_text() == "{}"
+    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1024)
+    long_a, long_b = tmp_path / ("m" * (limit - 6) + "a.onnx"), tmp_path / ("m" * (limit - 6) + "b.onnx")
+    for path in (long_a, long_b):
+        export_module.save_model(_weights_model(3.0), path)
+    data_a, data_b = external_data_name(long_a), external_data_name(long_b)
+    assert len(data_a) == limit - 10 and data_a.endswith(".data") and data_a != data_b
+    assert [p.name for p in model_files(long_a)] == [long_a.name, data_a]
+    assert onnx.numpy_helper.to_array(onnx.load(str(long_b)).graph.initializer[0]).min() == 3.0  # with its data
+    assert external_data_name(tmp_path / "m.onnx") == "m.onnx.data"
+    with pytest.raises(OSError) as info:
+        check_target(tmp_path / ("x" * (limit + 1)))
+    assert info.value.errno == errno.ENAMETOOLONG and "the limit here is" in info.value.strerror
+    assert len(list(tmp_path.iterdir())) == 5  # nothing hidden left
+
+
+def test_check_target_tries_the_folder(tmp_path):
+    """os.access says yes to root in /proc; check_target creates (and removes) the staging folder to know."""
+    import errno
+
+    from raggedvit.exporter._io import check_target
+
+    check_target(tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OSError) as info:
+        check_target(tmp_path / "missing" / "m.onnx")
+    assert info.value.errno == errno.ENOENT and info.value.filename == str(tmp_path / "missing" / "m.onnx")
+    if os.path.isdir("/proc/self"):
+        with pytest.raises(OSError) as info:
+            check_target("/proc/x")
+        assert info.value.filename == "/proc/x"
+
+
+def test_undo_on_interrupt_removes_what_the_block_committed(tmp_path):
+    from raggedvit.exporter._io import undo_on_interrupt
+
+    with undo_on_interrupt():
+        atomic_write(tmp_path / "kept.json", "1")
+    with pytest.raises(KeyboardInterrupt), undo_on_interrupt():
+        atomic_write_all({tmp_path / "r.json": "1", tmp_path / "r.md": "2"})
+        raise KeyboardInterrupt  # after the renames: the command is interrupted, its outputs go
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.json"]
