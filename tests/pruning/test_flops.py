@@ -40,3 +40,14 @@ def test_flops_take_prunedvit_token_counts() -> None:
         out = PrunedViT(vit, spec)(torch.randn(2, 3, 64, 64))
     flops = image_flops(backbone_for(vit), spec.prune_at, out.token_counts)
     assert flops.tolist() == pytest.approx([_vit_formula([17, 17, 9, 9], 192, 16, 16, 1000)] * 2)
+
+
+def test_stages_inside_a_block_leave_its_attention_on_the_rows_before() -> None:
+    """Token merging runs between a block's attention and its MLP: that block's attention keeps the old count."""
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, img_size=64, model_kwargs={"depth": 2})
+    bb, c = backbone_for(vit), 192
+    fixed = 2 * 16 * 3 * 16 * 16 * c + 2 * c * 1000
+    attn = lambda n: 8 * n * c * c + 4 * n * n * c  # qkv + proj, QK^T + AV
+    mlp = lambda n: 16 * n * c * c
+    got = image_flops(bb, (0, 1), torch.tensor([[13, 9]]), inside=True)
+    assert float(got[0]) == pytest.approx(fixed + attn(17) + mlp(13) + attn(13) + mlp(9))
