@@ -132,9 +132,6 @@ class SweepResult:
     def to_markdown(self) -> str:
         """A title line, what was run, and the table fastest first, Pareto points marked ●."""
         s = self.settings
-        front = self.pareto()
-        labelled = self.metric == "top1"
-        gpu = any(p.gpu_ms is not None for p in self.points)
         images = s.get("images", {})
         lines = [
             f"# Sweep: {s.get('model')}",
@@ -145,12 +142,21 @@ class SweepResult:
             "Agreement on seeded weights says nothing about accuracy on trained ones.",
             "",
         ]
+        return "\n".join(lines + self.table()) + "\n"
+
+    def table(self, *, pareto_only: bool = False) -> list[str]:
+        """The Markdown table's lines, fastest first, Pareto points marked ● (only those with pareto_only)."""
+        front = self.pareto()
+        labelled = self.metric == "top1"
+        gpu = any(p.gpu_ms is not None for p in self.points)
         cols = ["", "point", "img/s", "speedup", *(["GPU ms"] if gpu else []), "agreement"]
         cols += ["top-1", "top-5"] if labelled else []
         cols += ["KL", "tokens per stage", "FLOPs"]
         align = ["---" if c in ("", "point") else "---:" for c in cols]
-        lines += ["| " + " | ".join(cols) + " |", "|" + "|".join(align) + "|"]
+        lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(align) + "|"]
         for p in self.by_speed():
+            if pareto_only and p.key not in front:
+                continue
             speed = self.speedup(p)
             row = ["●" if p.key in front else "", p.label, f"{p.img_per_s:,.1f}", f"{speed:.2f}x" if speed else "-"]
             row += [f"{p.gpu_ms:.3f}" if p.gpu_ms is not None else "-"] if gpu else []
@@ -159,7 +165,7 @@ class SweepResult:
             tokens = ", ".join(f"{t:.1f}" for t in p.tokens) or "-"
             row += [f"{p.kl:.4f}", tokens, f"{p.flops_ratio:.2f}x"]
             lines.append("| " + " | ".join(row) + " |")
-        return "\n".join(lines) + "\n"
+        return lines
 
     def _metric_name(self) -> str:
         return "top-1 accuracy" if self.metric == "top1" else "agreement with the unpruned model"
