@@ -40,6 +40,7 @@ __all__ = [
     "export_onnx",
     "output_names",
     "save_model",
+    "stage_output_names",
     "strip_local_metadata",
 ]
 
@@ -95,8 +96,9 @@ def _submodule(module: nn.Module, name: str) -> nn.Module | None:
 
 
 class _Outputs(nn.Module):
-    """PrunedViT with its outputs flattened to the graph outputs of `output_names`, then (when the model collects
-    them) each block's output rows (nothing else is computed)."""
+    """PrunedViT with its outputs flattened to the graph outputs of `output_names`, then each stage's src and
+    cu_seqlens, then (when the model collects them) each block's output rows: tensors the forward computes anyway,
+    traced for their names and unmarked after tracing."""
 
     def __init__(self, model: PrunedViT, diagnostics: bool) -> None:
         super().__init__()
@@ -109,6 +111,8 @@ class _Outputs(nn.Module):
         if self.diagnostics:
             for index, cu in zip(out.token_index, out.cu_seqlens):
                 flat += [index, cu]
+        for trace, cu in zip(out.stages, out.cu_seqlens):
+            flat += [trace.src, cu]
         return (*flat, *out.blocks)
 
 
@@ -118,16 +122,26 @@ def block_output_name(block: int) -> str:
     return f"raggedvit.block_{block}_out"
 
 
-def _unmark_block_outputs(model: ir.Model, count: int) -> list[str]:
-    """Drop the last `count` graph outputs (the traced block outputs) and name the values they were; the values
-    stay, computed for the next block or the head. Returns their names, block by block."""
-    names = []
-    for bi, value in enumerate(model.graph.outputs[-count:]):
-        value.name = block_output_name(bi)
-        names.append(value.name)
-    for _ in range(count):
+def stage_output_names(stage: int) -> tuple[str, str]:
+    """Names of the tensors that hold stage `stage`'s src [T_s] (StageTrace.src: the row before the stage that each
+    row after it copies) and cu_seqlens [batch+1] in an exported graph (not graph outputs: the validator marks them
+    in a copy and derives the kept tokens with pruning.kept_token_index; recipe key "stage_outputs"). A tensor that
+    is a graph output already (cu_seqlens_S of a diagnostics export) keeps that name."""
+    return f"raggedvit_stage_{stage}_src", f"raggedvit_stage_{stage}_cu_seqlens"
+
+
+def _unmark(model: ir.Model, names: list[str]) -> list[ir.Value]:
+    """Drop the last len(names) graph outputs (traced for their names only) and name the values they were (a value
+    traced twice keeps its first name); the values stay, computed for the nodes that read them. Returns them."""
+    values = list(model.graph.outputs[len(model.graph.outputs) - len(names) :])
+    for _ in names:
         model.graph.outputs.pop()
-    return names
+    named: set[int] = set()
+    for value, name in zip(values, names):
+        if id(value) not in named:
+            value.name = name
+            named.add(id(value))
+    return values
 
 
 def build_model(
@@ -151,7 +165,9 @@ def build_model(
     `check_ragged_linear` refusals), recipe key "ragged_linear" (True or "dead-rows"; only written when on, so
     default exports are unchanged).
     Recipe key "block_outputs": per block, the name of the tensor holding its output rows (`block_output_name`;
-    traced as outputs, then unmarked: the graph computes nothing more for them).
+    traced as outputs, then unmarked: the graph computes nothing more for them). Recipe key "stage_outputs": per
+    stage, the names of its [src, cu_seqlens] tensors (`stage_output_names`, likewise unmarked): the validator
+    derives each image's kept tokens from them, with or without `diagnostics`.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -170,7 +186,8 @@ def build_model(
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     names = output_names(vit, spec, diagnostics=diagnostics)
     depth = model.backbone.depth
-    traced = names + [f"block_{bi}" for bi in range(depth)]
+    stage_names = [n for s in range(spec.num_stages) for n in stage_output_names(s)]
+    traced = names + stage_names + [f"block_{bi}" for bi in range(depth)]
     with torch.no_grad(), warnings.catch_warnings(), reused_torchlib_registry():
         warnings.simplefilter("ignore")  # torch.export's notes on the data-dependent counts (nonzero)
         program = torch.onnx.export(
@@ -186,7 +203,12 @@ def build_model(
             verbose=False,
         )
     ir_model = fuse_for_ort(program.model)
-    block_names = _unmark_block_outputs(ir_model, depth)
+    block_values = _unmark(ir_model, [block_output_name(bi) for bi in range(depth)])
+    stage_values = _unmark(ir_model, stage_names)
+    for value, name in zip(ir_model.graph.outputs, names):  # a graph output traced again keeps the output's name
+        value.name = name
+    block_names = [str(v.name) for v in block_values]
+    stage_pairs = [[str(v.name) for v in stage_values[2 * s : 2 * s + 2]] for s in range(spec.num_stages)]
     ir_model.ir_version = IR_VERSION
     ir_model.opset_imports.setdefault(RAGGED_DOMAIN, 1)
     ir_model.producer_name = PRODUCER_NAME
@@ -204,6 +226,7 @@ def build_model(
         "depth": model.backbone.depth,
         "outputs": names,
         "block_outputs": block_names,
+        "stage_outputs": stage_pairs,
         "raggedvit_version": raggedvit.__version__,
     }
     write_recipe_ir(ir_model, full)

@@ -31,6 +31,8 @@ __all__ = [
     "PrunedViT",
     "StageTrace",
     "capacity_prune_stage",
+    "kept_token_index",
+    "next_token_index",
     "packed_prune_stage",
     "ragged_linear_mode",
     "stage_scores",
@@ -41,12 +43,15 @@ __all__ = [
 class StageTrace(NamedTuple):
     """What one stage decided on: scores [B, W] float32 (padded, -inf off patch slots), n [B] int64 tokens per
     image before the stage, k [B] int64 patch tokens kept, kept [B] int64 tokens per image after the stage
-    (prefix and fused token included). The validator measures near-ties from these."""
+    (prefix and fused token included); src [T'] int64: the packed row before the stage that each row after it
+    copies (with evit's fuse, row T + b stands for image b's fused token; `next_token_index`). The validator
+    measures near-ties from these; the exporter names src (a live tensor: the stage's row gather reads it)."""
 
     scores: torch.Tensor
     n: torch.Tensor
     k: torch.Tensor
     kept: torch.Tensor
+    src: torch.Tensor | None = None
 
 
 class PrunedOutput(NamedTuple):
@@ -90,6 +95,26 @@ def stage_scores(x: torch.Tensor, cls_attn: torch.Tensor | None, spec: PruneSpec
     return cls_attn
 
 
+def next_token_index(token_index: torch.Tensor, src: torch.Tensor, batch: int, fuse: bool) -> torch.Tensor:
+    """The original token index [T'] of the rows after a stage: token_index [T] of the rows before it, gathered by
+    the stage's src [T'] (StageTrace.src); with `fuse`, source row T + b is image b's fused token (index -1)."""
+    if fuse:
+        token_index = torch.cat((token_index, torch.full((batch,), -1, dtype=token_index.dtype, device=src.device)))
+    return token_index.index_select(0, src)
+
+
+def kept_token_index(srcs: list[torch.Tensor], batch: int, tokens: int, fuse: bool) -> list[torch.Tensor]:
+    """Per stage, the original token index of each packed row after it ([T_s] int64, PrunedOutput.token_index),
+    from the stages' src alone (StageTrace.src; an export names them, recipe key "stage_outputs"): the rows
+    before the first stage are the `tokens` tokens of each of `batch` images in order."""
+    rows = torch.arange(batch * tokens, device=srcs[0].device if srcs else None)
+    index, out = rows % tokens, []
+    for src in srcs:
+        index = next_token_index(index, src, batch, fuse)
+        out.append(index)
+    return out
+
+
 def _decide(
     state: PackedState,
     scores: torch.Tensor,
@@ -97,17 +122,17 @@ def _decide(
     width: int,
     num_prefix: int,
     spec: PruneSpec,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, StageTrace]:
+) -> tuple[torch.Tensor, torch.Tensor, StageTrace]:
     """Steps 2-4 and 6 of a stage on the padded layout: (keep [B, W'] bool, source rows x [T (+B), C],
-    their token_index [T (+B)], StageTrace). W' = width, or width + 1 with evit's fuse: slot `width` of image b is
-    its fused token, appended to the sources as row T + b."""
-    x, cu, _, _, token_index = state
+    StageTrace without src). W' = width, or width + 1 with evit's fuse: slot `width` of image b is its fused token,
+    appended to the sources as row T + b."""
+    x, cu, _, _, _ = state
     B = cu.shape[0] - 1
     n = cu[1:] - cu[:-1]
     S = pad_scores(scores, cu, n, width, num_prefix)
     sel = select_tokens(S, n, num_prefix, spec)
     keep = sel.keep  # [B, W]
-    x_src, index_src = x, token_index
+    x_src = x
     if spec.fuse:
         assert cls_attn is not None
         rows, valid = padded_slots(cu, n, width)
@@ -119,8 +144,7 @@ def _decide(
         fused = (num / den.clamp_min(EVIT_FUSE_EPS)).to(x.dtype)  # [B, C]
         keep = torch.cat((keep, torch.ones(B, 1, dtype=torch.bool, device=x.device)), dim=1)  # slot W = fused
         x_src = torch.cat((x, fused), dim=0)
-        index_src = torch.cat((token_index, torch.full((B,), -1, dtype=token_index.dtype, device=x.device)))
-    return keep, x_src, index_src, StageTrace(S, n, sel.k, keep.sum(dim=1))
+    return keep, x_src, StageTrace(S, n, sel.k, keep.sum(dim=1))
 
 
 def packed_prune_stage(
@@ -146,7 +170,7 @@ def packed_prune_stage(
     """
     B = state.cu.shape[0] - 1
     T = state.x.shape[0]
-    keep, x_src, index_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
+    keep, x_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
     nz = torch.nonzero(keep).t()  # [2, T'] row-major: image by image, position order kept (ONNX NonZero's layout)
     b, i = nz[0], nz[1]
     t_new = nz.shape[1]
@@ -156,8 +180,9 @@ def packed_prune_stage(
     if spec.fuse:
         src = torch.where(i == width, T + b, src)
     pos_new = (torch.cumsum(keep.to(torch.int64), dim=1) - 1)[b, i]
-    new = PackedState(x_src.index_select(0, src), cu_of(trace.kept), b, pos_new, index_src.index_select(0, src))
-    return new, trace
+    index = next_token_index(state.token_index, src, B, spec.fuse)
+    new = PackedState(x_src.index_select(0, src), cu_of(trace.kept), b, pos_new, index)
+    return new, trace._replace(src=src)
 
 
 def capacity_prune_stage(
@@ -189,7 +214,7 @@ def capacity_prune_stage(
         return _selected_stage(state, scores, width, bound, num_prefix, spec)
     B = state.cu.shape[0] - 1
     T = state.x.shape[0]
-    keep, x_src, index_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
+    keep, x_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
     slots = keep.shape[1]
     assert bound <= slots, f"capacity bound {bound} exceeds the {slots} slots per image"
     rows, _ = padded_slots(state.cu, trace.n, width)  # [B, W] source row of each slot (padding: row 0)
@@ -197,8 +222,9 @@ def capacity_prune_stage(
     cu_new = cu_of(trace.kept)
     order, pos = capacity_order(keep, cu_new, bound)
     src = rows.reshape(-1).index_select(0, order)
-    new = PackedState(x_src.index_select(0, src), cu_new, order // slots, pos, index_src.index_select(0, src))
-    return new, trace
+    index = next_token_index(state.token_index, src, B, spec.fuse)
+    new = PackedState(x_src.index_select(0, src), cu_new, order // slots, pos, index)
+    return new, trace._replace(src=src)
 
 
 def _selected_stage(
@@ -209,13 +235,17 @@ def _selected_stage(
     assert bound <= width, f"capacity bound {bound} exceeds the {width} slots per image"
     sel = select_rows(scores, state.cu, width, bound, num_prefix, spec)
     new = PackedState(
-        state.x.index_select(0, sel.src), sel.cu, sel.seq_id, sel.pos, state.token_index.index_select(0, sel.src)
+        state.x.index_select(0, sel.src),
+        sel.cu,
+        sel.seq_id,
+        sel.pos,
+        next_token_index(state.token_index, sel.src, state.cu.shape[0] - 1, fuse=False),
     )
     n = state.cu[1:] - state.cu[:-1]
     S = pad_scores(scores, state.cu, n, width, num_prefix)
     # kept = min(n_b, p) + k_b = p + k_b (every image keeps its p prefix rows from the embedding on, so n_b >= p):
     # the differences of sel.cu, without the two Slices and a Sub per stage in the export (3 kernels at batch 1)
-    return new, StageTrace(S, n, sel.k, sel.k + num_prefix)
+    return new, StageTrace(S, n, sel.k, sel.k + num_prefix, sel.src)
 
 
 def uniform_prune_stage(
@@ -235,12 +265,12 @@ def uniform_prune_stage(
         steps * m,
         state.seq_id.reshape(-1, n)[:, :m].reshape(-1),
         state.pos.reshape(-1, n)[:, :m].reshape(-1),  # uniform rows: positions 0..m-1 in every image
-        state.token_index.index_select(0, src),
+        next_token_index(state.token_index, src, state.cu.shape[0] - 1, fuse=False),
     )
     slot = torch.arange(n, device=scores.device)
     S = torch.where(slot >= num_prefix, scores.to(torch.float32).reshape(-1, n), float("-inf"))
     counts = state.cu[1:] - state.cu[:-1]
-    return new, StageTrace(S, counts, counts * 0 + (m - num_prefix), counts * 0 + m)
+    return new, StageTrace(S, counts, counts * 0 + (m - num_prefix), counts * 0 + m, src)
 
 
 class PrunedViT(nn.Module):

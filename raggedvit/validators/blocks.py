@@ -1,14 +1,16 @@
 """Per-block drift: the residual stream after every block, export vs reference, on each image's kept rows.
 
-The exporter names each block's output tensor in the graph (recipe key "block_outputs"); `marked_model` returns a
-copy of the model with those tensors as extra graph outputs (the user's file is not touched, as Polygraphy's
-`--onnx-outputs mark all`). The reference's block outputs come from PrunedViT(..., block_outputs=True).
+The exporter names each block's output tensor and each stage's src and cu_seqlens in the graph (recipe keys
+"block_outputs", "stage_outputs"); `marked_model` returns a copy of the model with those tensors as extra graph
+outputs (the user's file is not touched, as Polygraphy's `--onnx-outputs mark all`). The reference's block outputs
+come from PrunedViT(..., block_outputs=True).
 
 Rows are matched by original token index: every stage keeps each image's rows in position order (the evit fused
-token last), so two runs that kept the same tokens of an image hold them in the same order. Where the export
-emits its kept token indices (diagnostic outputs) the sets are compared; without them, equal token counts stand
-for equal sets (a topk-l2 / evit count never moves; a same-count swap shows as drift of the blocks after it).
-An image whose kept tokens differ from the reference's at a stage has no drift from that stage's first block on.
+token last), so two runs that kept the same tokens of an image hold them in the same order. The export's kept
+tokens come from its stages' src (pruning.kept_token_index), or from diagnostic outputs (token_index_S) of an
+older export without "stage_outputs"; with neither, equal token counts stand for equal sets (a same-count swap
+then shows as drift of the blocks after it). An image whose kept tokens differ from the reference's at a stage has
+no drift from that stage's first block on.
 
 The measure: drift[b] = ||h_export - h_reference||_F / ||h_reference||_F over image b's kept rows, in float64.
 """
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning.packed import kept_token_index
 from raggedvit.validators.errors import ValidationInputError
 
 __all__ = [
@@ -69,9 +72,10 @@ def marked_model(model_path: str, names: list[str]) -> bytes:
     serialized; the file itself is not changed."""
     model = onnx.load(str(model_path))
     produced = {o for n in model.graph.node for o in n.output}
+    produced |= {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
     missing = [n for n in names if n not in produced]
     if missing:
-        raise ValidationInputError(f"block output tensors {missing[:3]} of the recipe are not in the graph")
+        raise ValidationInputError(f"tensors {missing[:3]} named by the export's recipe are not in the graph")
     have = {o.name for o in model.graph.output}
     for name in names:
         if name not in have:
@@ -93,12 +97,22 @@ def _rows_per_image(bi: int, counts: np.ndarray, spec: PruneSpec, total: int, he
 
 
 def run_blocks_onnx(
-    session, images: torch.Tensor, names: list[str], spec: PruneSpec, head_k: int | None, batch_size: int
+    session,
+    images: torch.Tensor,
+    names: list[str],
+    spec: PruneSpec,
+    head_k: int | None,
+    batch_size: int,
+    stage_outputs: list[list[str]] | None = None,
+    tokens: int | None = None,
 ) -> BlockRun:
-    """The marked session's block outputs over `images` [N, 3, S, S] -> BlockRun. head_k: the reference's rows per
-    image of the last block when the head reads a fixed number (run_blocks_reference)."""
+    """The marked session's block outputs `names` over `images` [N, 3, S, S] -> BlockRun (rows [] per image
+    without `names`). head_k: the reference's rows per image of the last block when the head reads a fixed number
+    (run_blocks_reference). stage_outputs: per stage the [src, cu_seqlens] tensor names of the recipe (marked too),
+    with `tokens` the tokens per image before the first stage (recipe "tokens_per_image"): the kept tokens come
+    from them; else from diagnostic graph outputs token_index_S / cu_seqlens_S where present, else unknown."""
     outputs = [o.name for o in session.get_outputs()]
-    stages = sum(name.startswith("token_index_") for name in outputs)
+    diag = sum(name.startswith("token_index_") for name in outputs)
     rows: list[list[np.ndarray | None]] = []
     counts, kept = [], []
     for s in range(0, images.shape[0], batch_size):
@@ -107,8 +121,13 @@ def run_blocks_onnx(
         tc = np.asarray(res[1], dtype=np.int64)
         counts.append(tc)
         B = tc.shape[0]
-        if stages:
-            per_stage = [_split_index(by_name[f"token_index_{k}"], by_name[f"cu_seqlens_{k}"]) for k in range(stages)]
+        if stage_outputs and tokens is not None:
+            srcs = [torch.from_numpy(np.asarray(by_name[src], dtype=np.int64)) for src, _ in stage_outputs]
+            index = kept_token_index(srcs, B, int(tokens), spec.fuse)
+            per_stage = [_split_index(ix.numpy(), by_name[cu]) for ix, (_, cu) in zip(index, stage_outputs)]
+            kept.extend([list(v) for v in zip(*per_stage)])
+        elif diag:
+            per_stage = [_split_index(by_name[f"token_index_{k}"], by_name[f"cu_seqlens_{k}"]) for k in range(diag)]
             kept.extend([list(v) for v in zip(*per_stage)])
         else:
             kept.extend([None] * B)
@@ -117,7 +136,7 @@ def run_blocks_onnx(
             x = np.asarray(by_name[name])
             k = head_k if bi == len(names) - 1 else None
             per_block.append(_split(x, _rows_per_image(bi, tc, spec, x.shape[0], k)))
-        rows.extend([list(v) for v in zip(*per_block)])
+        rows.extend([list(v) for v in zip(*per_block)] if per_block else [[] for _ in range(B)])
     return BlockRun(rows, np.concatenate(counts), kept)
 
 

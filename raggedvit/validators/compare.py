@@ -20,7 +20,7 @@ from raggedvit.validators.reference import run_reference
 from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport, blocks_before
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
-from raggedvit.validators.ties import first_moved_stage, precision_swap, precision_tie, stage_margins
+from raggedvit.validators.ties import first_moved_stage, precision_swap, precision_tie, stage_margins, token_swaps
 
 __all__ = ["block_failure_text", "first_failing_block", "run_onnx", "validate"]
 
@@ -48,17 +48,6 @@ def _split_kept(token_index, cu) -> list:
     """token_index [T] and cu [B+1] of one stage -> per image the sorted kept token indices. Rows past cu[B] (the
     dead rows of a capacity-layout export, DESIGN.md section 4) are not read."""
     return [np.sort(np.asarray(token_index[int(cu[b]) : int(cu[b + 1])])) for b in range(len(cu) - 1)]
-
-
-def _swaps(kept_o: list, kept_r: list, image: int, spec: PruneSpec, margins: list[NearTie]) -> list[TokenSwap]:
-    """Stages where the export kept as many tokens as the reference but other ones."""
-    out = []
-    for stage, (a, b) in enumerate(zip(kept_o, kept_r)):
-        if len(a) == len(b) and not np.array_equal(a, b):
-            gap = min((t.gap for t in margins if t.image == image and t.stage == stage), default=math.inf)
-            swapped = len(np.setdiff1d(a, b))
-            out.append(TokenSwap(image, stage, spec.prune_at[stage], swapped, gap))
-    return out
 
 
 def validate(
@@ -100,6 +89,7 @@ def validate(
     kept_o: list = []
     lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
     names_b = list(recipe.get("block_outputs") or []) if blocks else []
+    names_s = _stage_outputs(recipe, spec)
     if names_b:  # the reference with its block outputs (the same forward; its logits are run_reference's)
         rb = reference_blocks or block_reference(vit, spec, images, dtype, batch_size)
         if len(rb.run.rows) != images.shape[0]:
@@ -112,7 +102,6 @@ def validate(
     with torch.no_grad():
         ref_out = pruned(images) if spec.prune_at else None
     margins = stage_margins(ref_out, spec, pruned.num_prefix, math.inf) if ref_out is not None else []
-    kept_r = _reference_kept(ref_out) if kept_o and ref_out is not None else []
     ties = [t for t in margins if t.gap < th.tie_eps]
     tied = {t.image for t in ties}
     fl = precision_floor(vit, spec, images, lg_r, tc_r, dtype, batch_size=batch_size) if floor is not False else None
@@ -121,10 +110,16 @@ def validate(
     drift: list[list[float | None]] = [[] for _ in names]
     block_floor: list[float | None] = []
     block_note = "" if blocks else "per-block drift not measured (turned off)"
+    if names_b or names_s:  # one marked copy: the block outputs and the stages' src and cu_seqlens
+        marked = open_session(marked_model(str(model_path), names_b + sum(names_s, [])), device, recipe=recipe)
+        tokens = int(recipe.get("tokens_per_image") or 0) or None
+        head_k = rb.head_k if names_b else None
+        run_b = run_blocks_onnx(marked, images, names_b, spec, head_k, batch_size, names_s, tokens)
+        if names_s and all(k is not None for k in run_b.kept):
+            kept_o = run_b.kept
+    kept_r = _reference_kept(ref_out) if kept_o and ref_out is not None else []
     if names_b:
         floors, logit_floor = rb.floors, rb.logit_floor
-        marked = open_session(marked_model(str(model_path), names_b), device, recipe=recipe)
-        run_b = run_blocks_onnx(marked, images, names_b, spec, rb.head_k, batch_size)
         drift = block_drift(run_b, rb.run, spec)
         clean = [i for i in range(len(names)) if i not in tied]
         block_floor = [
@@ -144,11 +139,19 @@ def validate(
         block_note=block_note,
     )
     notes: dict[int, str] = {}
+    swap_notes: dict[int, str] = {}
     for i, name in enumerate(names):
         moved = first_moved_stage([int(v) for v in tc_o[i]], [int(v) for v in tc_r[i]])
-        swaps = _swaps(kept_o[i], kept_r[i], i, spec, margins) if kept_o else []
+        swaps = token_swaps(kept_o[i], kept_r[i], ref_out, spec, i) if kept_o and kept_r else []
+        swaps = [t for t in swaps if moved is None or t.stage < moved]  # past a moved count the rows differ
         prec = None
-        if moved is not None and i not in tied:
+        if swaps and i not in tied:  # the first deviation: equal counts, other tokens kept
+            prec = precision_swap(swaps[0], th.precision_eps)
+            if prec is not None:
+                report.precision_ties.append(prec)
+            else:
+                swap_notes[i] = _swap_note(swaps[0], th)
+        elif moved is not None and i not in tied:
             mine = [t for t in margins if t.image == i]
             by = int(tc_o[i, moved]) - int(tc_r[i, moved])
             prec = precision_tie(mine, moved, by, spec, th.precision_eps)
@@ -156,10 +159,6 @@ def validate(
                 report.precision_ties.append(prec)
             else:
                 notes[i] = _moved_cut_note(mine, moved, by, spec, th)
-        elif swaps and i not in tied:  # equal counts, other tokens kept (diagnostic outputs)
-            prec = precision_swap(swaps, th.precision_eps)
-            if prec is not None:
-                report.precision_ties.append(prec)
         d = np.abs(lg_o[i].astype(np.float64) - lg_r[i].astype(np.float64))
         report.rows.append(
             ImageRow(
@@ -183,9 +182,31 @@ def validate(
             )
         )
     report.failures.extend(
-        _failures(report.rows, lg_o, th, notes, block_floor, tuple(spec.prune_at), diagnostics=bool(kept_o))
+        _failures(report.rows, lg_o, th, notes, block_floor, tuple(spec.prune_at), kept=bool(kept_o), swaps=swap_notes)
     )
     return report
+
+
+def _stage_outputs(recipe: dict, spec: PruneSpec) -> list[list[str]]:
+    """The recipe's per-stage [src, cu_seqlens] tensor names ([] for exports older than the key)."""
+    pairs = [[str(n) for n in pair] for pair in recipe.get("stage_outputs") or []]
+    if pairs and (len(pairs) != len(spec.prune_at) or any(len(p) != 2 for p in pairs)):
+        raise ValidationInputError(
+            f"the recipe's stage_outputs name {len(pairs)} stages, its prune spec has {len(spec.prune_at)}"
+        )
+    return pairs
+
+
+def _swap_note(swap: TokenSwap, th: Thresholds) -> str:
+    """Why the first stage where the export kept other tokens than the reference (equal counts) is not a tie."""
+    where = f"stage {swap.stage} (block {swap.block}) kept {swap.swapped} other token{'' if swap.swapped == 1 else 's'}"
+    if th.precision_eps is None:
+        why = f"the reference's score gap between them is {swap.gap:.2e} >= the near-tie margin {th.tie_eps:g}"
+    elif swap.swapped != 1:
+        why = "rounding swaps one token at a cut"
+    else:
+        why = f"the reference's score gap between them is {swap.gap:.2e} >= the precision margin {th.precision_eps:.3g}"
+    return f"{where} than the reference at equal counts: {why}"
 
 
 def _reference_kept(out: PrunedOutput) -> list:
@@ -225,11 +246,12 @@ def first_failing_block(
 
 
 def block_failure_text(
-    row: ImageRow, floor: list[float | None], th: Thresholds, spec_blocks: dict[int, int], diagnostics: bool = True
+    row: ImageRow, floor: list[float | None], th: Thresholds, spec_blocks: dict[int, int], kept: bool = True
 ) -> str:
     """'block 7 drifts 9x its fp16 floor (drift 1.2e-02 > bar 3.4e-03); blocks 0-6 within 1.2x' for the image's
-    first failing block; without diagnostic outputs (`diagnostics` False) a failing first block after a stage of a
-    reduced-precision export says how to tell a token swapped by rounding at that cut from a fault."""
+    first failing block; where the export's kept tokens are unknown (`kept` False: an export older than the recipe's
+    "stage_outputs", without diagnostic outputs) a failing first block after a stage of a reduced-precision export
+    says how to tell a token swapped by rounding at that cut from a fault."""
     bi, within = first_failing_block(row.block_drift, floor, th)
     assert bi is not None
     d, f = row.block_drift[bi], floor[bi]
@@ -237,9 +259,9 @@ def block_failure_text(
     where = f" (the first block after stage {spec_blocks[bi]})" if bi in spec_blocks else ""
     before = blocks_before(bi, within)
     hint = ""
-    if bi in spec_blocks and not diagnostics and th.precision_eps is not None:
-        hint = "; export with --diagnostics to tell one token swapped at that cut by rounding (a precision tie) "
-        hint += "from a fault"
+    if bi in spec_blocks and not kept and th.precision_eps is not None:
+        hint = "; re-export with this raggedvit (its exports name each stage's kept tokens) to tell one token swapped "
+        hint += "at that cut by rounding (a precision tie) from a fault"
     return (
         f"block {bi}{where} drifts {ratio:.3g}x its {th.floor_name()} floor "
         f"(drift {d:.2e} > bar {th.block_bar(f):.2e}); {before}{hint}"
@@ -253,11 +275,13 @@ def _failures(
     moved_notes: dict[int, str] | None = None,
     block_floor: list[float | None] | None = None,
     prune_at: tuple[int, ...] = (),
-    diagnostics: bool = True,
+    kept: bool = True,
+    swaps: dict[int, str] | None = None,
 ) -> list[Failure]:
     """The failed criteria over `rows`; `moved_notes`: per image, why its moved cut is not a tie (for the text);
-    `block_floor`: per block, the floor of the per-block rule (empty: not measured). Per image, a failing block
-    comes first, then moved token counts, then |Δlogit|."""
+    `swaps`: per image, why the first stage where it kept other tokens at equal counts is not a tie; `block_floor`:
+    per block, the floor of the per-block rule (empty: not measured); `kept`: the export's kept tokens are known.
+    Per image, a failing block comes first, then kept tokens swapped, then moved token counts, then |Δlogit|."""
     out: list[Failure] = []
     floor = block_floor or []
     stage_of = {b: s for s, b in enumerate(prune_at)}
@@ -269,8 +293,10 @@ def _failures(
             continue
         bi, within = first_failing_block(r.block_drift, floor, th) if floor else (None, 0.0)
         if bi is not None:
-            text = block_failure_text(r, floor, th, stage_of, diagnostics)
+            text = block_failure_text(r, floor, th, stage_of, kept)
             out.append(Failure("block_drift", r.index, f"image {r.index} ({r.name}): {text}"))
+        if r.index in (swaps or {}):
+            out.append(Failure("kept_tokens", r.index, f"image {r.index} ({r.name}): {(swaps or {})[r.index]}"))
         if not r.counts_agree:
             stage = first_moved_stage(r.counts_onnx, r.counts_reference)
             why = (moved_notes or {}).get(r.index, f"stage {stage}")

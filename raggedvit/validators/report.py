@@ -12,7 +12,9 @@ from raggedvit.validators.rules import Thresholds
 
 __all__ = ["blocks_before", "Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
 
-FailureKind = Literal["block_drift", "max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"]
+FailureKind = Literal[
+    "block_drift", "kept_tokens", "max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Failure:
 @dataclass(frozen=True)
 class TokenSwap:
     """At `stage` (block `block`) the export kept the same number of tokens as the reference but `swapped` of
-    them differ (exports with diagnostic outputs only); `gap`: the reference's relative score gap at that cut."""
+    them differ; `gap`: the reference's relative score gap between the swapped tokens (ties.token_swaps)."""
 
     image: int
     stage: int
@@ -308,10 +310,10 @@ class ValidationReport:
             ]
         swaps = [(row, t) for row in self.rows for t in row.token_swaps]
         if swaps:
-            lines += ["", "Kept tokens that differ at a cut with equal counts (diagnostic outputs):", ""]
+            lines += ["", "Kept tokens that differ at a cut with equal counts:", ""]
             lines += [
                 f"- image {t.image} ({row.name}), stage {t.stage} (block {t.block}): {t.swapped} token"
-                f"{'' if t.swapped == 1 else 's'} swapped; reference score gap at the cut {t.gap:.2e}"
+                f"{'' if t.swapped == 1 else 's'} swapped; reference score gap between them {t.gap:.2e}"
                 for row, t in swaps
             ]
         if self.failures:

@@ -10,13 +10,24 @@ section 6).
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
 from raggedvit.pruning.spec import CLS_MASS_EPS
 from raggedvit.validators.report import NearTie, TokenSwap
 
-__all__ = ["cut_gaps", "find_near_ties", "first_moved_stage", "precision_swap", "precision_tie", "stage_margins"]
+__all__ = [
+    "cut_gaps",
+    "find_near_ties",
+    "first_moved_stage",
+    "precision_swap",
+    "precision_tie",
+    "stage_margins",
+    "token_swaps",
+]
 
 
 def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int, spec: PruneSpec):
@@ -104,15 +115,58 @@ def precision_tie(
     return min(at, key=lambda t: t.gap, default=None)
 
 
-def precision_swap(swaps: list[TokenSwap], eps: float | None) -> NearTie | None:
-    """The reference margin that makes the export's same-count token swaps a precision tie, or None (a fault).
+def precision_swap(swap: TokenSwap, eps: float | None) -> NearTie | None:
+    """The reference margin that makes an image's first deviation, a same-count token swap, a precision tie, or
+    None (a fault).
 
-    Exports with diagnostic outputs name the tokens each cut kept. When the counts agree but the export kept other
-    tokens, rounding explains it only if at every stage with a swap exactly one token changed places and the
-    reference's score gap there (last kept against first dropped) lies within `eps`: the same test as a cls-mass
-    count moved by one (`precision_tie`), for the score order every policy cuts. `eps`: Thresholds.precision_eps
-    (None: the recipe has no precision ties, fp32)."""
-    if eps is None or not swaps or any(s.swapped != 1 or not s.gap < eps for s in swaps):
+    The export names the tokens each cut kept (recipe "stage_outputs", or diagnostic outputs). At the first stage
+    where it kept other tokens than the reference at the same count, its input rows are the reference's, so
+    rounding explains the difference only if exactly one token changed places and the reference's scores of the
+    two tokens lie within `eps` of each other (relative): the same test as a cls-mass count moved by one
+    (`precision_tie`), for the score order every policy cuts. Past that stage nothing is compared (the rows
+    differ). `eps`: Thresholds.precision_eps (None: the recipe has no precision ties, fp32)."""
+    if eps is None or swap.swapped != 1 or not swap.gap < eps:
         return None
-    first = swaps[0]
-    return NearTie(first.image, first.stage, first.block, "swap", first.gap)
+    return NearTie(swap.image, swap.stage, swap.block, "swap", swap.gap)
+
+
+def token_swaps(
+    kept_onnx: list[np.ndarray], kept_reference: list[np.ndarray], out: PrunedOutput, spec: PruneSpec, image: int
+) -> list[TokenSwap]:
+    """The stages where the export kept as many tokens of `image` as the reference but other ones, with the
+    reference's relative score gap between the swapped tokens (`_swap_gap`). kept_*: per stage the image's sorted
+    kept token indices; `out`: the reference's PrunedViT forward over the images (compact layout)."""
+    swaps = []
+    for stage, (a, b) in enumerate(zip(kept_onnx, kept_reference)):
+        if len(a) == len(b) and not np.array_equal(a, b):
+            removed, added = np.setdiff1d(b, a), np.setdiff1d(a, b)
+            gap = _swap_gap(out, spec, image, stage, removed, added)
+            swaps.append(TokenSwap(image, stage, spec.prune_at[stage], len(added), gap))
+    return swaps
+
+
+def _swap_gap(
+    out: PrunedOutput, spec: PruneSpec, image: int, stage: int, removed: np.ndarray, added: np.ndarray
+) -> float:
+    """(s(r) - s(a)) / |s(r)| with s the reference's score at `stage` (L2 norms for topk-l2, as cut_gaps), r the
+    highest-scored token the export dropped of those the reference kept (`removed`), a the lowest-scored one it
+    kept instead (`added`); inf where a token is not a scored row of the reference at that stage."""
+    trace = out.stages[stage]
+    if stage == 0:
+        n = int(trace.n[image])
+        tokens = np.arange(n)
+    else:
+        cu = out.cu_seqlens[stage - 1]
+        tokens = out.token_index[stage - 1][int(cu[image]) : int(cu[image + 1])].numpy()
+    scores = trace.scores[image, : len(tokens)].double()
+    if spec.policy == "topk-l2":
+        scores = scores.clamp_min(0).sqrt()
+    by_token = {int(t): float(v) for t, v in zip(tokens, scores)}
+    s_removed = [by_token.get(int(t), -math.inf) for t in removed]
+    s_added = [by_token.get(int(t), -math.inf) for t in added]
+    if not s_removed or not s_added:
+        return math.inf
+    hi, lo = max(s_removed), min(s_added)
+    if not (math.isfinite(hi) and math.isfinite(lo)):
+        return math.inf
+    return abs(hi - lo) / max(abs(hi), 1e-30)

@@ -12,7 +12,9 @@ from onnx import TensorProto, helper
 
 from raggedvit.exporter import build_model, check_graph, export_onnx, read_recipe
 from raggedvit.exporter import export as export_module
+from raggedvit.exporter.export import output_names
 from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning.packed import kept_token_index
 from raggedvit.weights import load_vit
 
 from .conftest import to_proto
@@ -75,6 +77,33 @@ def test_diagnostics_outputs(deit_tiny_d6, images, ort_session):
     for s in range(2):
         np.testing.assert_array_equal(got[2 + 2 * s], ref.token_index[s].numpy())
         np.testing.assert_array_equal(got[3 + 2 * s], ref.cu_seqlens[s].numpy())
+
+
+@pytest.mark.parametrize("diagnostics", [False, True], ids=["plain", "diagnostics"])
+@pytest.mark.parametrize("capacity", [False, True], ids=["compact", "capacity"])
+def test_stage_outputs_name_the_kept_tokens(deit_tiny_d6, images, ort_session, diagnostics, capacity):
+    """Every export names each stage's src and cu_seqlens (recipe "stage_outputs", not graph outputs): marked in a
+    copy, they give the reference's kept tokens (kept_token_index), with or without diagnostic outputs."""
+    spec = PruneSpec("evit", (2, 4), keep=0.5, fuse=True)
+    model = to_proto(build_model(deit_tiny_d6, spec, diagnostics=diagnostics, capacity=capacity))
+    pairs = read_recipe(model)["stage_outputs"]
+    cu_names = ["cu_seqlens_0", "cu_seqlens_1"] if diagnostics else [f"raggedvit_stage_{s}_cu_seqlens" for s in (0, 1)]
+    assert pairs == [[f"raggedvit_stage_{s}_src", cu] for s, cu in enumerate(cu_names)]
+    graph_outputs = [o.name for o in model.graph.output]
+    assert graph_outputs == output_names(deit_tiny_d6, spec, diagnostics=diagnostics)
+    for src, _ in pairs:
+        model.graph.output.append(onnx.ValueInfoProto(name=src))
+    for cu in cu_names if not diagnostics else []:
+        model.graph.output.append(onnx.ValueInfoProto(name=cu))
+    x = images[:3]
+    got = dict(zip([o.name for o in model.graph.output], ort_session(model).run(None, {"images": x.numpy()})))
+    with torch.no_grad():
+        ref = PrunedViT(deit_tiny_d6, spec)(x)
+    srcs = [torch.from_numpy(got[src]) for src, _ in pairs]
+    for s, index in enumerate(kept_token_index(srcs, 3, 197, fuse=True)):
+        cu = got[pairs[s][1]]
+        np.testing.assert_array_equal(cu, ref.cu_seqlens[s].numpy())
+        np.testing.assert_array_equal(index[: int(cu[-1])].numpy(), ref.token_index[s].numpy())
 
 
 def test_headless_model_outputs_features(images, ort_session):

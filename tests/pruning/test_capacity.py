@@ -8,6 +8,7 @@ import torch
 from _pruning_models import get_images, get_model
 
 from raggedvit.pruning import PackedState, PrunedViT, PruneSpec, capacity_prune_stage, packed_prune_stage
+from raggedvit.pruning.packed import kept_token_index
 
 SPECS = [
     PruneSpec(),
@@ -48,6 +49,9 @@ def test_capacity_equals_compact(key: str, spec: PruneSpec) -> None:
             assert index.shape[0] == B * N and live < B * N
         else:  # counts known before the data: no dead rows (evit with fuse: capacity B x (p + k + 1))
             assert index.shape[0] == live
+    for out in (compact, cap):  # the stages' src alone give the kept tokens (what the validator reads of an export)
+        index = kept_token_index([t.src for t in out.stages], B, N, spec.fuse)
+        assert all(torch.equal(a, b) for a, b in zip(index, out.token_index)) and len(index) == len(out.token_index)
     if spec.policy == "cls-mass":
         assert len(set(map(tuple, compact.token_counts.tolist()))) > 1, "needs different counts per image"
 

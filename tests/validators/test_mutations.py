@@ -117,7 +117,7 @@ def test_mutant_fails_naming_images(mutant, base, target, tmp_path, request):
         assert f"image {f.image} ({names[f.image]})" in f.message
     for image in {f.image for f in per_image}:  # the first failure of each image names the faulty block
         first = next(f for f in per_image if f.image == image)
-        assert mutant.first in first.message, report.to_markdown()
+        assert mutant.names_it(first.message), report.to_markdown()
     md = report.to_markdown()
     assert md.startswith("## raggedvit validation: FAIL") and all(f.message in md for f in report.failures)
 
