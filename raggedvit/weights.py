@@ -153,7 +153,7 @@ def _create(model_name: str, pretrained: bool, img_size: int | None, kwargs: dic
         model = timm.create_model(model_name, pretrained=pretrained, **extra)
     except TypeError as e:
         raise ValueError(f"cannot build {model_name!r} with {extra}: {e}") from None
-    from raggedvit.pruning.backbone import backbone_for
+    from raggedvit.pruning.families import backbone_for
 
     try:
         backbone_for(model)
@@ -182,7 +182,7 @@ def load_vit(
     """Create a timm ViT in eval mode.
 
     Args:
-        model_name: a timm model name PrunedViT runs (raggedvit.pruning.backbone.supported_classes()).
+        model_name: a timm model name PrunedViT runs (raggedvit.pruning.families.supported_classes()).
         checkpoint: .pth/.pt/.bin/.safetensors state dict, passed through timm's ViT checkpoint filter
             (pos-embed resizing etc.) and loaded strictly.
         pretrained: download timm's weights (needs network).
@@ -224,7 +224,7 @@ def load_vit(
         ckpt_name, ckpt_sha = Path(checkpoint).name, sha256_file(checkpoint)
     if sharpen_qk != 1.0:
         sharpen_qk_(model, sharpen_qk)
-    from raggedvit.pruning.backbone import backbone_for
+    from raggedvit.pruning.families import backbone_for
 
     model.eval()
     info = WeightsInfo(

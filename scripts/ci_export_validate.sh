@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-build/ci-export}"
 mkdir -p "$OUT"
-CLI=(python3 -m raggedvit.cli)
+CLI=(python3 -m raggedvit)
 MODEL=deit_tiny_patch16_224
 status=0
 

@@ -68,7 +68,7 @@ def check_ragged_linear(vit: nn.Module, dtype: str) -> None:
     """Raise ValueError (one line) unless `vit` exported in recipe `dtype` can use RaggedLinear nodes: a timm
     VisionTransformer (a backbone with supports_ragged_linear), an fp16 / fp16-all recipe, and every block GEMM's
     K and N (qkv, attn.proj, mlp.fc1, mlp.fc2) a multiple of RAGGED_LINEAR_ALIGN."""
-    from raggedvit.pruning.backbone import backbone_for
+    from raggedvit.pruning.families import backbone_for
 
     backbone = backbone_for(vit)
     if not backbone.supports_ragged_linear:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from raggedvit.pruning.backbone import Backbone, PackedState, backbone_for, check_supported
+from raggedvit.pruning.backbone import Backbone, PackedState
+from raggedvit.pruning.families import backbone_for, check_supported
 from raggedvit.pruning.packed import (
     PrunedOutput,
     PrunedViT,

@@ -10,8 +10,8 @@ from timm.layers import Attention, PatchEmbed
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
+from raggedvit.pruning.backbone import module_dtype
 from raggedvit.pruning.map_head import check_map_pool
-from raggedvit.pruning.packed_block import module_dtype
 
 __all__ = ["POOLS", "check_vit", "embed_tokens", "is_distilled", "classify"]
 

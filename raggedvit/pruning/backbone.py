@@ -1,10 +1,11 @@
-"""What PrunedViT needs from one timm model family: the `Backbone` interface and the family registry.
+"""What PrunedViT needs from one timm model family: the `Backbone` interface.
 
 PrunedViT (packed.py) owns the pruning: the packed state, the stages, the stage diagnostics. A backbone owns
 everything family-specific around it (DESIGN.md section 4): the embedding, each block on packed rows (which
 may read each row's original token index: rotary rows and relative-position bias follow the kept token, never
 the packed row), and the head over each image's kept rows. One backbone class per timm model class, in
-`raggedvit/pruning/families/`, registered with `register_backbone`.
+`raggedvit/pruning/families/`, listed in its registry (`families.BACKBONES`, `families.backbone_for`); this module
+imports no family.
 """
 
 from __future__ import annotations
@@ -15,20 +16,23 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import nn
 
-__all__ = [
-    "AttentionFn",
-    "Backbone",
-    "PackedState",
-    "backbone_for",
-    "check_supported",
-    "register_backbone",
-    "supported_classes",
-]
+__all__ = ["AttentionFn", "Backbone", "PackedState", "module_dtype"]
 
 # Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
 # (qkv [T, 3*H*D], cu_seqlens [B+1], num_heads, *, scale, max_seqlen, return_cls_attn)
 #   -> out [T, H*D] or (out, cls_attn [T] float32)
 AttentionFn = Callable[..., "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
+
+
+def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype of `module`'s first floating parameter (`default` for parameter-free modules).
+
+    Export recipes (raggedvit.pruning.precision) give submodules different dtypes; the forwards cast each
+    module's input to its dtype, so one forward serves fp32, fp16 and fp16-all (a same-dtype cast is no op)."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return default
 
 
 class PackedState(NamedTuple):
@@ -79,8 +83,6 @@ class Backbone:
 
     def stream_dtype(self, default: torch.dtype) -> torch.dtype:
         """The residual stream's dtype: the first block's norm1 (the block input's first consumer)."""
-        from raggedvit.pruning.packed_block import module_dtype
-
         return module_dtype(self.blocks[0].norm1, default) if len(self.blocks) else default
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
@@ -122,35 +124,3 @@ class Backbone:
         if recipe == "fp16-all":
             return list(self.blocks)
         return [m for blk in self.blocks for m in (blk.attn, blk.mlp)]
-
-
-_REGISTRY: dict[str, type[Backbone]] = {}
-
-
-def register_backbone(cls: type[Backbone]) -> type[Backbone]:
-    """Class decorator: `cls` runs the timm classes named in cls.model_classes."""
-    for klass in cls.model_classes:
-        _REGISTRY[f"{klass.__module__}.{klass.__qualname__}"] = cls
-    return cls
-
-
-def supported_classes() -> tuple[str, ...]:
-    import raggedvit.pruning.families  # noqa: F401  (registers the families)
-
-    return tuple(sorted({name.rsplit(".", 1)[1] for name in _REGISTRY}))
-
-
-def backbone_for(model: nn.Module) -> Backbone:
-    """The backbone of a timm model; ValueError (one line) if no family runs it or the family refuses it."""
-    import raggedvit.pruning.families  # noqa: F401  (registers the families)
-
-    for klass in type(model).__mro__:  # subclasses (e.g. VisionTransformerDistilled) run as their base
-        cls = _REGISTRY.get(f"{klass.__module__}.{klass.__qualname__}")
-        if cls is not None:
-            return cls(model)
-    raise ValueError(f"expected a timm {' / '.join(supported_classes())}, got {type(model).__name__}")
-
-
-def check_supported(model: nn.Module) -> None:
-    """Raise ValueError (one line) unless PrunedViT can run `model`."""
-    backbone_for(model)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from timm.layers import AttentionPoolLatent
 
-from raggedvit.pruning.packed_block import module_dtype
+from raggedvit.pruning.backbone import module_dtype
 from raggedvit.pruning.select import pad_rows, padded_slots
 
 __all__ = ["check_map_pool", "map_pool"]

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from raggedvit.policies import COUNT_POLICIES
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, backbone_for
+from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState
+from raggedvit.pruning.families import backbone_for
 from raggedvit.pruning.select import (
     capacity_order,
     cu_of,

@@ -10,26 +10,14 @@ from torch import nn
 
 from raggedvit.kernels import ragged_attention
 from raggedvit.kernels import ragged_linear as fused_linear
-from raggedvit.pruning.backbone import AttentionFn
+from raggedvit.pruning.backbone import AttentionFn, module_dtype
 
 __all__ = [
     "AttentionFn",
     "block_tail",
-    "module_dtype",
     "packed_block_forward",
     "ragged_tail",
 ]
-
-
-def module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
-    """The dtype of `module`'s first floating parameter (`default` for parameter-free modules).
-
-    Export recipes (raggedvit.pruning.precision) give submodules different dtypes; the forwards cast each
-    module's input to its dtype, so one forward serves fp32, fp16 and fp16-all (a same-dtype cast is no op)."""
-    for p in module.parameters():
-        if p.is_floating_point():
-            return p.dtype
-    return default
 
 
 def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, heads: int, dim: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ def apply_dtype(vit: nn.Module, dtype: str) -> nn.Module:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "fp32":
         return vit
-    from raggedvit.pruning.backbone import backbone_for
+    from raggedvit.pruning.families import backbone_for
 
     out = copy.deepcopy(vit).float()
     for module in backbone_for(out).half_modules(dtype):

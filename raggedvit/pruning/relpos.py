@@ -22,7 +22,7 @@ from timm.models.beit import RelativePositionBias
 from torch import nn
 
 from raggedvit.kernels.reference import pos_table_size, relative_position_index
-from raggedvit.pruning.packed_block import module_dtype
+from raggedvit.pruning.backbone import module_dtype
 
 __all__ = ["beit_table", "dense_bias", "relpos_table"]
 

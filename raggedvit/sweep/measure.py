@@ -1,5 +1,5 @@
 """One point of a sweep: its accuracy side (PrunedViT in PyTorch against the unpruned forward) and its speed side
-(the export in ONNX Runtime, timed with raggedvit.bench). DESIGN.md section 7 says what each number measures."""
+(the export in ONNX Runtime, timed with raggedvit.timing.bench). DESIGN.md section 7 says what each number measures."""
 
 from __future__ import annotations
 
@@ -98,11 +98,11 @@ def measure_speed(
     seconds: float,
 ) -> dict[str, Any]:
     """The speed side of one point: export to `workdir` (raggedvit.exporter.export_onnx), then img/s at `batch`
-    in ONNX Runtime on `device` (raggedvit.bench.bench_onnx on `inputs` [n, 3, S, S] tiled to the batch): as a CUDA
-    graph where the shapes are static, with the GPU time of one run on CUDA. The export file is removed."""
-    from raggedvit.bench import bench_onnx
+    in ONNX Runtime on `device` (raggedvit.timing.bench.bench_onnx on `inputs` [n, 3, S, S] tiled to the batch): as
+    a CUDA graph where the shapes are static, with the GPU time of one run on CUDA. The export file is removed."""
     from raggedvit.exporter import export_onnx
     from raggedvit.policies import static_shapes
+    from raggedvit.timing.bench import bench_onnx
 
     path = workdir / "point.onnx"
     export_onnx(vit, spec, path, dtype=dtype, recipe=recipe, capacity=capacity)

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from raggedvit.pruning import PruneSpec
-from raggedvit.pruning.backbone import Backbone, backbone_for
+from raggedvit.pruning.backbone import Backbone
+from raggedvit.pruning.families import backbone_for
 from raggedvit.sweep.grid import SweepInputError, point_key, point_label, point_params
 from raggedvit.sweep.inputs import sweep_images
 from raggedvit.sweep.measure import measure_accuracy, measure_speed, reference

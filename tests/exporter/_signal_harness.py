@@ -7,7 +7,7 @@ For each attempt it forks a child that, like the CLI, turns SIGINT / SIGTERM int
 undo_on_interrupt (the CLI's), writes TARGET into the empty folder ROOT/<attempt> through the library call the
 command uses (export: save_model; triton-repo: write_model_repository; validate --report: ValidationReport.write;
 bench --json: atomic_write), then goes on for AFTER_WRITE_S (the rest of a command: its last lines of output),
-ending with the CLI's exit code (raggedvit._cli_support.exit_status). The parent watches the folder with inotify
+ending with the CLI's exit code (raggedvit.cli.contract.exit_status). The parent watches the folder with inotify
 and sends SIGTERM as soon as the first entry is created there ("temp") or the first output is renamed into it
 ("rename"); attempt i waits (i % 4) * 100 us more, so the signal lands at several moments of the write. It prints
 one JSON line per attempt: the exit code, whether it was killed and the folder's listing.
@@ -87,7 +87,7 @@ def _targets(scratch: Path):
 
 
 def _child(write, folder: Path) -> int:
-    from raggedvit._cli_support import exit_status, interrupts_raise
+    from raggedvit.cli.contract import exit_status, interrupts_raise
     from raggedvit.exporter._io import undo_on_interrupt
 
     interrupts_raise()

@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from raggedvit._coverage_model import reduced_model
+from raggedvit.coverage.model import reduced_model
 from raggedvit.exporter import build_model
 from raggedvit.pruning import PruneSpec
 

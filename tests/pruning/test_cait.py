@@ -8,9 +8,10 @@ import functools
 import pytest
 import torch
 
-from raggedvit._coverage_model import reduced_model
+from raggedvit.coverage.model import reduced_model
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.pruning.backbone import PackedState, backbone_for
+from raggedvit.pruning.backbone import PackedState
+from raggedvit.pruning.families import backbone_for
 from raggedvit.pruning.families.cait import CaitBackbone
 from tests.support.testing import assert_close
 

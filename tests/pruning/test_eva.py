@@ -12,7 +12,7 @@ from _eva_models import BASE, VARIANTS, eva_images, eva_model
 from timm.models.eva import Eva
 
 from raggedvit.pruning import PrunedViT, PruneSpec
-from raggedvit.pruning.backbone import backbone_for
+from raggedvit.pruning.families import backbone_for
 
 RTOL = 1e-4  # max |Δ| relative to max |reference|, fp32
 

@@ -87,7 +87,7 @@ def test_unsupported_pool_is_refused():
 def test_pruned_siglip_equals_timm_on_the_kept_tokens(no_grad):
     """SigLIP (MAP head) with a topk-l2 stage at block 1: timm's block 1, norm and MAP head run on each image's
     kept tokens (taken from the token grid by token_index) give PrunedViT's output."""
-    from raggedvit._coverage_model import reduced_model
+    from raggedvit.coverage.model import reduced_model
     from raggedvit.pruning import PrunedViT, PruneSpec
 
     vit, _ = reduced_model("vit_base_patch16_siglip_224", depth=2, img_size=64)

@@ -1,6 +1,6 @@
 """The raggedvit CLI run in this process through click's runner: the exit code, stdout and stderr a subprocess
 would give, without starting Python (and importing torch) per call. The error contract is the same code either
-way (`raggedvit.cli._Group.main`); the tests of the console entry point itself keep their subprocesses."""
+way (`raggedvit.cli.app._Group.main`); the tests of the console entry point itself keep their subprocesses."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ def clean(models: list[str], work: Path) -> None:
 
 
 def families() -> None:
-    from raggedvit._coverage_model import reduced_model
+    from raggedvit.coverage.model import reduced_model
 
     from .test_families import FAMILIES
 

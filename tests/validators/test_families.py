@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from raggedvit._coverage_model import reduced_model
+from raggedvit.coverage.model import reduced_model
 from raggedvit.exporter import export_onnx
 from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PruneSpec

@@ -139,7 +139,7 @@ def test_cli_exits_1_and_names_the_images(base, target, tmp_path):
     args = ["validate", str(path), "--sample-images", "--checkpoint", str(ckpt), "--device", device, "--no-floor"]
     args += ["--junit-xml", str(junit)]
     res = subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+        [sys.executable, "-m", "raggedvit", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
     )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "## raggedvit validation: FAIL" in res.stdout and res.stderr == ""

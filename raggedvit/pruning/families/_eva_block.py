@@ -9,8 +9,7 @@ from timm.models.eva import EvaAttention, EvaBlock, EvaBlockPostNorm
 from torch import nn
 
 from raggedvit.kernels import ragged_attention
-from raggedvit.pruning.backbone import AttentionFn
-from raggedvit.pruning.packed_block import module_dtype
+from raggedvit.pruning.backbone import AttentionFn, module_dtype
 from raggedvit.pruning.rope import apply_packed_rope
 
 __all__ = ["BLOCKS", "ATTENTIONS", "eva_attention", "eva_block_forward"]

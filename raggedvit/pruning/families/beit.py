@@ -16,9 +16,8 @@ from torch import nn
 
 from raggedvit.kernels import ragged_attention
 from raggedvit.pruning._model import patch_embed
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, register_backbone
+from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.families.vit import padded_pool
-from raggedvit.pruning.packed_block import module_dtype
 from raggedvit.pruning.relpos import beit_table
 from raggedvit.pruning.select import pad_rows, padded_slots
 
@@ -79,7 +78,6 @@ def check_head(model: nn.Module) -> None:
         )
 
 
-@register_backbone
 class BeitBackbone(Backbone):
     """timm Beit: class token, optional absolute position embedding, BEiT blocks (q/v bias, gamma_1 / gamma_2
     layer scale, per-block and/or shared relative position bias), 'avg' (with fc_norm) or 'token' pooling."""

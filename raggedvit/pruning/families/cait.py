@@ -16,9 +16,8 @@ from timm.models.cait import Cait, ClassAttn, LayerScaleBlock, LayerScaleBlockCl
 from torch import nn
 
 from raggedvit.pruning._model import patch_embed
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, register_backbone
+from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.families.vit import padded_pool
-from raggedvit.pruning.packed_block import module_dtype
 from raggedvit.pruning.select import pad_rows, padded_slots
 
 __all__ = ["CaitBackbone", "check_cait"]
@@ -100,7 +99,6 @@ def class_attention(attn: ClassAttn, cls: torch.Tensor, u: torch.Tensor, valid: 
     return attn.proj_drop(attn.proj(out))
 
 
-@register_backbone
 class CaitBackbone(Backbone):
     """timm Cait: talking-heads patch blocks on the padded layout, then the class-attention tail in the head."""
 

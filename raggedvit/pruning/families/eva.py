@@ -19,10 +19,9 @@ from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddi
 from timm.models.eva import Eva
 
 from raggedvit.pruning._model import POOLS, patch_embed
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, register_backbone
+from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.families._eva_block import ATTENTIONS, BLOCKS, eva_block_forward
 from raggedvit.pruning.families.vit import padded_pool
-from raggedvit.pruning.packed_block import module_dtype
 from raggedvit.pruning.rope import extend_rope_table, rope_rows
 from raggedvit.pruning.select import pad_rows, padded_slots
 
@@ -67,7 +66,6 @@ def _map_head() -> ModuleType:
         ) from None
 
 
-@register_backbone
 class EvaBackbone(Backbone):
     """timm Eva: embedding with rope table, Eva blocks on packed rows with rope by original token index, token /
     avg / max / avgmax pooling, 'map' attention pooling where raggedvit.pruning.map_head is present.

@@ -17,15 +17,14 @@ from timm.models.vision_transformer_relpos import (
 from torch import nn
 
 from raggedvit.pruning._model import patch_embed
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, register_backbone
+from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.families.beit import attend, check_head, token_or_avg_head
-from raggedvit.pruning.packed_block import _apply_qk_norm, module_dtype
+from raggedvit.pruning.packed_block import _apply_qk_norm
 from raggedvit.pruning.relpos import relpos_table
 
 __all__ = ["RelPosBackbone"]
 
 
-@register_backbone
 class RelPosBackbone(Backbone):
     """timm VisionTransformerRelPos: no absolute position embedding, optional class token, RelPosBlock (pre-norm,
     LayerScale) or ResPostRelPosBlock (post-norm residual), per-block or shared RelPosBias / RelPosMlp, 'avg' or

@@ -6,15 +6,14 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from raggedvit.pruning._model import check_vit, classify, embed_tokens, is_distilled
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, register_backbone
+from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.map_head import map_pool
-from raggedvit.pruning.packed_block import module_dtype, packed_block_forward
+from raggedvit.pruning.packed_block import packed_block_forward
 from raggedvit.pruning.select import pad_rows, padded_slots
 
 __all__ = ["ViTBackbone", "padded_pool"]
 
 
-@register_backbone
 class ViTBackbone(Backbone):
     """timm VisionTransformer: pre-norm `Block`s with timm's `Attention`; token / avg / max pooling, or SigLIP's
     attention pooling (global_pool 'map', pruning/map_head.py) over each image's kept rows."""

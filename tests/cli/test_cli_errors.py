@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 
 from tests.support.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "deit_tiny_patch16_224"
 
 
@@ -40,7 +40,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def cli(*args: str, preexec_fn=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", *args],
+        [sys.executable, "-m", "raggedvit", *args],
         capture_output=True,
         text=True,
         env=_env({"PYTHONDONTWRITEBYTECODE": "1"}),

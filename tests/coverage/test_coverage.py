@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from raggedvit._coverage_model import check_model
 from raggedvit.coverage import CoverageReport, eta_seconds, merge_reports, parse_shard, run_coverage
+from raggedvit.coverage.model import check_model
 from tests.support.cli import CliResult, run_cli
 
 pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IMG = 64  # small images: every representative accepts img_size
 
 # One per family PrunedViT runs. No registered timm name has qk_norm on the plain Block (the *_xp_* models use
@@ -252,7 +252,7 @@ def test_representative_evit_policies_match(name, kwargs, tmp_path):
     import numpy as np
     import torch
 
-    from raggedvit._coverage_model import reduced_model
+    from raggedvit.coverage.model import reduced_model
     from raggedvit.exporter import export_onnx
     from raggedvit.pruning import PrunedViT, PruneSpec
     from raggedvit.runtime import create_session

@@ -1,5 +1,6 @@
-"""The `raggedvit bench`, `triton-repo` and `coverage` commands, kept apart from cli.py's core commands (cli.main
-registers them). Same contract: thin over library functions, input errors as CliError."""
+"""The `raggedvit bench`, `triton-repo` and `coverage` commands, kept apart from the core commands of
+raggedvit.cli.app (raggedvit.cli adds them to the group). Same contract: thin over library functions, input errors
+as CliError."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from raggedvit._cli_support import (
+from raggedvit.cli.contract import (
     CliError,
     check_folder,
     check_memory,
@@ -21,7 +22,7 @@ from raggedvit._cli_support import (
 )
 
 if TYPE_CHECKING:
-    from raggedvit.coverage import CoverageReport
+    from raggedvit.coverage.report import CoverageReport
 
 __all__ = ["bench", "coverage", "triton_repo"]
 
@@ -80,8 +81,8 @@ def bench(
             raise CliError("--plot needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)")
         check_writable(plot_path, "--plot")
     require_device(device)
-    from raggedvit.bench import bench_onnx
     from raggedvit.images import NoSampleImages
+    from raggedvit.timing.bench import bench_onnx
     from raggedvit.validators.reference import load_recipe
 
     size = int(load_recipe(onnx_file).get("img_size") or 0)  # a readable raggedvit export, else ValidationInputError
@@ -118,7 +119,7 @@ def bench(
         except OSError as e:
             raise CliError(f"cannot write --json {str(json_path)!r}: {e.strerror or e}") from None
     if plot_path is not None:
-        from raggedvit.bench import plot_results
+        from raggedvit.timing.bench import plot_results
 
         title = f"{onnx_file.name}, ONNX Runtime {device.upper()} EP{' (CUDA graph)' if cuda_graph else ''}"
         try:

@@ -1,6 +1,6 @@
 """Latency of a zero-argument callable: warm-up, then the median of N synchronized runs; and its GPU time.
 
-The one timing loop of `raggedvit bench` (raggedvit.bench), `raggedvit sweep` and the benchmarks package.
+The one timing loop of `raggedvit bench` (raggedvit.timing.bench), `raggedvit sweep` and the benchmarks package.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One coverage check (raggedvit.coverage): build a reduced-depth timm model, then ask the three questions.
 
-Runs inside a child process (`python -m raggedvit._coverage_model`), so a crash or a hang costs one model, not
+Runs inside a child process (`python -m raggedvit.coverage.model`), so a crash or a hang costs one model, not
 the run. The record is rewritten after every step: a parent that kills a hung child still reads where it was.
 """
 
@@ -279,7 +279,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
 
     from raggedvit.exporter import export_onnx
     from raggedvit.pruning import PrunedViT
-    from raggedvit.pruning.backbone import backbone_for
+    from raggedvit.pruning.families import backbone_for
     from raggedvit.runtime import create_session
 
     try:
@@ -372,7 +372,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    """`python -m raggedvit._coverage_model check ARGS_JSON RECORD` or `... classify NAMES_JSON OUT`."""
+    """`python -m raggedvit.coverage.model check ARGS_JSON RECORD` or `... classify NAMES_JSON OUT`."""
     mode, args, out = argv[0], json.loads(argv[1]), Path(argv[2])
     if mode == "classify":
         classify_names(args, out)

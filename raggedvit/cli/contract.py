@@ -247,7 +247,7 @@ def warn_nonfinite(model) -> None:
 
 def require_onnxruntime_cli() -> None:
     """CliError (exit 2) naming the install command when `import onnxruntime` fails."""
-    from raggedvit.ort_dist import OnnxRuntimeMissing, require_onnxruntime
+    from raggedvit.cli.ort_dist import OnnxRuntimeMissing, require_onnxruntime
 
     try:
         require_onnxruntime()

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.cli import CliResult, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "deit_tiny_patch16_224"
 
 
@@ -23,7 +23,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     e = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
     e.pop("RAGGEDVIT_DEBUG", None)
     return subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", *args], capture_output=True, text=True, env=e, cwd=ROOT, timeout=300
+        [sys.executable, "-m", "raggedvit", *args], capture_output=True, text=True, env=e, cwd=ROOT, timeout=300
     )
 
 

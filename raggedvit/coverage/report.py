@@ -1,14 +1,19 @@
-"""The Markdown page of a CoverageReport (raggedvit.coverage): header, totals, families, one row per model."""
+"""A coverage sweep's report (raggedvit.coverage): its data (CoverageReport: one record per model), the merge of a
+sweep's shards, and its Markdown page (header, totals, families, one row per model). Imports nothing from the
+runner: the runner builds reports, this module only holds and renders them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-if TYPE_CHECKING:
-    from raggedvit.coverage import CoverageReport
+__all__ = ["COLUMNS", "CoverageReport", "merge_reports", "model_label", "parse_shard", "render_markdown"]
 
-__all__ = ["model_label", "render_markdown"]
-
+COLUMNS = ("runs", "exports", "matches")
 _REASON_CHARS = 240
 
 
@@ -30,7 +35,7 @@ def _cell(text: str) -> str:
 
 def reason(rec: dict[str, Any]) -> str:
     """The first failing column's error ('' when every column passes)."""
-    for column in ("runs", "exports", "matches"):
+    for column in COLUMNS:
         if rec.get(column) is False:
             return f"{column}: {rec.get(f'{column}_error', '?')}"
     noisy = [p for p, e in (rec.get("policies") or {}).items() if (e.get("fp32_noise") or {}).get("ok")]
@@ -113,7 +118,7 @@ def render_markdown(report: CoverageReport) -> str:
     ]
     for rec in sorted(report.models, key=lambda r: (r.get("family") or "", r["name"])):
         size = "x".join(map(str, rec["img_size"])) if rec.get("img_size") else "–"
-        cols = " | ".join(_mark(rec.get(c)) for c in ("runs", "exports", "matches"))
+        cols = " | ".join(_mark(rec.get(c)) for c in COLUMNS)
         secs = rec.get("wall_s", rec.get("elapsed_s"))  # the parent's clock (child start-up included)
         secs = "–" if secs is None else f"{secs:.0f}"
         lines.append(
@@ -123,3 +128,81 @@ def render_markdown(report: CoverageReport) -> str:
         lines += ["", "## Not built on the meta device", "", "| model | error |", "|---|---|"]
         lines += [f"| `{r['name']}` | {_cell(r['error'])} |" for r in report.not_built]
     return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class CoverageReport:
+    """meta: versions and settings; models: one record per ViT-like model (raggedvit.coverage.model.check_model
+    plus `family`); not_built: names timm could not build on the meta device, with the error."""
+
+    meta: dict[str, Any]
+    models: list[dict[str, Any]]
+    not_built: list[dict[str, Any]] = field(default_factory=list)
+
+    def totals(self, family: str | None = None) -> dict[str, int]:
+        rows = [m for m in self.models if family is None or (m.get("family") or "?") == family]
+        return {"vit_like": len(rows), **{c: sum(m.get(c) is True for m in rows) for c in COLUMNS}}
+
+    def families(self) -> dict[str, dict[str, int]]:
+        totals = {f: self.totals(f) for f in {m.get("family") or "?" for m in self.models}}
+        return dict(sorted(totals.items(), key=lambda kv: (-kv[1]["vit_like"], kv[0])))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "totals": self.totals(),
+            "families": self.families(),
+            "models": self.models,
+            "not_built": self.not_built,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CoverageReport:
+        """The report of `to_dict()`'s output (a --json file); totals and families are recomputed."""
+        return cls(dict(data["meta"]), list(data["models"]), list(data.get("not_built", [])))
+
+    def write_json(self, path: str | Path) -> Path:
+        return _write_atomic(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
+
+    def write_markdown(self, path: str | Path) -> Path:
+        return _write_atomic(Path(path), self.to_markdown())
+
+    def to_markdown(self) -> str:
+        return render_markdown(self)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """ "K/N" -> (K, N): shard K (1-based) of N. ValueError unless 1 <= K <= N."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard must be K/N (two integers), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"shard must be K/N with 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def merge_reports(reports: Sequence[CoverageReport]) -> CoverageReport:
+    """One report from the reports of the shards 1..N of one sweep (meta "shard": "K/N"), the models in the
+    unsharded order (shard K's i-th model is model K - 1 + i N). ValueError unless they are shards 1..N of the same
+    N. wall_s is the slowest shard's; not_built (the same listing in every shard) is taken once."""
+    shards = [(parse_shard(r.meta["shard"]) if r.meta.get("shard") else (1, 1), r) for r in reports]
+    shards.sort(key=lambda kr: kr[0])
+    n = shards[0][0][1] if shards else 0
+    if not shards or [k for (k, _), _ in shards] != list(range(1, n + 1)) or any(m != n for (_, m), _ in shards):
+        found = [r.meta.get("shard") for r in reports]
+        raise ValueError(f"expected the reports of shards 1/N .. N/N of one sweep, got shards {found}")
+    parts = [r.models for _, r in shards]
+    models = [parts[k][i] for i in range(max(map(len, parts))) for k in range(n) if i < len(parts[k])]
+    not_built = list({row["name"]: row for _, r in shards for row in r.not_built}.values())
+    meta = dict(shards[0][1].meta)
+    meta.pop("shard", None)
+    meta.update(shards=n, wall_s=max(r.meta.get("wall_s", 0.0) for _, r in shards))
+    return CoverageReport(meta, models, not_built)

@@ -1,6 +1,7 @@
-"""raggedvit command line: export | validate | bench | info | triton-repo (thin click commands over the library).
+"""The click group of the raggedvit command line and its core commands: export | validate | info (thin click
+commands over the library; raggedvit.cli adds the tool commands of raggedvit.cli.tools).
 
-Exit codes (one mapping for every command: raggedvit._cli_support.exit_status): 0 success / validation
+Exit codes (one mapping for every command: raggedvit.cli.contract.exit_status): 0 success / validation
 passed, 1 validation failed numerically, 2 usage or input error (one line "error: ..." on stderr, no partial
 output file), 130 interrupted (SIGINT or SIGTERM; temp files removed), 3 unexpected internal error
 (set RAGGEDVIT_DEBUG=1 for the traceback).
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from raggedvit._cli_support import (
+from raggedvit.cli.contract import (
     CliError,
     check_img_size,
     check_memory,
@@ -32,7 +33,7 @@ from raggedvit._cli_support import (
 )
 from raggedvit.policies import POLICIES
 
-__all__ = ["CliError", "main"]
+__all__ = ["main"]
 
 POLICY_CHOICES = POLICIES  # torch-free (raggedvit.policies)
 
@@ -156,7 +157,7 @@ def export(
     warn_nonfinite(vit)
     steps.update()
     from raggedvit.exporter import export_onnx
-    from raggedvit.pruning.backbone import backbone_for
+    from raggedvit.pruning.families import backbone_for
 
     try:
         backbone = backbone_for(vit)
@@ -452,7 +453,7 @@ def info() -> None:
 
     for line in check_versions():
         click.echo(f"warning: {line}", err=True)
-    from raggedvit.ort_dist import status
+    from raggedvit.cli.ort_dist import status
 
     ort = status()
     click.echo(f"{'onnxruntime':<13} {ort.describe()}")
@@ -486,19 +487,3 @@ def info() -> None:
     for op, n, size, archs in cubin_summary(lib.get("build", {})):
         where = f"sm_{', sm_'.join(map(str, archs))}" if archs else "no arch"
         click.echo(f"  {op:<16} {n} ({size / 2**20:.1f} MiB; {where})")
-
-
-# ---- bench, triton-repo, coverage (raggedvit/_cli_tools.py) -------------------------------------------------
-def _register_tools() -> None:
-    from raggedvit._cli_tools import bench, coverage, triton_repo
-
-    main.add_command(bench)
-    main.add_command(triton_repo)
-    main.add_command(coverage)
-
-
-_register_tools()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""raggedvit.bench / `raggedvit bench` on the CPU EP with a small pruned export."""
+"""raggedvit.timing.bench / `raggedvit bench` on the CPU EP with a small pruned export."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from raggedvit.bench import bench_inputs, bench_onnx
 from raggedvit.exporter import export_onnx
 from raggedvit.exporter.metadata import read_recipe
 from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PruneSpec
+from raggedvit.timing.bench import bench_inputs, bench_onnx
 from raggedvit.weights import load_vit
 from tests.support.cli import run_cli
 
@@ -59,7 +59,7 @@ def test_cli_bench_writes_json_and_plot(small_export, tmp_path):
 def test_plot_results_draws_img_per_s_per_batch(tmp_path):
     from PIL import Image
 
-    from raggedvit.bench import BenchResult, plot_results
+    from raggedvit.timing.bench import BenchResult, plot_results
 
     results = [BenchResult(b, 2.0 * b, 500.0, 10, [99.0], 1.9 * b, 2.2 * b) for b in (32, 1, 4)]
     path = plot_results(results, tmp_path / "p.png", title="tiny.onnx")

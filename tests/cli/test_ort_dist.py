@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from raggedvit import ort_dist
+from raggedvit.cli import ort_dist
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_installed_and_owner():
@@ -69,7 +69,7 @@ def no_onnxruntime(tmp_path) -> dict[str, str]:
 @pytest.mark.parametrize("command", [["validate", "m.onnx", "--random", "1"], ["bench", "m.onnx"]])
 def test_cli_without_runtime_is_one_error(no_onnxruntime, command):
     res = subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", *command], env=no_onnxruntime, capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "raggedvit", *command], env=no_onnxruntime, capture_output=True, text=True, cwd=ROOT
     )
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
@@ -78,7 +78,7 @@ def test_cli_without_runtime_is_one_error(no_onnxruntime, command):
 
 def test_info_without_runtime(no_onnxruntime):
     res = subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", "info"], env=no_onnxruntime, capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "raggedvit", "info"], env=no_onnxruntime, capture_output=True, text=True, cwd=ROOT
     )
     assert res.returncode == 0, res.stderr
     line = next(x for x in res.stdout.splitlines() if x.startswith("onnxruntime"))
@@ -93,9 +93,7 @@ def test_info_warns_when_both_are_installed(tmp_path):
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 9.9.9\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run(
-        [sys.executable, "-m", "raggedvit.cli", "info"], env=env, capture_output=True, text=True, cwd=ROOT
-    )
+    res = subprocess.run([sys.executable, "-m", "raggedvit", "info"], env=env, capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert "and onnxruntime-gpu 9.9.9 are installed" in res.stderr and "the one installed last wins" in res.stderr
     line = next(x for x in res.stdout.splitlines() if x.startswith("onnxruntime"))

@@ -1,8 +1,8 @@
-"""Which timm ViT-like models PrunedViT runs, exports and matches.
+"""The coverage runner: which timm ViT-like models PrunedViT runs, exports and matches.
 
 A model is *ViT-like* when timm builds it on the meta device (`timm.create_model(name, pretrained=False)` under
 `torch.device("meta")`) with attributes `blocks` and `patch_embed`. Each is checked at a reduced depth with
-seeded random weights (raggedvit._coverage_model) in a child process of its own, with a timeout, `jobs` at a time:
+seeded random weights (raggedvit.coverage.model) in a child process of its own, with a timeout, `jobs` at a time:
 
 report = run_coverage("deit_*", depth=2, img_size=224, jobs=4)
 report.write_markdown("docs/coverage.md"); report.write_json("coverage.json")
@@ -32,21 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raggedvit._coverage_model import MATCH_RTOL
+from raggedvit.coverage.model import MATCH_RTOL
+from raggedvit.coverage.report import CoverageReport
 
-__all__ = [
-    "COLUMNS",
-    "CoverageReport",
-    "eta_seconds",
-    "list_vit_like",
-    "matching_names",
-    "merge_reports",
-    "parse_shard",
-    "run_coverage",
-]
+__all__ = ["eta_seconds", "list_vit_like", "matching_names", "run_coverage"]
 
-COLUMNS = ("runs", "exports", "matches")
-_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the raggedvit package
 _CLASSIFY_CHUNK = 24  # names per meta-device listing child
 _POLL_S = 0.1
 
@@ -54,82 +45,9 @@ Model = str | tuple[str, dict[str, Any]]
 Progress = Callable[[int, int, dict[str, Any], float], None]  # (done, total, record, seconds since the checks began)
 
 
-@dataclass
-class CoverageReport:
-    """meta: versions and settings; models: one record per ViT-like model (raggedvit._coverage_model.check_model
-    plus `family`); not_built: names timm could not build on the meta device, with the error."""
-
-    meta: dict[str, Any]
-    models: list[dict[str, Any]]
-    not_built: list[dict[str, Any]] = field(default_factory=list)
-
-    def totals(self, family: str | None = None) -> dict[str, int]:
-        rows = [m for m in self.models if family is None or (m.get("family") or "?") == family]
-        return {"vit_like": len(rows), **{c: sum(m.get(c) is True for m in rows) for c in COLUMNS}}
-
-    def families(self) -> dict[str, dict[str, int]]:
-        totals = {f: self.totals(f) for f in {m.get("family") or "?" for m in self.models}}
-        return dict(sorted(totals.items(), key=lambda kv: (-kv[1]["vit_like"], kv[0])))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "meta": self.meta,
-            "totals": self.totals(),
-            "families": self.families(),
-            "models": self.models,
-            "not_built": self.not_built,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CoverageReport:
-        """The report of `to_dict()`'s output (a --json file); totals and families are recomputed."""
-        return cls(dict(data["meta"]), list(data["models"]), list(data.get("not_built", [])))
-
-    def write_json(self, path: str | Path) -> Path:
-        return _write_atomic(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
-
-    def write_markdown(self, path: str | Path) -> Path:
-        return _write_atomic(Path(path), self.to_markdown())
-
-    def to_markdown(self) -> str:
-        from raggedvit._coverage_report import render_markdown
-
-        return render_markdown(self)
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """ "K/N" -> (K, N): shard K (1-based) of N. ValueError unless 1 <= K <= N."""
-    try:
-        k, n = (int(v) for v in text.split("/"))
-    except ValueError:
-        raise ValueError(f"shard must be K/N (two integers), got {text!r}") from None
-    if not 1 <= k <= n:
-        raise ValueError(f"shard must be K/N with 1 <= K <= N, got {text!r}")
-    return k, n
-
-
 def eta_seconds(done: int, total: int, elapsed_s: float) -> float:
     """Seconds left at the mean pace so far: elapsed_s / done per model for the total - done models left."""
     return elapsed_s / done * (total - done) if done else float("nan")
-
-
-def merge_reports(reports: Sequence[CoverageReport]) -> CoverageReport:
-    """One report from the reports of the shards 1..N of one sweep (meta "shard": "K/N"), the models in the
-    unsharded order (shard K's i-th model is model K - 1 + i N). ValueError unless they are shards 1..N of the same
-    N. wall_s is the slowest shard's; not_built (the same listing in every shard) is taken once."""
-    shards = [(parse_shard(r.meta["shard"]) if r.meta.get("shard") else (1, 1), r) for r in reports]
-    shards.sort(key=lambda kr: kr[0])
-    n = shards[0][0][1] if shards else 0
-    if not shards or [k for (k, _), _ in shards] != list(range(1, n + 1)) or any(m != n for (_, m), _ in shards):
-        found = [r.meta.get("shard") for r in reports]
-        raise ValueError(f"expected the reports of shards 1/N .. N/N of one sweep, got shards {found}")
-    parts = [r.models for _, r in shards]
-    models = [parts[k][i] for i in range(max(map(len, parts))) for k in range(n) if i < len(parts[k])]
-    not_built = list({row["name"]: row for _, r in shards for row in r.not_built}.values())
-    meta = dict(shards[0][1].meta)
-    meta.pop("shard", None)
-    meta.update(shards=n, wall_s=max(r.meta.get("wall_s", 0.0) for _, r in shards))
-    return CoverageReport(meta, models, not_built)
 
 
 def _cpu_count() -> int:
@@ -137,13 +55,6 @@ def _cpu_count() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
 
 
 def _split_globs(pattern: str) -> list[str]:
@@ -172,7 +83,7 @@ class _Task:
 def _run_children(
     tasks: Sequence[_Task], *, jobs: int, threads: int, workdir: Path, on_done: Callable[[_Task, str | None], list]
 ) -> None:
-    """Run every task as `python -m raggedvit._coverage_model MODE ARGS OUT`, `jobs` at a time. on_done(task,
+    """Run every task as `python -m raggedvit.coverage.model MODE ARGS OUT`, `jobs` at a time. on_done(task,
     failure) gets failure None on exit 0, else why the child stopped ("timeout after 120 s", "exit code -11
     (SIGSEGV): <last stderr line>"), and returns further tasks to queue."""
     pending: deque[_Task] = deque(tasks)
@@ -188,7 +99,7 @@ def _run_children(
                 err = workdir / f"{serial}.stderr"
                 with open(err, "w") as err_f:
                     proc = subprocess.Popen(
-                        [sys.executable, "-m", "raggedvit._coverage_model", task.mode, json.dumps(task.args), task.out],
+                        [sys.executable, "-m", "raggedvit.coverage.model", task.mode, json.dumps(task.args), task.out],
                         stdin=subprocess.DEVNULL,
                         stdout=err_f,
                         stderr=subprocess.STDOUT,
