@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from raggedvit.cli.contract import (
+    EXPORT_DTYPES,
     CliError,
     check_img_size,
     check_memory,
@@ -24,6 +25,7 @@ from raggedvit.cli.contract import (
     check_writable,
     exit_status,
     interrupts_raise,
+    load_model,
     parse_int_list,
     quiet_numerics,
     refuse_ignored_options,
@@ -81,7 +83,7 @@ def main() -> None:
 @click.option("--fuse", is_flag=True, default=False, help="evit: fuse dropped tokens into one extra token.")
 @click.option(
     "--dtype",
-    type=click.Choice(["fp32", "fp16", "fp16-all"]),
+    type=click.Choice(EXPORT_DTYPES),
     default="fp32",
     help="fp32; fp16: fp16 GEMMs/attention, float32 residual stream and LayerNorms; fp16-all: the stream too.",
 )
@@ -152,7 +154,7 @@ def export(
 
     steps = tqdm(total=3, desc="export", unit="step", file=sys.stderr, disable=None, leave=False)
     steps.set_postfix_str("loading weights")
-    vit, info = _load_vit(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
+    vit, info = load_model(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
     check_img_size(model, vit, img_size)
     warn_nonfinite(vit)
     steps.update()
@@ -208,27 +210,6 @@ def export(
         else "data-dependent token counts: runs node by node (--capacity makes it capturable)"
     )
     click.echo(f"wrote {path} ({model}, {spec.policy}, {dtype}, {size_mb:.1f} MiB; {shapes})")
-
-
-def _load_vit(model: str, **kwargs):
-    """raggedvit.weights.load_vit with its failures turned into one-line CliErrors."""
-    import pickle
-
-    from raggedvit.weights import load_vit
-
-    try:
-        return load_vit(model, **kwargs)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    except (RuntimeError, OSError, pickle.UnpicklingError, EOFError) as e:
-        ckpt = kwargs.get("checkpoint")
-        if ckpt is not None:
-            raise CliError(f"cannot read checkpoint {str(ckpt)!r}: {str(e).splitlines()[0]}") from None
-        raise CliError(f"cannot build {model}: {str(e).splitlines()[0]}") from None
-    except Exception as e:  # safetensors raises its own error type
-        if kwargs.get("checkpoint") is not None and "safetensor" in type(e).__name__.lower():
-            raise CliError(f"cannot read checkpoint {str(kwargs['checkpoint'])!r}: {e}") from None
-        raise
 
 
 # ---- validate -------------------------------------------------------------------------------------

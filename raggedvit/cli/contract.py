@@ -21,9 +21,11 @@ from pathlib import Path
 import click
 
 from raggedvit.exporter._io import Interrupted, interrupts_raise
+from raggedvit.policies import POLICY_PARAMS
 from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 
 __all__ = [
+    "EXPORT_DTYPES",
     "IGNORED_BY_POLICY",
     "CliError",
     "Interrupted",
@@ -36,6 +38,7 @@ __all__ = [
     "exit_status",
     "interrupts_raise",
     "is_ort_error",
+    "load_model",
     "parse_int_list",
     "quiet_numerics",
     "refuse_ignored_options",
@@ -44,16 +47,19 @@ __all__ = [
     "warn_nonfinite",
 ]
 
+EXPORT_DTYPES = ("fp32", "fp16", "fp16-all")  # raggedvit.pruning.precision.DTYPES without importing torch (tested)
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2: a group called without a command
 INPUT_ERRORS = (ValidationInputError, OpLibraryMissing)  # typed library errors about the user's inputs
 _ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's RuntimeError when an allocation fails
 
-# Pruning options each policy ignores (fuse with topk-l2 / cls-mass: PruneSpec's own, more specific error).
+# Pruning options each policy ignores: the PruneSpec fields the others read (raggedvit.policies.POLICY_PARAMS), all
+# of them and prune_at for "none"; fuse with another policy than evit gets PruneSpec's own, more specific error.
+_PRUNE_OPTIONS = tuple(dict.fromkeys(name for names in POLICY_PARAMS.values() for name in names))
 IGNORED_BY_POLICY = {
-    "none": ("prune_at", "keep", "mass", "fuse"),
-    "topk-l2": ("mass",),
-    "evit": ("mass",),
-    "cls-mass": ("keep",),
+    policy: ("prune_at", *_PRUNE_OPTIONS)
+    if policy == "none"
+    else tuple(name for name in _PRUNE_OPTIONS if name not in params and name != "fuse")
+    for policy, params in POLICY_PARAMS.items()
 }
 
 
@@ -188,6 +194,27 @@ def refuse_unused_checkpoint(recipe: dict, checkpoint: Path | None, onnx_name: s
         raise CliError(
             f"--checkpoint does not apply: {onnx_name} was exported with {source or 'unrecorded'} weights; leave it out"
         )
+
+
+def load_model(model: str, **kwargs):
+    """raggedvit.weights.load_vit with its failures turned into one-line CliErrors."""
+    import pickle
+
+    from raggedvit.weights import load_vit
+
+    try:
+        return load_vit(model, **kwargs)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    except (RuntimeError, OSError, pickle.UnpicklingError, EOFError) as e:
+        ckpt = kwargs.get("checkpoint")
+        if ckpt is not None:
+            raise CliError(f"cannot read checkpoint {str(ckpt)!r}: {str(e).splitlines()[0]}") from None
+        raise CliError(f"cannot build {model}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # safetensors raises its own error type
+        if kwargs.get("checkpoint") is not None and "safetensor" in type(e).__name__.lower():
+            raise CliError(f"cannot read checkpoint {str(kwargs['checkpoint'])!r}: {e}") from None
+        raise
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import torch
 from raggedvit.pruning import PruneSpec
 from raggedvit.pruning.backbone import Backbone
 from raggedvit.pruning.families import backbone_for
+from raggedvit.pruning.precision import DTYPES
 from raggedvit.sweep.grid import SweepInputError, point_key, point_label, point_params
 from raggedvit.sweep.inputs import sweep_images
 from raggedvit.sweep.measure import measure_accuracy, measure_speed, reference
@@ -26,7 +27,6 @@ from raggedvit.weights import WeightsInfo
 
 __all__ = ["DTYPES", "default_dtype", "run_sweep", "write_outputs"]
 
-DTYPES = ("fp32", "fp16", "fp16-all")
 _OOM_TEXT = ("out of memory", "can't allocate memory", "failed to allocate memory")
 
 
