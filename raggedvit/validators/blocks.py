@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -67,10 +68,11 @@ def _stage_of(block: int, spec: PruneSpec) -> int:
     return sum(1 for at in spec.prune_at if at <= block)
 
 
-def marked_model(model_path: str, names: list[str]) -> bytes:
-    """The model at `model_path` with the tensors `names` appended as graph outputs (no type: ORT infers it),
-    serialized; the file itself is not changed."""
-    model = onnx.load(str(model_path))
+def marked_model(model: str | Path | onnx.ModelProto, names: list[str]) -> bytes:
+    """The model (a path: the file is not changed; a ModelProto: changed in place) with the tensors `names`
+    appended as graph outputs (no type: ORT infers it), serialized."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model))
     produced = {o for n in model.graph.node for o in n.output}
     produced |= {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
     missing = [n for n in names if n not in produced]

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from raggedvit.validators.reference import run_reference
 from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, ValidationReport, blocks_before
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
+from raggedvit.validators.structure import check_structure
 from raggedvit.validators.ties import first_moved_stage, precision_swap, precision_tie, stage_margins, token_swaps
 
 __all__ = ["block_failure_text", "first_failing_block", "run_onnx", "validate"]
@@ -66,6 +68,7 @@ def validate(
     floor: bool | None = None,
     blocks: bool = True,
     reference_blocks: BlockReference | None = None,
+    structure: bool = True,
 ) -> ValidationReport:
     """Compare the ONNX model in ORT with the PyTorch reference on `images` [N, 3, S, S] float32 (CPU).
 
@@ -80,6 +83,8 @@ def validate(
     precision (fp32 exports: fp32 against float64), which sets each block's floor. `blocks`: False skips it.
     `reference_blocks`: those reference and floor runs when the caller has them (`block_reference` of the same
     vit, spec, images and export dtype; validating several exports of one model), else they are run here.
+    `structure`: also compare the graph's numeric attributes with `vit`'s modules (validators/structure.py: norm
+    epsilons, GELU flavour, attention heads and scale, LayerScale, patch size and stride); a mismatch fails.
     """
     dtype = str(recipe.get("dtype", "fp32"))
     th = thresholds or Thresholds.for_dtype(dtype)
@@ -90,6 +95,8 @@ def validate(
     lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
     names_b = list(recipe.get("block_outputs") or []) if blocks else []
     names_s = _stage_outputs(recipe, spec)
+    graph = onnx.load(str(model_path)) if structure or names_b or names_s else None
+    struct = check_structure(graph, vit, recipe.get("block_outputs")) if structure else None
     if names_b:  # the reference with its block outputs (the same forward; its logits are run_reference's)
         rb = reference_blocks or block_reference(vit, spec, images, dtype, batch_size)
         if len(rb.run.rows) != images.shape[0]:
@@ -111,7 +118,7 @@ def validate(
     block_floor: list[float | None] = []
     block_note = "" if blocks else "per-block drift not measured (turned off)"
     if names_b or names_s:  # one marked copy: the block outputs and the stages' src and cu_seqlens
-        marked = open_session(marked_model(str(model_path), names_b + sum(names_s, [])), device, recipe=recipe)
+        marked = open_session(marked_model(graph, names_b + sum(names_s, [])), device, recipe=recipe)
         tokens = int(recipe.get("tokens_per_image") or 0) or None
         head_k = rb.head_k if names_b else None
         run_b = run_blocks_onnx(marked, images, names_b, spec, head_k, batch_size, names_s, tokens)
@@ -137,7 +144,10 @@ def validate(
         near_ties=ties,
         block_floor=block_floor,
         block_note=block_note,
+        structure=struct,
     )
+    if struct is not None:
+        report.failures.extend(Failure("structure", None, f"structure: {c.text()}") for c in struct.mismatches)
     notes: dict[int, str] = {}
     swap_notes: dict[int, str] = {}
     for i, name in enumerate(names):

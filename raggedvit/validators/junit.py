@@ -14,7 +14,8 @@ __all__ = ["append_step_summary", "junit_xml", "write_junit"]
 
 def junit_xml(report: ValidationReport) -> str:
     """One <testsuite> of one <testcase> per image (failed: its failures, the first failing block first; skipped:
-    a near-tie or precision tie, not judged) and one for the rule as a whole (failed when the validation failed)."""
+    a near-tie or precision tie, not judged), one for the structural check (when it ran; failed: its mismatches) and
+    one for the rule as a whole (failed when the validation failed)."""
     model = Path(report.model).name
     suite = ET.Element("testsuite", name=f"raggedvit validate {model}")
     cases = 0
@@ -34,6 +35,15 @@ def junit_xml(report: ValidationReport) -> str:
             skipped += 1
             what = "a near-tie at a pruning cut" if row.near_tie else "a precision tie (a moved cut within precision)"
             ET.SubElement(case, "skipped", message=f"not judged: {what}")
+    if report.structure is not None:  # the graph's attributes against the reference's modules
+        case = ET.SubElement(suite, "testcase", classname=f"raggedvit.validate.{model}", name="structure")
+        cases += 1
+        bad = [f for f in report.failures if f.kind == "structure"]
+        if bad:
+            failed += 1
+            node = ET.SubElement(case, "failure", message=bad[0].message, type="structure")
+            node.text = "\n".join(f.message for f in bad)
+        ET.SubElement(case, "system-out").text = report.structure.summary()
     rule = ET.SubElement(suite, "testcase", classname=f"raggedvit.validate.{model}", name="validation rule")
     cases += 1
     if not report.passed:

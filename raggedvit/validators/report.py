@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from raggedvit.exporter._io import atomic_write_all
 from raggedvit.validators.rules import Thresholds
 
+if TYPE_CHECKING:  # structure.py reads torch modules; the report needs none
+    from raggedvit.validators.structure import StructureReport
+
 __all__ = ["blocks_before", "Failure", "ImageRow", "NearTie", "Thresholds", "TokenSwap", "ValidationReport"]
 
 FailureKind = Literal[
-    "block_drift", "kept_tokens", "max_abs_logit", "top1", "token_counts", "non_finite", "none_judged"
+    "block_drift", "kept_tokens", "max_abs_logit", "top1", "token_counts", "non_finite", "none_judged", "structure"
 ]
 
 
@@ -99,6 +102,7 @@ class ValidationReport:
     precision_ties: list[NearTie] = field(default_factory=list)  # the reference margin behind each moved cut
     block_floor: list[float | None] = field(default_factory=list)  # per block: the floor of the per-block rule
     block_note: str = ""  # why per-block drift was not measured (empty when it was)
+    structure: StructureReport | None = None  # the graph's attributes against the reference's modules (None: off)
 
     @property
     def passed(self) -> bool:
@@ -214,6 +218,7 @@ class ValidationReport:
                 "reference_max_abs_logit": self.ref_max_abs_logit,
                 "precision_floor": self.floor_summary(),
                 "blocks": self.block_summary(),
+                "structure": None if self.structure is None else self.structure.summary(),
             },
             "block_rule": {
                 "text": self.thresholds.block_text(),
@@ -222,6 +227,7 @@ class ValidationReport:
                 "floor": self.thresholds.floor_name(),
             },
             "blocks": self.block_table(),
+            "structure": None if self.structure is None else self.structure.to_dict(),
             "failures": [asdict(f) for f in self.failures],
             "near_ties": [asdict(t) for t in self.near_ties],
             "precision_ties": [asdict(t) for t in self.precision_ties],
@@ -250,6 +256,11 @@ class ValidationReport:
             lines.append(f"- {th.block_text()}: {self.block_summary()}")
         elif self.block_note:
             lines.append(f"- {self.block_note}")
+        if self.structure is not None:
+            lines.append(
+                f"- structure (the graph's attributes against the reference's modules): {self.structure.summary()}"
+            )
+            lines += [f"  - not compared: {note}" for note in self.structure.notes]
         lines += _floor_lines(self.floor_summary(), r.get("dtype", "?"))
         lines += [
             "",

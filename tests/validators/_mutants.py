@@ -34,11 +34,13 @@ MUTATED_BLOCK = 5  # the block a single-block mutant changes: after the first st
 class Mutant:
     """`mutate(vit, spec)` changes `vit` (a private copy) in place and returns the spec to export with. `first`:
     text of each image's first failure in the report (or one of several), naming the mutated block, stage or the
-    head."""
+    head; `structure`: text of the structural failure (validators/structure.py) of a fault written in the graph's
+    attributes (None: the mutant changes no attribute the check compares)."""
 
     name: str
     mutate: Callable[[VisionTransformer, PruneSpec], PruneSpec]
     first: str | tuple[str, ...] = f"block {MUTATED_BLOCK} drifts"
+    structure: str | None = None  # text of a structural failure the mutant must cause (a fault in the graph)
 
     def names_it(self, message: str) -> bool:
         """`message` (an image's first failure) names the fault as `first` says."""
@@ -103,7 +105,7 @@ def _scale_weight(where: str) -> Callable[[VisionTransformer, PruneSpec], PruneS
 MUTANTS = [
     *(Mutant(f"drop_{layer}_bias", _drop_bias(layer)) for layer in ("qkv", "proj", "fc1", "fc2")),
     Mutant("swap_q_heads", _swap_q_heads),
-    Mutant("softmax_scale_x1.1", _softmax_scale, "block 0 drifts"),  # every block's attention
+    Mutant("softmax_scale_x1.1", _softmax_scale, "block 0 drifts", "block 0: attention scale 0.1375 in the export"),
     # the first stage kept other tokens (ranked after block 3, not block 2), or the same ones and block 3's rows
     # are not the stage's
     Mutant(
@@ -115,7 +117,9 @@ MUTANTS = [
         ),
     ),
     Mutant("keep_one_more_token", _keep_plus_one, f"moved at stage 0 (block {BASE_SPEC.prune_at[0]})"),
-    Mutant("layernorm_eps_x100", _layernorm_eps, "block 0 drifts"),  # every block's norms
+    Mutant(  # every block's norms: in fp16 under the drift rule (half the fp16 floor), in the graph at every block
+        "layernorm_eps_x100", _layernorm_eps, "block 0 drifts", "block 0: norm epsilon 0.0001 in the export, 1e-06"
+    ),
     Mutant("fc1_weight_x1.05", _scale_weight("fc1")),
     Mutant("head_weight_x1.05", _scale_weight("head"), "the fault is past the last block (the head)"),
 ]
