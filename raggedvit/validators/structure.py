@@ -284,7 +284,7 @@ def reference_facts(vit: nn.Module, by_block: bool) -> tuple[dict[int | None, _F
     module outside the blocks for the head; one group None of every module when not `by_block`."""
     from torch import nn
 
-    from raggedvit.pruning.backbone import backbone_for
+    from raggedvit.pruning import backbone_for
 
     blocks = list(backbone_for(vit).blocks)
     inside = {id(m) for blk in blocks for m in blk.modules()}
