@@ -328,6 +328,34 @@ def cuda_graph(full: bool, prefix: str) -> list[str]:
     return lines
 
 
+def sweep_folder() -> str:
+    """The sweep the documents show: `raggedvit sweep --out benchmarks/results/sweep_<machine>`, a GPU's (this page's
+    GPU first) when one ran, else the CPU's."""
+    found = sorted(p.parent.name for p in (ROOT / RESULTS).glob("sweep_*/sweep.json"))
+    gpus = [f for f in found if f != "sweep_cpu"]
+    return f"sweep_{GPU}" if f"sweep_{GPU}" in gpus else (gpus or ["sweep_cpu"])[0]
+
+
+def sweep(full: bool, prefix: str) -> list[str]:
+    """The chart of a real `raggedvit sweep` run with its machine and settings; full: also the table of every
+    point."""
+    from raggedvit.sweep import SweepResult
+
+    folder = sweep_folder()
+    result = SweepResult.from_dict(_load(f"{folder}/sweep.json"))
+    s, images, v = result.settings, result.settings["images"], result.settings["versions"]
+    seeded = s["weights"]["source"] == "seeded"
+    lines = [
+        f"{s['model']}, {s['weights']['source']} weights, {images['count']} images ({images['source']}), "
+        f"{s['dtype']} exports timed at batch {s['batch']} on **{s['device_name']}** ({s['device']}); torch "
+        f"{v['torch']}, onnxruntime {v['onnxruntime']}, timm {v['timm']}; `{RESULTS / folder}/`."
+        + (" Agreement on seeded weights says nothing about accuracy on trained ones." if seeded else "")
+    ]
+    if full:
+        lines += ["", *result.table()]
+    return lines + _chart(prefix, f"{folder}/sweep.png", f"{result.metric} against img/s, Pareto front")
+
+
 SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "serving": serving,
     "families": families,
@@ -336,6 +364,7 @@ SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "ort_op": ort_op,
     "validate": validate,
     "cuda_graph": cuda_graph,
+    "sweep": sweep,
 }
 
 _MARKED = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
