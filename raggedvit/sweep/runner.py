@@ -97,6 +97,10 @@ def run_sweep(
     recipe = {"model": weights.model_name, "weights": weights.to_dict()}
     try:
         with _workdir(out_dir) as work, _out_of_memory(batch, device):
+            if device == "cuda":
+                from raggedvit.timing import start_cupti
+
+                start_cupti()  # before any CUDA graph: the GPU time of their replays is seen
             model = vit if device == "cpu" else copy.deepcopy(vit).to(device)
             bar.set_postfix_str("unpruned reference")
             ref = reference(model, imgs, batch=batch, device=device)

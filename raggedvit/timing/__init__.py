@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Timing", "device_sync", "gpu_time_ms", "measure"]
+__all__ = ["Timing", "device_sync", "gpu_time_ms", "measure", "start_cupti"]
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,12 @@ def measure(
     )
 
 
-def gpu_time_ms(fn: Callable[[], object], *, runs: int = 10) -> float:
+def gpu_time_ms(fn: Callable[[], object], *, runs: int = 10) -> float | None:
     """GPU time of one call of `fn` in milliseconds: the summed durations of the CUDA kernels, copies and memsets it
     queues on any stream (ONNX Runtime's own and CUDA-graph replays included; torch.profiler with CUPTI), averaged
-    over `runs` traced calls after one untraced call. Work that overlaps on several streams counts twice."""
+    over `runs` traced calls after one untraced call. Work that overlaps on several streams counts twice. None when
+    CUPTI saw no GPU work (CUDA graphs captured before CUPTI was first started can be invisible to it: call
+    `start_cupti()` before capturing any)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -98,5 +100,15 @@ def gpu_time_ms(fn: Callable[[], object], *, runs: int = 10) -> float:
         for _ in range(runs):
             fn()
         torch.cuda.synchronize()
-    total_us = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total_us / runs / 1e3
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time for e in events) / runs / 1e3 if events else None
+
+
+def start_cupti() -> None:
+    """An empty torch.profiler session on the GPU: CUPTI is initialised before any CUDA graph is captured, so that
+    gpu_time_ms sees their replays."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]):
+        torch.cuda.synchronize()
