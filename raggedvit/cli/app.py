@@ -3,8 +3,8 @@ commands over the library; raggedvit.cli adds the tool commands of raggedvit.cli
 
 Exit codes (one mapping for every command: raggedvit.cli.contract.exit_status): 0 success / validation
 passed, 1 validation failed numerically, 2 usage or input error (one line "error: ..." on stderr, no partial
-output file), 130 interrupted (SIGINT or SIGTERM; temp files removed), 3 unexpected internal error
-(set RAGGEDVIT_DEBUG=1 for the traceback).
+output file), 130 interrupted (SIGINT or SIGTERM; temp files and outputs already in place removed: nothing is
+left), 3 unexpected internal error (set RAGGEDVIT_DEBUG=1 for the traceback).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from raggedvit.cli.contract import (
     require_onnxruntime_cli,
     warn_nonfinite,
 )
+from raggedvit.exporter._io import undo_on_interrupt
 from raggedvit.policies import POLICIES
 
 __all__ = ["main"]
@@ -46,7 +47,8 @@ class _Group(click.Group):
     def main(self, args=None, prog_name=None, **kwargs):  # type: ignore[override]
         restore = interrupts_raise()
         try:
-            rv = super().main(args=args, prog_name=prog_name or "raggedvit", standalone_mode=False, **kwargs)
+            with undo_on_interrupt(also=(click.Abort,)):  # click turns a KeyboardInterrupt into Abort
+                rv = super().main(args=args, prog_name=prog_name or "raggedvit", standalone_mode=False, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except SystemExit:
@@ -201,7 +203,10 @@ def export(
         raise CliError(f"cannot write output {str(output)!r}: {e.strerror or e}") from None
     steps.update(2)
     steps.close()
-    size_mb = path.stat().st_size / 2**20
+    from raggedvit.exporter.files import model_files
+
+    files = model_files(path)  # the .onnx and, over 1 GiB of weights, its data file
+    size_mb = sum(f.stat().st_size for f in files) / 2**20
     from raggedvit.exporter.checks import static_shapes
 
     shapes = (
@@ -209,7 +214,9 @@ def export(
         if static_shapes(spec.to_dict(), capacity)
         else "data-dependent token counts: runs node by node (--capacity makes it capturable)"
     )
-    click.echo(f"wrote {path} ({model}, {spec.policy}, {dtype}, {size_mb:.1f} MiB; {shapes})")
+    written = " and ".join(str(f) for f in files)
+    total = f"{size_mb:.1f} MiB{' in all' if len(files) > 1 else ''}"
+    click.echo(f"wrote {written} ({model}, {spec.policy}, {dtype}, {total}; {shapes})")
 
 
 # ---- validate -------------------------------------------------------------------------------------
@@ -384,15 +391,22 @@ def validate(
 
 
 def _decoded_images(image_dir: Path | None):
-    """(name, RGB PIL image) pairs of --images (None without it); CliError on an unreadable image."""
+    """(name, RGB PIL image) pairs of --images (None without it); CliError on an unreadable image. What the folder
+    holds besides images is listed in one warning line, with why each entry was skipped."""
     if image_dir is None:
         return None
-    from raggedvit.images import load_image_dir
+    from raggedvit.images import load_image_dir, skipped_entries
 
     try:
-        return load_image_dir(image_dir)
+        pairs = load_image_dir(image_dir)
     except ValueError as e:
         raise CliError(str(e)) from None
+    skipped = skipped_entries(image_dir)
+    if skipped:
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        entries = f"{len(skipped)} {'entry' if len(skipped) == 1 else 'entries'}"
+        click.echo(f"warning: --images {image_dir}: skipped {entries}: {'; '.join(skipped[:5])}{more}", err=True)
+    return pairs
 
 
 def _validation_images(vit, pairs, random_n: int | None):

@@ -2,7 +2,8 @@
 
 Every command ends through `exit_status`, the one mapping from an exception to an exit code and a one-line
 message: 2 for a usage or input problem (bad option, unreadable file, unusable device, out of memory, cannot
-write an output), 130 for an interrupt (SIGINT or SIGTERM: both unwind the stack, so temp files are removed),
+write an output), 130 for an interrupt (SIGINT or SIGTERM: both unwind the stack, so temp files are removed, and
+the group's undo_on_interrupt removes outputs already renamed into place: nothing is left),
 3 for anything unexpected (a bug; RAGGEDVIT_DEBUG=1 shows the traceback). A failed numerical validation is
 not an exception: `validate` returns 1.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from raggedvit.exporter._io import Interrupted, interrupts_raise
+from raggedvit.exporter._io import Interrupted, check_target, interrupts_raise, name_max
 from raggedvit.policies import POLICY_PARAMS
 from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 
@@ -89,9 +90,9 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, click.ClickException):  # usage errors: bad option values, missing arguments
         return 2, _one_line(exc.format_message())
     if isinstance(exc, Interrupted):
-        return 130, f"interrupted by {exc.signal_name}"
+        return 130, f"interrupted by {exc.signal_name}; nothing it wrote is left"
     if isinstance(exc, (KeyboardInterrupt, click.Abort)):
-        return 130, "interrupted"
+        return 130, "interrupted; nothing it wrote is left"
     if isinstance(exc, INPUT_ERRORS):
         return 2, _one_line(str(exc))
     if isinstance(exc, MemoryError):
@@ -108,8 +109,16 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
 
 
 def check_writable(path: Path, what: str) -> None:
-    """CliError unless `path` can be created or replaced: a regular file (or nothing) in a writable folder, with no
-    symlink loop on the way."""
+    """CliError unless `path` can be created or replaced: a name the file system takes, a regular file (or nothing)
+    in a folder that takes a new entry now (tried: exporter._io.check_target), with no symlink loop on the way.
+    Called before any work, so a bad output fails in a moment, not after an export."""
+    limit = name_max(path.parent if path.parent.is_dir() else Path("."))
+    size = len(os.fsencode(path.name))
+    if size > limit:
+        raise CliError(
+            f"cannot write {what} {str(path)!r}: its name is {size} bytes and this file system takes at most {limit}; "
+            "choose a shorter name"
+        )
     try:
         parent = path.resolve().parent
         if path.is_symlink():
@@ -128,6 +137,13 @@ def check_writable(path: Path, what: str) -> None:
         raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK):
         raise CliError(f"cannot write {what} {str(path)!r}: directory {str(parent)!r} is not writable")
+    try:
+        check_target(path)  # os.access says yes to root on read-only mounts and in /proc
+    except OSError as e:
+        raise CliError(
+            f"cannot write {what} {str(path)!r}: directory {str(parent)!r} takes no new file ({e.strerror}); "
+            "choose another folder"
+        ) from None
 
 
 def check_readable_file(path: Path, what: str) -> None:

@@ -182,14 +182,15 @@ def commit(moves: Mapping[Path, Path]) -> None:
 
 
 @contextmanager
-def undo_on_interrupt() -> Iterator[None]:
+def undo_on_interrupt(also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """Outputs committed inside the block are removed again if it ends by SIGINT or SIGTERM (Interrupted,
-    KeyboardInterrupt), a signal that lands after the last rename included: an interrupted command leaves nothing
-    (exit 130), a command that was not interrupted leaves all of its outputs."""
+    KeyboardInterrupt, or the exception types `also`: what a framework turns them into), a signal that lands after
+    the last rename included: an interrupted command leaves nothing (exit 130), a command that was not interrupted
+    leaves all of its outputs."""
     _committed.append([])
     try:
         yield
-    except (Interrupted, *_UNWIND):
+    except (Interrupted, *_UNWIND, *also):
         done = _committed[-1]
         _finish(lambda: [_remove(p) for p in done])
         raise

@@ -39,10 +39,22 @@ pytestmark = pytest.mark.xdist_group("test_cli")
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cli") / "m.onnx"
-    res = run_cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
+    """The export every validate test reads, with a name of 255 bytes (the file system's limit: the temp names used
+    to add 10 and fail after the export) and, the external-data threshold lowered to 1 MiB, its weights in a data file
+    beside it (the size line names both files and gives their total)."""
+    from raggedvit.exporter import export as export_module
+    from raggedvit.exporter.files import external_data_name
+
+    out = tmp_path_factory.mktemp("cli") / ("m" * 250 + ".onnx")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export_module, "EXTERNAL_DATA_BYTES", 1 << 20)
+        res = run_cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
     assert res.returncode == 0, res.stderr
-    assert f"wrote {out}" in res.stdout and "CUDA-graph capturable" in res.stdout
+    data = out.parent / external_data_name(out)
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, data.name])
+    total = (out.stat().st_size + data.stat().st_size) / 2**20
+    assert f"wrote {out} and {data} ({MODEL}, topk-l2, fp32, {total:.1f} MiB in all; static shapes" in res.stdout
+    assert total > 20 and out.stat().st_size < 1 << 20  # deit_tiny's 22 MB of weights are in the data file
     return out
 
 
@@ -53,6 +65,28 @@ def test_validate_pass_and_report(exported, tmp_path):
     data = json.loads((tmp_path / "rep.json").read_text())
     assert data["passed"] and data["summary"]["token_counts_agreement"] == 1.0
     assert (tmp_path / "rep.md").read_text() == res.stdout
+
+
+def test_validate_images_of_every_kind(exported, tmp_path):
+    """A folder with a JPEG, a GIF (its first frame), a 16-bit PNG (scaled to 8 bits) and a text file: the three
+    images are judged, the text file is named in one warning line."""
+    import numpy as np
+    from PIL import Image
+
+    from raggedvit.images import sample_images
+
+    photo = dict(sample_images())["chelsea"]
+    photo.save(tmp_path / "cat.jpg")
+    photo.convert("P").save(tmp_path / "cat_gif.gif")
+    gray16 = (np.asarray(photo.convert("L"), np.uint16) * 257).astype(np.uint16)
+    Image.fromarray(gray16).save(tmp_path / "cat16.png")
+    (tmp_path / "notes.txt").write_text("not an image")
+    res = run_cli("validate", str(exported), "--images", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "| 3 | 3 |" in res.stdout and "| cat_gif |" in res.stdout and "| cat16 |" in res.stdout, res.stdout
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: ")]
+    assert warnings == [f"warning: --images {tmp_path}: skipped 1 entry: notes.txt (not an image suffix: .jpg, "
+                        ".jpeg, .png, .bmp, .webp, .tif, .tiff, .gif)"], res.stderr  # fmt: skip
 
 
 def test_validate_numerical_failure_exits_1(exported):

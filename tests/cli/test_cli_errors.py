@@ -59,7 +59,9 @@ def assert_one_error(code: int, stderr: str, expected_code: int, fragment: str) 
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
-def _fake_export(path: Path, *, unknown_op: bool = False, nan_logits: bool = False) -> Path:
+def _fake_export(
+    path: Path, *, unknown_op: bool = False, nan_logits: bool = False, recipe_text: str | None = None
+) -> Path:
     """A model with a raggedvit recipe (img 16) whose graph maps images [B, 3, 16, 16] to logits [B, 3] and
     token counts [B, 3]; unknown_op adds a node no registered library implements; nan_logits makes the logits
     [B, 1000] NaN (as weights with a NaN give), with a recipe complete enough to validate (seeded, no pruning)."""
@@ -100,6 +102,8 @@ def _fake_export(path: Path, *, unknown_op: bool = False, nan_logits: bool = Fal
         prune = {"policy": "none", "prune_at": [], "keep": 0.5, "mass": 0.9, "fuse": False}
         recipe |= {"prune": prune, "num_prefix_tokens": 1}
     write_recipe(model, recipe)
+    if recipe_text is not None:  # the recipe as given (not JSON)
+        model.metadata_props[0].value = recipe_text
     onnx.save(model, path)
     return path
 
@@ -124,6 +128,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("inputs")
     files = {"fake": _fake_export(d / "fake.onnx"), "unknown_op": _fake_export(d / "op.onnx", unknown_op=True)}
     files["nan"] = _fake_export(d / "nan.onnx", nan_logits=True)
+    files["badrecipe"] = _fake_export(d / "badrecipe.onnx", recipe_text="{'model': 'deit'}")
     (d / "empty.pth").write_bytes(b"")
     torch.save({"head.weight": torch.zeros(10, 192)}, d / "mismatch.pth")
     (d / "truncated.pth").write_bytes((d / "mismatch.pth").read_bytes()[:300])
@@ -191,6 +196,20 @@ CASES = {
         [*VALIDATE[:4], "--checkpoint", "{mismatch}"],
         "--checkpoint does not apply: fake.onnx was exported with seeded weights",
     ),
+    # a recipe that is not JSON: said so, with what to do
+    "validate bad recipe JSON": (
+        ["validate", "{badrecipe}", "--random", "1"],
+        "badrecipe.onnx: its 'raggedvit.recipe' metadata is malformed (not JSON: Expecting "
+        "property name enclosed in double quotes at line 1 column 2): the model was edited or "
+        "not written by raggedvit export; export it again",
+    ),
+    "bench bad recipe JSON": (["bench", "{badrecipe}"], "its 'raggedvit.recipe' metadata is malformed"),
+    # names past the file system's limit: refused before any work
+    "export name too long": (
+        [*EXPORT[:3], "{out}/" + "x" * 251 + ".onnx"],
+        "its name is 256 bytes and this file system takes at most 255; choose a shorter name",
+    ),
+    "bench json name too long": ([*BENCH[:-1], "{out}/" + "b" * 256], "takes at most 255; choose a shorter name"),
     # lists parsed alike
     "prune-at empty item": ([*EXPORT, "--prune-at", "1,,2"], "--prune-at must be comma-separated block indices"),
     "prune-at not a number": ([*EXPORT, "--prune-at", "4,x"], "got '4,x'"),
@@ -212,6 +231,22 @@ def test_input_error_exits_2(inputs, tmp_path, case):
     res = run_cli(*(a.format(out=out, **inputs) for a in args))  # in this process: the same error mapping
     assert_one_error(res.returncode, res.stderr, 2, fragment.format(out=out))
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_export_to_proc_fails_before_tracing():
+    """/proc takes no new file, though os.access says yes to root: refused at once (it was after the 9 s export)."""
+    res = run_cli("export", MODEL, "--seed", "0", "-o", "/proc/x")
+    assert_one_error(res.returncode, res.stderr, 2, "cannot write output '/proc/x': directory '/proc'")
+    assert "choose another folder" in res.stderr or "is not writable" in res.stderr, res.stderr
+
+
+def test_long_legal_names_are_written(inputs, tmp_path):
+    """bench --json with a 252-character name (the temp name used to add 10 and fail after the timing)."""
+    name = "b" * 247 + ".json"
+    res = run_cli("bench", str(inputs["fake"]), "--batch", "1", "--seconds", "0.01", "--json", str(tmp_path / name))
+    assert res.returncode == 0, res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [name]
 
 
 def test_entry_point_maps_errors_alike(inputs, tmp_path):
@@ -286,6 +321,47 @@ def nan_checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("nan") / "nan.pth"
     torch.save(state, path)
     return path
+
+
+# click.echo of the "wrote ..." line first drops a marker, then waits: the signal arrives after the export's output
+# was renamed into place, before the command ends.
+_SLOW_END = """
+import os, sys, time
+from pathlib import Path
+import click
+_echo = click.echo
+def _slow_echo(message=None, *a, **k):
+    if str(message).startswith("wrote "):
+        Path(os.environ["MARKER"]).write_text(str(message))
+        time.sleep(120)
+    return _echo(message, *a, **k)
+click.echo = _slow_echo
+sys.argv[0] = "raggedvit"
+from raggedvit.cli import main
+main()
+"""
+
+
+def test_interrupt_after_the_rename_exits_130_and_leaves_nothing(nan_checkpoint, tmp_path):
+    """SIGTERM once m.onnx is complete in its folder but the command still runs: exit 130 with nothing left (the
+    group's undo_on_interrupt), not 130 beside a complete file."""
+    out, marker = tmp_path / "out", tmp_path / "marker"
+    out.mkdir()
+    args = ["export", MODEL, "--checkpoint", str(nan_checkpoint), "-o", str(out / "m.onnx")]
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_END, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env({"MARKER": str(marker)}), cwd=ROOT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the export never reached its last line"
+        assert [p.name for p in out.iterdir()] == ["m.onnx"]  # complete, in place
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert_one_error(proc.returncode, stderr, 130, "interrupted by SIGTERM; nothing it wrote is left")
+    assert list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
