@@ -3,7 +3,8 @@
 Every command ends through `exit_status`, the one mapping from an exception to an exit code and a one-line
 message: 2 for a usage or input problem (bad option, unreadable file, unusable device, out of memory, cannot
 write an output), 130 for an interrupt (SIGINT or SIGTERM: both unwind the stack, so temp files are removed, and
-the group's undo_on_interrupt removes outputs already renamed into place: nothing is left),
+the group's undo_on_interrupt removes outputs already renamed into place: nothing is left but a sweep's finished
+points, kept for --resume),
 3 for anything unexpected (a bug; RAGGEDVIT_DEBUG=1 shows the traceback). A failed numerical validation is
 not an exception: `validate` returns 1.
 """
@@ -89,10 +90,11 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 2, f"missing command; see '{exc.ctx.command_path if exc.ctx else 'raggedvit'} --help'"
     if isinstance(exc, click.ClickException):  # usage errors: bad option values, missing arguments
         return 2, _one_line(exc.format_message())
-    if isinstance(exc, Interrupted):
-        return 130, f"interrupted by {exc.signal_name}; nothing it wrote is left"
-    if isinstance(exc, (KeyboardInterrupt, click.Abort)):
-        return 130, "interrupted; nothing it wrote is left"
+    if isinstance(exc, (Interrupted, KeyboardInterrupt, click.Abort)):
+        by = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
+        kept = getattr(exc, "kept", None)  # resumable progress (exporter._io.undo_on_interrupt)
+        left = f"kept {', '.join(str(p) for p in kept)} to resume from" if kept else "nothing it wrote is left"
+        return 130, f"interrupted{by}; {left}"
     if isinstance(exc, INPUT_ERRORS):
         return 2, _one_line(str(exc))
     if isinstance(exc, MemoryError):

@@ -7,8 +7,8 @@ removed however the block ends, a second signal included. `commit` renames stage
 set, holding an exclusive lock on the target folder (writers of one folder take turns: two exports to one `-o` leave
 one run's `.onnx` and `.data`, never a mix): a failed rename or a signal before the last one undoes the earlier ones
 (a report is both its files or neither). `undo_on_interrupt` extends that to a whole command: what it committed is
-removed again when a signal ends it, so an interrupted command leaves nothing. `check_target` refuses a target that
-cannot be written before any work is done.
+removed again when a signal ends it, so an interrupted command leaves nothing (but progress written `resumable`).
+`check_target` refuses a target that cannot be written before any work is done.
 """
 
 from __future__ import annotations
@@ -157,14 +157,16 @@ def _folder_lock(folder: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-_committed: list[list[Path]] = []  # one list per open undo_on_interrupt block: the targets committed in it
+# one pair per open undo_on_interrupt block: the targets committed in it (removed on an interrupt), the resumable ones
+_committed: list[tuple[list[Path], list[Path]]] = []
 
 
-def commit(moves: Mapping[Path, Path]) -> None:
+def commit(moves: Mapping[Path, Path], *, resumable: bool = False) -> None:
     """os.replace each staged entry onto its target, as a set, under an exclusive lock of the targets' folder (see
     _folder_lock): if a rename fails or a signal arrives before the last one is done, the targets already replaced
     are removed again (none of the new outputs stays), and the OSError or Interrupted propagates. Inside an
-    undo_on_interrupt block the targets are recorded for it."""
+    undo_on_interrupt block the targets are recorded for it, unless `resumable`: progress a later run resumes from
+    (a sweep's finished points), which an interrupt must leave."""
     started: list[tuple[Path, Path]] = []
     folders = sorted({Path(dst).parent for dst in moves.values()})
     try:
@@ -175,7 +177,7 @@ def commit(moves: Mapping[Path, Path]) -> None:
                 started.append((src, dst))  # recorded first: a signal right after the rename still undoes it
                 os.replace(src, dst)
             if _committed:
-                _committed[-1].extend(Path(dst) for _, dst in started)
+                _committed[-1][1 if resumable else 0].extend(Path(dst) for _, dst in started)
     except BaseException:
         _finish(lambda: [_remove(dst) for src, dst in started if not os.path.lexists(src)])
         raise
@@ -186,13 +188,15 @@ def undo_on_interrupt(also: tuple[type[BaseException], ...] = ()) -> Iterator[No
     """Outputs committed inside the block are removed again if it ends by SIGINT or SIGTERM (Interrupted,
     KeyboardInterrupt, or the exception types `also`: what a framework turns them into), a signal that lands after
     the last rename included: an interrupted command leaves nothing (exit 130), a command that was not interrupted
-    leaves all of its outputs."""
-    _committed.append([])
+    leaves all of its outputs. Resumable outputs stay; the exception then names them in its `kept` attribute."""
+    _committed.append(([], []))
     try:
         yield
-    except (Interrupted, *_UNWIND, *also):
-        done = _committed[-1]
+    except (Interrupted, *_UNWIND, *also) as e:
+        done, kept = _committed[-1]
         _finish(lambda: [_remove(p) for p in done])
+        if kept:
+            e.kept = sorted(set(kept))  # type: ignore[attr-defined]
         raise
     finally:
         _committed.pop()
@@ -223,8 +227,8 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     return path
 
 
-def atomic_write_all(files: Mapping[Path, bytes | str]) -> list[Path]:
-    """Write several files of one folder atomically as a set: all of them or none (see commit)."""
+def atomic_write_all(files: Mapping[Path, bytes | str], *, resumable: bool = False) -> list[Path]:
+    """Write several files of one folder atomically as a set: all of them or none (see commit, and its `resumable`)."""
     paths = [Path(p) for p in files]
     if not paths:
         return []
@@ -239,7 +243,7 @@ def atomic_write_all(files: Mapping[Path, bytes | str]) -> list[Path]:
             with open(staged, "wb") as f:
                 f.write(payload)
             os.chmod(staged, mode)
-        commit({tmp / p.name: p for p in paths})
+        commit({tmp / p.name: p for p in paths}, resumable=resumable)
     return paths
 
 

@@ -141,14 +141,15 @@ def run_sweep(
 
 
 def write_outputs(result: SweepResult, out: Path) -> list[Path]:
-    """sweep.json, sweep.csv, sweep.md and sweep.png in `out`, atomically as a set."""
+    """sweep.json, sweep.csv, sweep.md and sweep.png in `out`, atomically as a set; resumable: an interrupted
+    command keeps them (--resume starts from them)."""
     import json
 
     from raggedvit.exporter._io import atomic_write_all
     from raggedvit.sweep.plot import plot_png
 
     data = [json.dumps(result.to_dict(), indent=1) + "\n", result.to_csv(), result.to_markdown(), plot_png(result)]
-    return atomic_write_all({out / name: d for name, d in zip(FILES, data)})
+    return atomic_write_all({out / name: d for name, d in zip(FILES, data)}, resumable=True)
 
 
 def _check_args(device: str, batch: int, dtype: str, seconds: float, out, resume: bool) -> None:

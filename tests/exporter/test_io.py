@@ -163,3 +163,9 @@ def test_undo_on_interrupt_removes_what_the_block_committed(tmp_path):
         atomic_write_all({tmp_path / "r.json": "1", tmp_path / "r.md": "2"})
         raise KeyboardInterrupt  # after the renames: the command is interrupted, its outputs go
     assert [p.name for p in tmp_path.iterdir()] == ["kept.json"]
+    with pytest.raises(KeyboardInterrupt) as info, undo_on_interrupt():  # progress a later run resumes from stays
+        atomic_write_all({tmp_path / "sweep.json": "1"}, resumable=True)
+        atomic_write(tmp_path / "other.json", "2")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "sweep.json"]
+    assert info.value.kept == [tmp_path / "sweep.json"]
