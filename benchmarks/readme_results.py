@@ -356,6 +356,102 @@ def sweep(full: bool, prefix: str) -> list[str]:
     return lines + _chart(prefix, f"{folder}/sweep.png", f"{result.metric} against img/s, Pareto front")
 
 
+def latest(benchmark: str) -> str:
+    """The name (under RESULTS) of the newest GPU result file of `benchmark` (`<benchmark>_<GPU>.json`, by the date
+    its environment records; CPU runs left out): the one section that shows the last run, whichever GPU ran it."""
+    files = [f for f in (ROOT / RESULTS).glob(f"{benchmark}_*.json") if not f.stem.endswith("_cpu")]
+    if not files:
+        raise FileNotFoundError(f"no {benchmark}_<GPU>.json in {RESULTS}")
+    newest = max(files, key=lambda f: (str((json.loads(f.read_text()).get("env") or {}).get("date")), f.name))
+    return newest.name
+
+
+def gpu_tests_lines(data: dict[str, Any], name: str, full: bool) -> list[str]:
+    """The last GPU suite run (benchmarks.gpu_tests' record) in one paragraph: counts, GPU, commit, versions, and
+    the failing tests when there are any."""
+    s, env = data["suite"], data["env"]
+    pk = env.get("packages") or {}
+    ort = pk.get("onnxruntime-gpu") or pk.get("onnxruntime")
+    verdict = "**all passed**" if not (s["failed"] or s["errors"]) else "**failures**"
+    line = (
+        f"Last GPU run, `{data['command']}`: {verdict}, {s['passed']} passed, {s['failed']} failed, {s['errors']} "
+        f"errors, {s['skipped']} skipped in {s['seconds']:.0f} s on {data['gpu']}, raggedvit "
+        f"`{str(data['commit'])[:7]}` ({str(env.get('date'))[:10]}), torch {pk.get('torch')}, onnxruntime {ort}; "
+        f"`{RESULTS / name}`."
+    )
+    return [line] + [f"- failing: `{node}`" for node in [*s["failing"], *s["erroring"]]]
+
+
+def gpu_tests(full: bool, prefix: str) -> list[str]:
+    name = latest("gpu_tests")
+    return gpu_tests_lines(_load(name), name, full)
+
+
+def _schedule(prune: dict[str, Any]) -> str:
+    at = ",".join(str(b) for b in prune["prune_at"])
+    amount = f"mass {prune['mass']}" if prune["policy"] == "cls-mass" else f"keep {prune['keep']}"
+    return f"{amount} at {at}" + (", fuse" if prune.get("fuse") else "")
+
+
+def _verdict(rec: dict[str, Any] | None) -> str:
+    if rec is None:
+        return ""
+    if not rec["passed"]:
+        return f"**FAIL** ({rec['failures'][0]['kind']}, {rec['failure_count']} failures)"
+    ties = len(rec["precision_ties"])
+    ratio = rec.get("max_block_ratio")
+    return f"pass, {ties} precision tie{'' if ties == 1 else 's'}" + ("" if ratio is None else f", {ratio:.2g}x floor")
+
+
+def validate_study_lines(data: dict[str, Any], name: str, full: bool) -> list[str]:
+    """benchmarks.validate_study's result: the totals, every clean export per dtype, every mutant per dtype."""
+    t, cfg, env = data["totals"], data["config"], data["env"]
+    dtypes = list(cfg["dtypes"])
+    lines = [
+        f"`python3 -m benchmarks.validate_study`: {len(cfg['image_names'])} images (the sample photos, then their "
+        f"flips, crops and scales), seeded weights, the default rule of each export dtype, validated on "
+        f"{data['device']} ({cfg['device']} EP) in {data['timing']['total_s']:.0f} s; "
+        f"{_provenance(full, name, env.get('commit'), env.get('date'))}. **{t['false_failures']} false failures** in "
+        f"{t['exports']} clean exports ({t['precision_ties']} precision ties listed, not judged); "
+        f"**{t['mutants_missed']} mutants missed, {t['mutants_not_named']} not named** of {t['mutants']}; "
+        f"{t['export_errors']} export errors.",
+        "",
+        "| model | policy | schedule | " + " | ".join(dtypes) + " |",
+        "|---|---|---|" + "---|" * len(dtypes),
+    ]
+    rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for rec in data["exports"]:
+        model = rec["model"] if not rec["case"].startswith("mutant_") else "mutation-suite control"
+        rows.setdefault((model, json.dumps(rec["prune"], sort_keys=True)), {})[rec["dtype"]] = rec
+    for (model, prune), recs in rows.items():
+        spec = json.loads(prune)
+        cap = " (capacity)" if any(r.get("capacity") for r in recs.values()) else ""
+        cells = [_verdict(recs.get(d)) for d in dtypes]
+        lines.append(f"| {model} | {spec['policy']}{cap} | {_schedule(spec)} | " + " | ".join(cells) + " |")
+    if data["mutants"]:
+        lines += ["", "| mutant | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
+        by: dict[str, dict[str, dict[str, Any]]] = {}
+        for rec in data["mutants"]:
+            by.setdefault(rec["mutant"], {})[rec["dtype"]] = rec
+        for mutant, recs in by.items():
+            cells = []
+            for d in dtypes:
+                r = recs.get(d)
+                if r is None:
+                    cells.append("")
+                    continue
+                state = ("caught" if r["named"] else "**caught, not named**") if r["caught"] else "**MISSED**"
+                first = (r["first_failure"] or "").split(": ", 1)[-1]
+                cells.append(f"{state}: {first[:70]}" + ("…" if len(first) > 70 else ""))
+            lines.append(f"| {mutant} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def validate_study(full: bool, prefix: str) -> list[str]:
+    name = latest("validate_study")
+    return validate_study_lines(_load(name), name, full)
+
+
 SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "serving": serving,
     "families": families,

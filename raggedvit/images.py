@@ -14,7 +14,9 @@ from PIL import Image
 
 __all__ = [
     "IMAGE_SUFFIXES",
+    "IMAGE_VARIANTS",
     "ImageFolder",
+    "image_variants",
     "NoSampleImages",
     "class_indices",
     "load_image",
@@ -68,6 +70,75 @@ def sample_images() -> list[tuple[str, Image.Image]]:
                 out.append(("grace_hopper", Image.open(f).convert("RGB")))
         except (OSError, ValueError):
             pass
+    return out
+
+
+def _crop(box: tuple[float, float, float, float]):
+    """A crop by fractions (left, top, right, bottom) of the image's size."""
+
+    def f(im: Image.Image) -> Image.Image:
+        w, h = im.size
+        return im.crop((round(box[0] * w), round(box[1] * h), round(box[2] * w), round(box[3] * h)))
+
+    return f
+
+
+def _rescale(factor: float):
+    """Down to `factor` of the size and back up (bilinear): the same view with less detail."""
+
+    def f(im: Image.Image) -> Image.Image:
+        w, h = im.size
+        small = im.resize((max(1, round(w * factor)), max(1, round(h * factor))), Image.Resampling.BILINEAR)
+        return small.resize((w, h), Image.Resampling.BILINEAR)
+
+    return f
+
+
+def _zoom_out(factor: float):
+    """The image at `factor` of its size, centred on a grey canvas of the original size."""
+
+    def f(im: Image.Image) -> Image.Image:
+        w, h = im.size
+        small = im.resize((max(1, round(w * factor)), max(1, round(h * factor))), Image.Resampling.BILINEAR)
+        canvas = Image.new("RGB", (w, h), (124, 116, 104))  # ImageNet's mean colour
+        canvas.paste(small, ((w - small.width) // 2, (h - small.height) // 2))
+        return canvas
+
+    return f
+
+
+def _flip(im: Image.Image) -> Image.Image:
+    return im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+
+
+# name -> transform of one photo; deterministic (no random state): flips, crops and scales of the same photo keep
+# or drop other tokens at the pruning cuts, which is what a validation over many images needs
+IMAGE_VARIANTS = {
+    "": lambda im: im,
+    "flip": _flip,
+    "crop-centre": _crop((0.15, 0.15, 0.85, 0.85)),
+    "crop-top-left": _crop((0.0, 0.0, 0.75, 0.75)),
+    "crop-bottom-right": _crop((0.25, 0.25, 1.0, 1.0)),
+    "flip-crop-top-right": lambda im: _crop((0.0, 0.0, 0.75, 0.75))(_flip(im)),
+    "rescale-0.5": _rescale(0.5),
+    "zoom-out-0.7": _zoom_out(0.7),
+    "rotate-90": lambda im: im.transpose(Image.Transpose.ROTATE_90),
+    "crop-bottom-left-0.8": _crop((0.0, 0.2, 0.8, 1.0)),
+}
+
+
+def image_variants(pairs: list[tuple[str, Image.Image]], count: int) -> list[tuple[str, Image.Image]]:
+    """`count` images from the photos `pairs`: each photo as it is, then each one flipped, cropped, rescaled (the
+    order of IMAGE_VARIANTS, a photo's variant named "NAME:VARIANT"), deterministic. ValueError when the photos
+    and their len(IMAGE_VARIANTS) - 1 variants are fewer than `count`."""
+    if count > len(pairs) * len(IMAGE_VARIANTS):
+        raise ValueError(f"{len(pairs)} photos give at most {len(pairs) * len(IMAGE_VARIANTS)} variants, {count} asked")
+    out = []
+    for variant, fn in IMAGE_VARIANTS.items():
+        for name, im in pairs:
+            if len(out) == count:
+                return out
+            out.append((f"{name}:{variant}" if variant else name, fn(im)))
     return out
 
 

@@ -10,7 +10,9 @@ import torch
 from PIL import Image
 
 from raggedvit.images import (
+    IMAGE_VARIANTS,
     class_indices,
+    image_variants,
     load_image_dir,
     preprocess,
     read_labels,
@@ -28,6 +30,23 @@ def test_sample_images_are_real_rgb_photos() -> None:
     assert {"chelsea", "coffee", "rocket", "astronaut"} <= set(names)  # scikit-image is a dev dependency
     for _, im in images:
         assert im.mode == "RGB" and min(im.size) >= 200
+
+
+def test_image_variants_are_deterministic_and_distinct() -> None:
+    photos = [
+        ("a", Image.fromarray(np.arange(60 * 80 * 3, dtype=np.uint8).reshape(60, 80, 3) % 251)),
+        ("b", Image.new("RGB", (50, 40), (9, 99, 199))),
+    ]
+    out = image_variants(photos, 2 * len(IMAGE_VARIANTS))
+    names = [n for n, _ in out]
+    assert names[:4] == ["a", "b", "a:flip", "b:flip"] and len(set(names)) == len(names)
+    again = image_variants(photos, len(out))
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for (_, x), (_, y) in zip(out, again))
+    pixels = {np.asarray(im).tobytes() for n, im in out if n.startswith("a")}
+    assert len(pixels) == len(IMAGE_VARIANTS)  # every variant of a photo differs from the others
+    assert [n for n, _ in image_variants(photos, 3)] == names[:3]
+    with pytest.raises(ValueError, match="2 photos give at most 20 variants, 21 asked"):
+        image_variants(photos, 21)
 
 
 def test_load_image_dir(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import onnx
 import torch
 from torch import nn
 
-from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
 from raggedvit.pruning.packed import kept_token_index
 from raggedvit.validators.errors import ValidationInputError
 
@@ -158,11 +158,18 @@ def _attention64(qkv, cu_seqlens, num_heads, *, scale=None, max_seqlen=None, ret
 
 
 def run_blocks_reference(
-    vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_size: int, *, dtype: torch.dtype = torch.float32
+    vit: nn.Module,
+    spec: PruneSpec,
+    images: torch.Tensor,
+    batch_size: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    outputs: list[PrunedOutput] | None = None,
 ) -> tuple[BlockRun, np.ndarray, int | None]:
     """PrunedViT(vit, spec, block_outputs=True) with the model and images in `dtype` (float32: the reference;
     float16 / float64: a floor run) -> (BlockRun, logits [N, classes] float64, head_k: rows per image of the last
-    block when the head reads a fixed number per image (the class token), else None)."""
+    block when the head reads a fixed number per image (the class token), else None). `outputs`: a list that
+    receives each batch's PrunedOutput (without its block rows)."""
     model_vit = vit if dtype == torch.float32 else copy.deepcopy(vit).to(dtype)
     attention = _attention64 if dtype == torch.float64 else None
     model = PrunedViT(model_vit.eval(), spec, attention=attention, block_outputs=True)
@@ -171,6 +178,8 @@ def run_blocks_reference(
     with torch.no_grad():
         for s in range(0, images.shape[0], batch_size):
             out = model(images[s : s + batch_size].to(dtype))
+            if outputs is not None:
+                outputs.append(out._replace(blocks=()))
             tc = out.token_counts.numpy()
             counts.append(tc)
             logits.append(out.logits.double().numpy())
@@ -247,20 +256,25 @@ def block_floor_run(vit, spec, images, batch_size, ref: BlockRun, ref_logits: np
 class BlockReference:
     """The reference side of the per-block rule on one set of images: the fp32 reference's BlockRun, its logits
     [N, classes] float64, head_k (run_blocks_reference), and the floor of the export dtype: floors [N][depth],
-    logit_floor [N] (block_floor_run)."""
+    logit_floor [N] (block_floor_run); decisions: the reference forward over all N images in one batch (its stage
+    decisions, which validate reads for the cut margins and kept tokens), or None when it ran in several."""
 
     run: BlockRun
     logits: np.ndarray
     head_k: int | None
     floors: list[list[float | None]]
     logit_floor: list[float]
+    decisions: PrunedOutput | None = None
 
 
 def block_reference(
     vit: nn.Module, spec: PruneSpec, images: torch.Tensor, dtype: str, batch_size: int = 16
 ) -> BlockReference:
     """The reference and floor runs of the per-block rule for exports of `dtype` on `images` [N, 3, S, S]: the
-    same for every export of (vit, spec) in that dtype, so a caller validating several may compute it once."""
-    run, logits, head_k = run_blocks_reference(vit, spec, images, batch_size)
+    same for every export of (vit, spec) in that dtype (fp16 and fp16-all share one: the fp16 floor), so a caller
+    validating several may compute it once. batch_size >= N keeps the forward's stage decisions (`decisions`),
+    which spares validate a forward of its own."""
+    outs: list[PrunedOutput] = []
+    run, logits, head_k = run_blocks_reference(vit, spec, images, batch_size, outputs=outs)
     floors, logit_floor = block_floor_run(vit, spec, images, batch_size, run, logits, dtype)
-    return BlockReference(run, logits, head_k, floors, logit_floor)
+    return BlockReference(run, logits, head_k, floors, logit_floor, outs[0] if len(outs) == 1 else None)

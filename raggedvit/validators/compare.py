@@ -105,9 +105,12 @@ def validate(
     else:
         lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     # one PrunedViT forward over all images for the stage decisions: every cut's margin (eps inf) and kept tokens
+    # (the block reference's own when it ran in one batch)
     pruned = PrunedViT(vit, spec)
-    with torch.no_grad():
-        ref_out = pruned(images) if spec.prune_at else None
+    ref_out = rb.decisions if names_b and spec.prune_at else None
+    if ref_out is None and spec.prune_at:
+        with torch.no_grad():
+            ref_out = pruned(images)
     margins = stage_margins(ref_out, spec, pruned.num_prefix, math.inf) if ref_out is not None else []
     ties = [t for t in margins if t.gap < th.tie_eps]
     tied = {t.image for t in ties}

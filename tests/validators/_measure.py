@@ -13,10 +13,9 @@ from raggedvit.exporter import export_onnx
 from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PruneSpec
 from raggedvit.validators import load_recipe, validate
+from raggedvit.validators.mutants import BASE_SPEC, MUTANTS, export_mutant, write_base_checkpoint
 from raggedvit.validators.report import ValidationReport
 from raggedvit.weights import load_vit
-
-from ._mutants import BASE_SPEC, MUTANTS, export_mutant, write_base_checkpoint
 
 CLEAN_SPECS = {
     "topk-l2": PruneSpec("topk-l2", (3, 6, 9), keep=0.5),

@@ -2,7 +2,7 @@
 dtype, naming the failing images, or (a fault written in the graph's attributes) the block and the attribute.
 
 Each mutant is an export of a changed copy of the model (or spec) whose metadata carries the ORIGINAL recipe
-(tests/validators/_mutants.py), validated against the original checkpoint. CI runs the fp32 exports on the CPU
+(raggedvit/validators/mutants.py), validated against the original checkpoint. CI runs the fp32 exports on the CPU
 EP, and the fp16-all LayerNorm-epsilon mutant (below the fp16 floor: only the structural check sees it); the
 fp16 / fp16-all cases run on the CUDA EP in the GPU checks (`pytest -m gpu`). No mutant is an expected failure.
 """
@@ -21,8 +21,7 @@ import torch
 
 from raggedvit.images import preprocess, sample_images
 from raggedvit.validators import block_reference, load_recipe, load_reference, validate
-
-from ._mutants import BASE_SPEC, MUTANTS, Mutant, export_mutant, write_base_checkpoint
+from raggedvit.validators.mutants import BASE_SPEC, MUTANTS, Mutant, export_mutant, write_base_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 _CUDA = torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers()
@@ -100,28 +99,18 @@ def test_mutant_fails_naming_images(mutant, base, target, tmp_path):
         pytest.fail(
             f"validate passed {mutant.name}: max |Δlogit| {report.max_abs_diff:.3e}; {report.thresholds.text()}"
         )
-    _assert_structure(mutant, report)
+    # the structural failures name the mutant's attribute (and only a structural mutant has any); each failing
+    # image's first failure names its block / stage / head; LayerNorm eps x100 moves an fp16 residual stream by half
+    # the fp16 floor: its failure is the structural one alone
+    assert mutant.named_by(report, per_image_required=dtype == "fp32"), report.to_markdown()
+    assert report.structure is not None and report.structure.checks
     per_image = [f for f in report.failures if f.image is not None]
-    # LayerNorm eps x100 moves an fp16 residual stream by half the fp16 floor: its failure is the structural one
-    assert per_image or (mutant.structure and dtype != "fp32"), report.to_markdown()
     if dtype == "fp32":  # far past the fp32 bar: every judged image fails
         assert {f.image for f in per_image} == {r.index for r in report.judged}, report.to_markdown()
     for f in per_image:
         assert f"image {f.image} ({names[f.image]})" in f.message
-    for image in {f.image for f in per_image}:  # the first failure of each image names the faulty block
-        first = next(f for f in per_image if f.image == image)
-        assert mutant.names_it(first.message), report.to_markdown()
     md = report.to_markdown()
     assert md.startswith("## raggedvit validation: FAIL") and all(f.message in md for f in report.failures)
-
-
-def _assert_structure(mutant: Mutant, report) -> None:
-    """The structural failures name the mutant's block and attribute, and only its."""
-    structural = [f.message for f in report.failures if f.kind == "structure"]
-    if mutant.structure is None:
-        assert not structural and report.structure is not None and report.structure.checks, report.to_markdown()
-    else:
-        assert any(mutant.structure in m for m in structural), report.to_markdown()
 
 
 def test_layernorm_eps_fails_in_fp16_on_the_cpu_ep(base, tmp_path):
@@ -132,8 +121,7 @@ def test_layernorm_eps_fails_in_fp16_on_the_cpu_ep(base, tmp_path):
     path = export_mutant(mutant, vit, BASE_SPEC, recipe, tmp_path / "m.onnx", dtype="fp16-all")
     ref, spec = load_reference(load_recipe(path), checkpoint=ckpt)
     report = validate(path, images, names, vit=ref, spec=spec, recipe=load_recipe(path), floor=False)
-    assert not report.passed
-    _assert_structure(mutant, report)
+    assert not report.passed and mutant.named_by(report, per_image_required=False), report.to_markdown()
     structural = [f for f in report.failures if f.kind == "structure"]
     depth = len(vit.blocks)
     assert [f.message.split(":")[1].strip() for f in structural] == [f"block {b}" for b in range(depth)] + ["the head"]

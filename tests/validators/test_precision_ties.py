@@ -12,9 +12,8 @@ import pytest
 from raggedvit.images import preprocess, sample_images
 from raggedvit.pruning import PruneSpec
 from raggedvit.validators import FP16_ULP, Thresholds, load_recipe, load_reference, validate
+from raggedvit.validators.mutants import Mutant, export_mutant
 from raggedvit.weights import load_vit
-
-from ._mutants import Mutant, export_mutant
 
 pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
 

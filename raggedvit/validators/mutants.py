@@ -1,8 +1,9 @@
-"""Export faults the validator must catch: each mutant changes a copy of the model (or its spec) before export.
+"""Export faults the validator must catch (the mutation suite, tests/validators/test_mutations.py, and the GPU study
+benchmarks.validate_study): each mutant changes a copy of the model (or its spec) before export.
 
 The mutated model is exported with the ORIGINAL model's recipe restored in the ONNX metadata, so the file says
 nothing about the fault: `validate` rebuilds the original reference from the recipe (and `--checkpoint`) and
-has to see the difference in the outputs alone.
+has to see the difference in the outputs (or, for a fault written in the graph's attributes, in the graph) alone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from timm.models.vision_transformer import VisionTransformer
 from raggedvit.exporter import export_onnx
 from raggedvit.exporter.metadata import read_recipe, write_recipe
 from raggedvit.pruning import PruneSpec
+from raggedvit.validators.report import ValidationReport
 from raggedvit.weights import load_vit, perturb_biases_and_norms_
 
 __all__ = ["BASE_SPEC", "MUTANTS", "MUTATED_BLOCK", "Mutant", "export_mutant", "write_base_checkpoint"]
@@ -45,6 +47,25 @@ class Mutant:
     def names_it(self, message: str) -> bool:
         """`message` (an image's first failure) names the fault as `first` says."""
         return any(text in message for text in ((self.first,) if isinstance(self.first, str) else self.first))
+
+    def named_by(self, report: ValidationReport, *, per_image_required: bool) -> bool:
+        """The report names this fault: its structural failures include `structure` (when set) and no other mutant
+        changes the structure check's attributes, and the first failure of every failing image names it
+        (`names_it`). per_image_required: some image must fail (far past the bar: fp32; a fault that only the
+        structure shows, as LayerNorm eps x100 in fp16, need not)."""
+        structural = [f.message for f in report.failures if f.kind == "structure"]
+        if self.structure is None:
+            if structural:
+                return False
+        elif not any(self.structure in m for m in structural):
+            return False
+        per_image = [f for f in report.failures if f.image is not None]
+        if not per_image and (per_image_required or self.structure is None):
+            return False
+        first = {}
+        for f in per_image:
+            first.setdefault(f.image, f.message)
+        return all(self.names_it(m) for m in first.values())
 
 
 def _drop_bias(layer: str) -> Callable[[VisionTransformer, PruneSpec], PruneSpec]:
