@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ def measure_speed(
         )
     finally:
         for f in workdir.iterdir():
-            f.unlink()
+            shutil.rmtree(f) if f.is_dir() and not f.is_symlink() else f.unlink()
     return {
         "img_per_s": r.img_per_s,
         "latency_ms": r.latency_ms,
