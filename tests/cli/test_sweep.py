@@ -6,6 +6,10 @@ library in tests/sweep/; here the command line in front of it."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ from raggedvit.policies import POLICIES, POLICY_PARAMS
 from raggedvit.pruning.precision import DTYPES
 from raggedvit.sweep import FILES
 from tests.support.cli import run_cli
+from tests.support.env import ROOT, child_env
 
 MODEL = "deit_tiny_patch16_224"
 TOPK = ("--policy", "topk-l2", "--grid", "keep=0.5 at=4")
@@ -109,3 +114,40 @@ def test_cli_sweep_writes_the_table_and_resumes(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "sweep.json").read_text())["points"] == data["points"]
     assert again.stdout == res.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_finished_points(tmp_path: Path) -> None:
+    """SIGINT to `python -m raggedvit sweep` once two points are written: exit 130, those points stay (nothing else:
+    no scratch export), and --resume measures only the rest."""
+    out = tmp_path / "out"
+    args = [MODEL, "--seed", "0", "--img-size", "64", "--policy", "topk-l2", "--grid", "keep=0.3,0.5,0.7 at=4"]
+    args += ["--batch", "2", "--seconds", "0.02", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "raggedvit", "sweep", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)  # fmt: skip
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(_points(out)) >= 2:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    kept = _points(out)
+    assert proc.returncode == 130, stderr
+    assert 2 <= len(kept) < 4 and kept[0]["label"] == "none", stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)
+    res = run_cli("sweep", *args, "--resume")
+    assert res.returncode == 0, res.stderr
+    done = _points(out)
+    assert [p["label"] for p in done] == ["none", *(f"topk-l2 keep={k} at=4" for k in (0.3, 0.5, 0.7))]
+    assert [p["seconds"] for p in done[: len(kept)]] == [p["seconds"] for p in kept]  # not measured again
+
+
+def _points(out: Path) -> list[dict]:
+    try:
+        return json.loads((out / "sweep.json").read_text())["points"]
+    except (OSError, ValueError):
+        return []
