@@ -6,6 +6,7 @@ from __future__ import annotations
 __all__ = [
     "CLS_ATTN_POLICIES",
     "COUNT_POLICIES",
+    "MERGE_POLICIES",
     "POLICIES",
     "POLICY_PARAMS",
     "counts_known",
@@ -13,12 +14,13 @@ __all__ = [
     "static_shapes",
 ]
 
-POLICIES = ("none", "topk-l2", "evit", "cls-mass")
+POLICIES = ("none", "topk-l2", "evit", "cls-mass", "tome")
 CLS_ATTN_POLICIES = ("evit", "cls-mass")  # rank by the class token's attention: need a class token
 COUNT_POLICIES = ("topk-l2", "evit")  # keep ceil(keep * patches) tokens per image, whatever the scores
+MERGE_POLICIES = ("tome",)  # merge tokens inside the blocks (ToMe): min(r, patches // 2) fewer per merging block
 # The PruneSpec fields each policy reads besides prune_at (which every policy but "none" reads): the keys of a
 # `raggedvit sweep` grid (raggedvit.sweep.grid), and the options the CLI refuses for the other policies.
-POLICY_PARAMS = {"none": (), "topk-l2": ("keep",), "evit": ("keep", "fuse"), "cls-mass": ("mass",)}
+POLICY_PARAMS = {"none": (), "topk-l2": ("keep",), "evit": ("keep", "fuse"), "cls-mass": ("mass",), "tome": ("r",)}
 
 
 def static_shapes(policy: str, fuse: bool = False, capacity: bool = False) -> bool:
@@ -30,11 +32,13 @@ def static_shapes(policy: str, fuse: bool = False, capacity: bool = False) -> bo
 
 def counts_known(policy: str, fuse: bool = False) -> bool:
     """Every stage keeps a token count known before the data and the uniform stage runs it (topk-l2, evit without
-    fuse, none): token_counts is then an export-time constant, whatever the layout."""
-    return policy in ("none", "topk-l2") or (policy == "evit" and not fuse)
+    fuse, none; tome merges a fixed number per block): token_counts is then an export-time constant, whatever the
+    layout."""
+    return policy in ("none", "topk-l2", *MERGE_POLICIES) or (policy == "evit" and not fuse)
 
 
 def has_dead_rows(policy: str, capacity: bool) -> bool:
     """Blocks run on rows past cu[B] (dead rows): the capacity layout after a stage whose counts depend on the data
-    (cls-mass). Count policies keep exact capacities (p + k per image, + the evit fused token), so never."""
-    return capacity and policy not in COUNT_POLICIES and policy != "none"
+    (cls-mass). Count policies keep exact capacities (p + k per image, + the evit fused token), and tome's counts
+    are fixed, so never."""
+    return capacity and policy not in ("none", *COUNT_POLICIES, *MERGE_POLICIES)

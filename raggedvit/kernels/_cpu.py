@@ -39,9 +39,11 @@ def ragged_attention_cpu(
     token_pos: torch.Tensor | None = None,
     grid: tuple[int, int] = (0, 0),
     num_prefix: int = 0,
+    key_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, 3*H*D] contiguous, cu_seqlens [B+1] (host) (, bias [3*H*D] qkv's dtype: attention of qkv + bias)
     (, pos_table [H, R] fp32 and token_pos [T]: relative position bias, DESIGN.md section 1)
+    (, key_bias [T] fp32: added to every score of that key, DESIGN.md section 1)
     -> out [T, H*D] qkv.dtype, cls_attn [T] fp32 (or [0]).
 
     Computes in float32 for half inputs. cu_seqlens must be valid (checked: 0 = cu[0] <= ... <= cu[B] <= T);
@@ -79,6 +81,11 @@ def ragged_attention_cpu(
             if mask is not None:
                 pos = pos.masked_fill(~mask, float("-inf"))
             mask = pos
+        if key_bias is not None:
+            kb = key_bias.to(compute)[rows][:, None, None, :]  # [G, 1, 1, L]
+            mask = kb if pos is None else pos + kb  # a float mask: padding keys -inf
+            if not bool(valid.all()):
+                mask = mask.masked_fill(~valid[:, None, None, :], float("-inf"))
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [G, H, L, D]
         o = o.permute(0, 2, 1, 3).reshape(len(group) * L, H * D)[valid.flatten()]
         out[rows[valid]] = o.to(qkv.dtype)
@@ -86,7 +93,9 @@ def ragged_attention_cpu(
             s = torch.einsum("ghd,ghkd->ghk", q[:, :, 0], k) * scale  # [G, H, L]
             if pos is not None:
                 s = s + pos[:, :, 0]  # padding keys already -inf
-            elif mask is not None:
+            if key_bias is not None:
+                s = s + kb[:, :, 0]
+            if not bool(valid.all()):
                 s = s.masked_fill(~valid[:, None, :], float("-inf"))
             cls_attn[rows[valid]] = torch.softmax(s, dim=-1).mean(1)[valid].to(torch.float32)
     return out, cls_attn

@@ -103,6 +103,7 @@ def _launch_triton(
     token_pos: torch.Tensor | None = None,
     grid: tuple[int, int] = (0, 0),
     num_prefix: int = 0,
+    key_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, 3*H*D] (contiguous), cu_seqlens [B+1] (, bias [3*H*D] qkv's dtype) (, pos_table [H, R] fp32
     contiguous, token_pos [T] cu_seqlens's dtype, grid (grid_h, grid_w), num_prefix: relative position bias)
@@ -112,6 +113,8 @@ def _launch_triton(
     to `raggedvit.kernels._kernel`; `config` defaults to `pick_config(T, D, dtype)` (the benchmark's
     tuner overrides it). `out` [T, H*D] / `cls_attn` [T] fp32 may be preallocated (tests poison them).
     """
+    if key_bias is not None:
+        raise NotImplementedError("key_bias: the Triton kernels take no key bias yet")
     T, width = qkv.shape
     H = num_heads
     D = width // (3 * H)

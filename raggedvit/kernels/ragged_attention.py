@@ -84,6 +84,18 @@ def _check_pos(
     return gh, gw
 
 
+def _check_key_bias(qkv: torch.Tensor, key_bias: torch.Tensor | None) -> None:
+    """key_bias must be [T] float32 on qkv's device (never reads tensor data)."""
+    if key_bias is None:
+        return
+    T = qkv.shape[0]
+    if key_bias.shape != (T,) or key_bias.dtype != torch.float32 or key_bias.device != qkv.device:
+        raise ValueError(
+            f"key_bias must be [{T}] float32 on {qkv.device} (one entry per qkv row, qkv shape {tuple(qkv.shape)}), "
+            f"got {tuple(key_bias.shape)} {key_bias.dtype} on {key_bias.device}"
+        )
+
+
 def ragged_attention(
     qkv: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -97,6 +109,7 @@ def ragged_attention(
     token_pos: torch.Tensor | None = None,
     grid: tuple[int, int] | None = None,
     num_prefix: int = 0,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Bidirectional attention within each packed sequence (inference only, no autograd).
 
@@ -118,6 +131,9 @@ def ragged_attention(
             The logit of a (query, key) pair gets pos_table[h, relative_position_index(...)] (reference.py).
         grid: (grid_h, grid_w) patch grid, with pos_table.
         num_prefix: p, prefix tokens before the patches in token_pos's numbering.
+        key_bias: optional [T] float32, added to the logit of every (query, key) pair in every head by its key:
+            logit(q, k) = scale * q.k (+ pos) + key_bias[k] (cls_attn included). ToMe's proportional attention
+            passes log(size) of each merged token.
 
     Returns:
         out [T, H*D] in qkv.dtype, or (out, cls_attn [T] float32) where cls_attn[t] is the mean over
@@ -129,19 +145,23 @@ def ragged_attention(
     """
     D = _check(qkv, cu_seqlens, num_heads, bias)
     gh, gw = _check_pos(qkv, cu_seqlens, num_heads, pos_table, token_pos, grid, num_prefix)
+    _check_key_bias(qkv, key_bias)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     scale = float(scale)
     tensors = (qkv, cu_seqlens) if token_pos is None else (qkv, cu_seqlens, pos_table, token_pos)
+    if key_bias is not None:
+        tensors = (*tensors, key_bias)
     if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors):
+        extra = () if key_bias is None else (key_bias,)  # older graphs (no key bias) keep the 11-argument call
         out, cls_attn = ragged_attention_op(
-            qkv, cu_seqlens, bias, num_heads, scale, return_cls_attn, pos_table, token_pos, gh, gw, num_prefix
+            qkv, cu_seqlens, bias, num_heads, scale, return_cls_attn, pos_table, token_pos, gh, gw, num_prefix, *extra
         )
         return (out, cls_attn) if return_cls_attn else out
-    pos = {}
+    pos = {} if key_bias is None else {"key_bias": key_bias.contiguous()}
     if pos_table is not None:
-        pos = {"pos_table": pos_table.contiguous(), "token_pos": token_pos.contiguous(), "grid": (gh, gw),
-               "num_prefix": num_prefix}  # fmt: skip
+        pos.update(pos_table=pos_table.contiguous(), token_pos=token_pos.contiguous(), grid=(gh, gw),
+                   num_prefix=num_prefix)  # fmt: skip
     if qkv.is_cuda:
         if not qkv.is_contiguous():
             qkv = qkv.contiguous()

@@ -71,6 +71,7 @@ def ragged_attention_reference(
     token_pos: torch.Tensor | None = None,
     grid: tuple[int, int] | None = None,
     num_prefix: int = 0,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention within each packed sequence.
 
@@ -88,6 +89,8 @@ def ragged_attention_reference(
         token_pos: [T] each row's original token index (needed with pos_table).
         grid: (grid_h, grid_w) patch grid (needed with pos_table).
         num_prefix: prefix tokens p (before the patches in token index order).
+        key_bias: optional [T] per-key bias (float32): logit(q, k) += key_bias[k] in every head, cls_attn included
+            (ToMe's proportional attention passes log(size)).
 
     Returns:
         out [T, H*D] in qkv.dtype, and if requested cls_attn [T] float32: for
@@ -116,6 +119,8 @@ def ragged_attention_reference(
             tp = token_pos[start:end]
             idx = relative_position_index(tp, tp, grid, num_prefix)  # [L, L]
             s = s + pos_table.to(compute_dtype)[:, idx]  # [H, L, L]
+        if key_bias is not None:
+            s = s + key_bias[start:end].to(compute_dtype)  # per key, every head and query
         p = torch.softmax(s, dim=-1)  # [H, L, L]
         out[start:end] = torch.einsum("hqk,khd->qhd", p, v).reshape(end - start, H * D)
         cls[start:end] = p[:, 0, :].mean(0)

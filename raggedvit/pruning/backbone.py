@@ -62,6 +62,10 @@ class Backbone:
     # whether `block(..., ragged_linear=True)` can run the block GEMMs with raggedvit.kernels.ragged_linear
     # (PrunedViT asks for it per block, see its `ragged_linear`; backbones without support refuse it)
     supports_ragged_linear: ClassVar[bool] = False
+    # whether `block(..., merge=step, key_bias=...)` runs token merging (policy tome): the merge between the
+    # attention and the MLP, log(size) added to each key's scores; backbones without it refuse tome, saying why
+    supports_merge: ClassVar[bool] = False
+    merge_refusal: ClassVar[str] = "this model family has no token merging path"
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -103,7 +107,11 @@ class Backbone:
         ragged_linear: run the block GEMMs with the ragged linear op over the live rows [0, cu[B]) (asked only of
         backbones with supports_ragged_linear). Backbones whose `head_rows` gives rows also take `out_rows=(rows
         [R] int64, cu [B+1] int64)` (the last block only, never with return_cls_attn): every row attends as usual,
-        the rest of the block runs on `rows` alone, and x' is [R, C] (cu: its images' rows)."""
+        the rest of the block runs on `rows` alone, and x' is [R, C] (cu: its images' rows).
+        Backbones with supports_merge also take `key_bias` ([T] float32 added to every score of its key: ToMe's
+        proportional attention, log(size)) and `merge` (a callable (x [T, C] the residual stream after the
+        attention, metric [T, D] float32 the keys averaged over heads) -> x' [T', C], called between the attention
+        and the MLP, which then runs on x'; x' is returned)."""
         raise NotImplementedError
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 from raggedvit.policies import COUNT_POLICIES
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState
 from raggedvit.pruning.families import backbone_for
+from raggedvit.pruning.merge import bipartite_soft_matching, carry_rows, merge_rows, merge_sets
 from raggedvit.pruning.select import (
     capacity_order,
     cu_of,
@@ -23,7 +24,7 @@ from raggedvit.pruning.select import (
     select_tokens,
 )
 from raggedvit.pruning.select_op import select_rows
-from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, uniform_keep
+from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, merged_count, uniform_keep
 
 __all__ = [
     "RAGGED_LINEAR_MODES",
@@ -31,8 +32,10 @@ __all__ = [
     "PrunedOutput",
     "PrunedViT",
     "StageTrace",
+    "MergeStep",
     "capacity_prune_stage",
     "kept_token_index",
+    "merge_stage",
     "next_token_index",
     "packed_prune_stage",
     "ragged_linear_mode",
@@ -46,7 +49,10 @@ class StageTrace(NamedTuple):
     image before the stage, k [B] int64 patch tokens kept, kept [B] int64 tokens per image after the stage
     (prefix and fused token included); src [T'] int64: the packed row before the stage that each row after it
     copies (with evit's fuse, row T + b stands for image b's fused token; `next_token_index`). The validator
-    measures near-ties from these; the exporter names src (a live tensor: the stage's row gather reads it)."""
+    measures near-ties from these; the exporter names src (a live tensor: the stage's row gather reads it). A tome
+    stage: scores = each A row's best similarity at its slot (-inf at prefix and B slots), k = the rows merged (the
+    r best: the cut is between the k-th and the next score, as for the kept tokens of a pruning stage), src = the
+    row each merged row is named after (its destination: a B row, or an unmerged row itself)."""
 
     scores: torch.Tensor
     n: torch.Tensor
@@ -62,7 +68,9 @@ class PrunedOutput(NamedTuple):
     packed rows after that stage, and the StageTrace. In the capacity layout T_s is the stage's static capacity:
     only token_index[:cu_seqlens[B]] are kept rows. blocks (PrunedViT(..., block_outputs=True) only): per block, its
     output rows [T_b, C] in the residual stream's dtype, packed like the block's input (the last block: the rows the
-    head reads when it reads a fixed number per image; capacity layout: dead rows past the stage's cu[B])."""
+    head reads when it reads a fixed number per image; capacity layout: dead rows past the stage's cu[B]).
+    token_size (tome only): per stage, the size of each row (original tokens merged into it, float32); a merged
+    row's token_index is its destination token's."""
 
     logits: torch.Tensor
     token_counts: torch.Tensor
@@ -70,6 +78,7 @@ class PrunedOutput(NamedTuple):
     cu_seqlens: tuple[torch.Tensor, ...] = ()
     stages: tuple[StageTrace, ...] = ()
     blocks: tuple[torch.Tensor, ...] = ()
+    token_size: tuple[torch.Tensor, ...] = ()  # tome: per stage, [T_s] float32 tokens merged into each row
 
 
 RAGGED_LINEAR_MODES = ("all", "dead-rows")
@@ -274,6 +283,60 @@ def uniform_prune_stage(
     return new, StageTrace(S, counts, counts * 0 + (m - num_prefix), counts * 0 + m, src)
 
 
+def merge_stage(
+    state: PackedState, size: torch.Tensor | None, metric: torch.Tensor, n: int, num_prefix: int, r: int
+) -> tuple[PackedState, torch.Tensor, StageTrace]:
+    """One tome stage (raggedvit/pruning/merge.py) on a uniform state of n rows per image.
+
+    Args:
+        state: packed rows, x [B*n, C] the residual stream after the block's attention.
+        size: [B*n] float32 tokens in each row, or None (every row one token: before the first merge).
+        metric: [B*n, D] the block's keys averaged over heads.
+        n, num_prefix, r: rows per image, prefix rows p, the spec's r (merged_count(n, p, r) rows merge).
+
+    Returns:
+        (the merged state, uniform with m = n - merged_count rows per image; its sizes [B*m] float32; StageTrace).
+    """
+    T, C = state.x.shape
+    r_eff = merged_count(n, num_prefix, r)
+    m = n - r_eff
+    if size is None:
+        size = torch.ones(T, dtype=torch.float32, device=state.x.device)
+    match = bipartite_soft_matching(metric.reshape(-1, n, metric.shape[1]), num_prefix, r_eff)
+    x, new_size = merge_rows(state.x.reshape(-1, n, C), size.reshape(-1, n), match, num_prefix)
+    rows = torch.arange(T, device=state.x.device)
+    src = carry_rows(rows.reshape(-1, n), match, num_prefix).reshape(-1)  # the row each merged row is named after
+    new = PackedState(
+        x.reshape(-1, C),
+        state.cu // n * m,  # uniform: cu = b * n -> b * m
+        state.seq_id.reshape(-1, n)[:, :m].reshape(-1),
+        state.pos.reshape(-1, n)[:, :m].reshape(-1),  # uniform rows: positions 0..m-1 in every image
+        next_token_index(state.token_index, src, state.cu.shape[0] - 1, fuse=False),
+    )
+    a0, _ = merge_sets(n, num_prefix)
+    S = torch.full_like(size.reshape(-1, n), float("-inf"))
+    S = torch.slice_scatter(S, match.score, dim=1, start=a0, step=2)  # A slots: their best similarity
+    counts = state.cu[1:] - state.cu[:-1]
+    return new, new_size.reshape(-1), StageTrace(S, counts, counts * 0 + r_eff, counts * 0 + m, src)
+
+
+class MergeStep:
+    """The merge a block calls between its attention and its MLP (Backbone.block(..., merge=step)): step(x, metric)
+    -> x' runs `merge_stage` on the state the block ran on and keeps the results (state, size, trace)."""
+
+    def __init__(self, state: PackedState, size: torch.Tensor | None, n: int, num_prefix: int, r: int) -> None:
+        self._args = (state, size, n, num_prefix, r)
+        self.state: PackedState | None = None
+        self.size: torch.Tensor | None = None
+        self.trace: StageTrace | None = None
+
+    def __call__(self, x: torch.Tensor, metric: torch.Tensor) -> torch.Tensor:
+        """x [B*n, C] the residual stream after the attention, metric [B*n, D] -> x' [B*m, C]."""
+        state, size, n, p, r = self._args
+        self.state, self.size, self.trace = merge_stage(state._replace(x=x), size, metric, n, p, r)
+        return self.state.x
+
+
 class PrunedViT(nn.Module):
     """A timm ViT with token pruning stages, run on packed variable-length rows.
 
@@ -319,6 +382,9 @@ class PrunedViT(nn.Module):
         super().__init__()
         backbone = backbone_for(vit)
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
+        if spec.merges and not backbone.supports_merge:
+            raise ValueError(f"policy {spec.policy!r} cannot run {type(vit).__name__}: {backbone.merge_refusal}")
+        spec = spec.resolve(backbone.depth)
         mode = ragged_linear_mode(ragged_linear)
         if mode is not None and not backbone.supports_ragged_linear:
             raise ValueError(
@@ -353,9 +419,15 @@ class PrunedViT(nn.Module):
         kept_cu: list[torch.Tensor] = []
         traces: list[StageTrace] = []
         blocks: list[torch.Tensor] = []
+        sizes: list[torch.Tensor] = []
         cls_attn: torch.Tensor | None = None
+        size: torch.Tensor | None = None  # tome: [T] float32 tokens in each row, None before the first merge
         for bi in range(bb.depth):
-            if bi in stages:
+            merge = None
+            if spec.merges and bi in stages:  # a tome stage runs inside block bi (uniform states only)
+                assert uniform is not None
+                merge = MergeStep(state, size, uniform, p, spec.r)
+            elif bi in stages:
                 scores = stage_scores(state.x, cls_attn, spec)
                 if uniform is not None and spec.static_shapes:
                     state, trace = uniform_prune_stage(state, scores, uniform, p, spec, steps)
@@ -378,8 +450,12 @@ class PrunedViT(nn.Module):
             dead_rows = self.capacity and uniform is None  # rows past cu[B] (a data-dependent capacity stage ran)
             ragged = self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows)
             # the last block past its attention runs on the rows the head reads (token pooling), no others
-            head = bb.head_rows(state) if bi == bb.depth - 1 and not need_cls else None
+            head = bb.head_rows(state) if bi == bb.depth - 1 and not need_cls and merge is None else None
             kwargs = {} if head is None else {"out_rows": (head[0], steps * head[1])}
+            if merge is not None:
+                kwargs["merge"] = merge
+            if size is not None:  # proportional attention: log(size) added to each key's scores
+                kwargs["key_bias"] = torch.log(size)
             out = bb.block(
                 bi,
                 state,
@@ -395,7 +471,15 @@ class PrunedViT(nn.Module):
                 x = out
             if self.block_outputs:
                 blocks.append(x)
-            if head is None:
+            if merge is not None:
+                assert merge.state is not None and merge.trace is not None
+                state, size = merge.state._replace(x=x), merge.size
+                uniform = width = uniform - merged_count(uniform, p, spec.r)
+                kept_index.append(state.token_index)
+                kept_cu.append(state.cu)
+                traces.append(merge.trace)
+                sizes.append(size)
+            elif head is None:
                 state = state._replace(x=x)
             else:
                 rows, k = head
@@ -405,4 +489,6 @@ class PrunedViT(nn.Module):
         token_counts = (
             torch.stack([t.kept for t in traces], dim=1) if traces else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         )
-        return PrunedOutput(logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces), tuple(blocks))
+        return PrunedOutput(
+            logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces), tuple(blocks), tuple(sizes)
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, Mlp
@@ -14,10 +16,18 @@ from raggedvit.pruning.backbone import AttentionFn, module_dtype
 
 __all__ = [
     "AttentionFn",
+    "MergeFn",
+    "attn_residual",
     "block_tail",
+    "key_metric",
+    "mlp_residual",
     "packed_block_forward",
     "ragged_tail",
 ]
+
+# A merge between a block's attention and its MLP (PrunedViT's tome stage, pruning/packed.py MergeStep):
+# (x [T, C] the residual stream after the attention, metric [T, D] float32 the keys averaged over heads) -> x' [T', C]
+MergeFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, heads: int, dim: int) -> torch.Tensor:
@@ -25,6 +35,17 @@ def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, head
     T = qkv.shape[0]
     q, k, v = qkv.reshape(T, 3, heads, dim).unbind(1)  # each [T, H, D]
     return torch.stack((q_norm(q), k_norm(k), v), dim=1).reshape(T, 3 * heads * dim)
+
+
+def key_metric(qkv: torch.Tensor, num_heads: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """ToMe's merge metric: the keys of qkv [T, 3*H*D] (+ the k part of the qkv bias [3*H*D]) averaged over the
+    heads -> [T, D] float32."""
+    T, width = qkv.shape
+    hd = width // 3
+    k = qkv[:, hd : 2 * hd].to(torch.float32)
+    if bias is not None:
+        k = k + bias[hd : 2 * hd].to(torch.float32)
+    return k.reshape(T, num_heads, hd // num_heads).mean(dim=1)
 
 
 def packed_block_forward(
@@ -37,6 +58,8 @@ def packed_block_forward(
     attention: AttentionFn | None = None,
     ragged_linear: bool = False,
     out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+    key_bias: torch.Tensor | None = None,
+    merge: MergeFn | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """timm Block.forward on packed sequences.
 
@@ -55,19 +78,28 @@ def packed_block_forward(
         out_rows: (rows [R] int64, cu [B+1] int64 of those rows) or None: every row attends as usual, then the
             rest of the block (proj, residual, norm2, MLP: all per row) runs on `rows` alone (the rows a token-pooling
             head reads, after the last block). Not with return_cls_attn.
+        key_bias: optional [T] float32 added to every attention score of its key (ToMe's proportional attention:
+            log of each row's size).
+        merge: optional token merge (MergeFn) between the attention residual and the MLP, which runs on its rows
+            (every one live: no dead rows in a tome state). Not with out_rows; the metric is the keys of this
+            block (after q/k norm, with the qkv bias) averaged over heads.
 
     Returns:
-        x' [T, C] ([R, C] with out_rows) (and cls_attn [T] float32).
+        x' [T, C] ([R, C] with out_rows; [T', C] with merge) (and cls_attn [T] float32).
     """
     if type(block) is not Block:
         raise TypeError(f"packed_block_forward supports timm's Block only, got {type(block).__name__}")
     if out_rows is not None and return_cls_attn:
         raise ValueError("out_rows and return_cls_attn exclude each other")
+    if out_rows is not None and merge is not None:
+        raise ValueError("out_rows and merge exclude each other")
     attn = block.attn
     h = block.norm1(x)
     hc = h.to(attn.qkv.weight.dtype)
     qk_norm = not (isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity))
     kwargs = {"scale": attn.scale, "max_seqlen": max_seqlen, "return_cls_attn": return_cls_attn}
+    if key_bias is not None:
+        kwargs["key_bias"] = key_bias
     if attention is None and not qk_norm:
         # the qkv bias rides into the op (added on load): one elementwise pass over [T, 3C] fewer
         if ragged_linear:
@@ -75,6 +107,7 @@ def packed_block_forward(
         else:
             qkv = F.linear(hc, attn.qkv.weight)
         res = ragged_attention(qkv, cu_seqlens, attn.num_heads, bias=attn.qkv.bias, **kwargs)
+        metric = key_metric(qkv, attn.num_heads, attn.qkv.bias) if merge is not None else None
     else:
         if ragged_linear:
             qkv = fused_linear(hc, attn.qkv.weight, attn.qkv.bias, cu_seqlens=cu_seqlens)
@@ -83,13 +116,19 @@ def packed_block_forward(
         if qk_norm:
             qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
         res = (attention or ragged_attention)(qkv.contiguous(), cu_seqlens, attn.num_heads, **kwargs)
+        metric = key_metric(qkv, attn.num_heads) if merge is not None else None
     o, cls_attn = res if return_cls_attn else (res, None)
     if out_rows is not None:
         if return_cls_attn:
             raise ValueError("out_rows and return_cls_attn exclude each other")
         rows, cu_seqlens = out_rows
         x, h, o = x.index_select(0, rows), h.index_select(0, rows), o.index_select(0, rows)
-    x = ragged_tail(block, x, h, o, cu_seqlens) if ragged_linear else block_tail(block, x, h, o)
+    if merge is None:
+        x = ragged_tail(block, x, h, o, cu_seqlens) if ragged_linear else block_tail(block, x, h, o)
+    elif ragged_linear:  # a tome state has no dead rows: the MLP's GEMMs run on every merged row
+        x = _ragged_mlp_residual(block, merge(_ragged_attn_residual(block, x, h, o, cu_seqlens), metric), None)
+    else:
+        x = mlp_residual(block, merge(attn_residual(block, x, h, o), metric))
     return (x, cls_attn) if return_cls_attn else x
 
 
@@ -98,12 +137,22 @@ def block_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) 
 
     x: the block input (residual stream dtype); h: norm1(x) (the attention gate reads it); o: attention output,
     heads merged ([..., H*D], in the attention's dtype). Each submodule runs in its own dtype (module_dtype)."""
+    return mlp_residual(block, attn_residual(block, x, h, o))
+
+
+def attn_residual(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The first half of `block_tail`: x + ls1(proj(gate(attn.norm(o)))) (the residual stream after the attention,
+    where a tome stage merges)."""
     attn = block.attn
     o = attn.norm(o)
     if getattr(attn, "gate", None) is not None:
         o = o * attn.gate(h.to(o.dtype)).sigmoid()
     o = attn.proj_drop(attn.proj(o))
-    x = x + block.drop_path1(block.ls1(o.to(x.dtype)))
+    return x + block.drop_path1(block.ls1(o.to(x.dtype)))
+
+
+def mlp_residual(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """The second half of `block_tail`: x + ls2(mlp(norm2(x)))."""
     h2 = block.norm2(x)
     m = block.mlp(h2.to(module_dtype(block.mlp, h2.dtype)))
     return x + block.drop_path2(block.ls2(m.to(x.dtype)))
@@ -134,10 +183,17 @@ def ragged_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor,
     add as block_tail. MLP (timm's Mlp with Linear layers only, else block.mlp as block_tail): fc1 with the bias
     and nn.GELU (erf) fused, fc2 with the bias and the residual under the same conditions as proj. The
     op's dead rows are unspecified (x's dead rows are never read: DESIGN.md section 4)."""
+    return _ragged_mlp_residual(block, _ragged_attn_residual(block, x, h, o, cu), cu)
+
+
+def _ragged_attn_residual(
+    block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor, cu: torch.Tensor | None
+) -> torch.Tensor:
+    """The attention half of `ragged_tail` (`attn_residual` with the ragged linear op)."""
     attn, proj = block.attn, block.attn.proj
     gate = getattr(attn, "gate", None)
     if not isinstance(proj, nn.Linear):
-        return block_tail(block, x, h, o)
+        return attn_residual(block, x, h, o)
     if (
         gate is None
         and all(_inert(m) for m in (attn.norm, attn.proj_drop, block.ls1, block.drop_path1))
@@ -150,6 +206,11 @@ def ragged_tail(block: Block, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor,
             o = o * attn.gate(h.to(o.dtype)).sigmoid()
         o = attn.proj_drop(fused_linear(o.to(proj.weight.dtype), proj.weight, proj.bias, cu_seqlens=cu))
         x = x + block.drop_path1(block.ls1(o.to(x.dtype)))
+    return x
+
+
+def _ragged_mlp_residual(block: Block, x: torch.Tensor, cu: torch.Tensor | None) -> torch.Tensor:
+    """The MLP half of `ragged_tail` (`mlp_residual` with the ragged linear op; cu None: every row live)."""
     h2 = block.norm2(x)
     mlp = block.mlp
     if not _plain_mlp(mlp):

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from raggedvit.policies import CLS_ATTN_POLICIES, POLICIES, static_shapes
+from raggedvit.policies import CLS_ATTN_POLICIES, MERGE_POLICIES, POLICIES, static_shapes
 
-__all__ = ["CLS_MASS_EPS", "EVIT_FUSE_EPS", "POLICIES", "PruneSpec", "f32", "uniform_keep"]
+__all__ = ["CLS_MASS_EPS", "EVIT_FUSE_EPS", "POLICIES", "PruneSpec", "f32", "merged_count", "uniform_keep"]
 
 CLS_MASS_EPS = 1e-30  # floor of a row's patch-score sum before normalising (cls-mass)
 EVIT_FUSE_EPS = 1e-12  # floor of the dropped-attention sum in evit's fused token
@@ -36,17 +36,26 @@ def uniform_keep(n: int, num_prefix: int, keep: float) -> int:
     return min(max(k, 1), patches)
 
 
+def merged_count(n: int, num_prefix: int, r: int) -> int:
+    """Tokens merged away in a tome block of an image with n rows: min(r, (n - p) // 2) (ToMe: at most half of the
+    patch tokens, the size of the smaller of the alternating sets A and B)."""
+    return max(min(r, (n - num_prefix) // 2), 0)
+
+
 @dataclass(frozen=True)
 class PruneSpec:
     """A token pruning schedule.
 
     Attributes:
-        policy: "none" (no stages), "topk-l2", "evit" or "cls-mass".
-        prune_at: block indices, strictly increasing; a stage "at i" runs after blocks 0..i-1.
-            Always () for policy "none".
+        policy: "none" (no stages), "topk-l2", "evit", "cls-mass" or "tome" (token merging).
+        prune_at: block indices, strictly increasing; a stage "at i" runs after blocks 0..i-1 (indices 1..depth-1).
+            tome: the blocks that merge, inside block i between its attention and its MLP (indices 0..depth-1);
+            () means every block (`resolve(depth)` makes that explicit). Always () for policy "none".
         keep: fraction of patch tokens kept per stage (topk-l2, evit), in (0, 1].
         mass: cumulative normalised cls attention kept per stage (cls-mass), in (0, 1].
         fuse: evit only: append one token per image fusing the dropped tokens.
+        r: tome only (>= 1): tokens merged away per merging block and image (at most half of the patch tokens:
+            `merged_count`); 0 for the other policies.
     """
 
     policy: str = "none"
@@ -54,6 +63,7 @@ class PruneSpec:
     keep: float = 0.5
     mass: float = 0.9
     fuse: bool = False
+    r: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -61,12 +71,22 @@ class PruneSpec:
         if self.policy == "none":
             object.__setattr__(self, "prune_at", ())
         object.__setattr__(self, "prune_at", tuple(int(i) for i in self.prune_at))
-        if self.policy != "none" and not self.prune_at:
+        merging = self.policy in MERGE_POLICIES
+        if self.policy != "none" and not self.prune_at and not merging:
             raise ValueError(f"policy {self.policy!r} needs at least one prune index (prune_at)")
         if any(b <= a for a, b in zip(self.prune_at, self.prune_at[1:])):
             raise ValueError(f"prune indices must be strictly increasing, got {list(self.prune_at)}")
-        if any(i < 1 for i in self.prune_at):
+        if merging and any(i < 0 for i in self.prune_at):
+            raise ValueError(f"tome block indices must be >= 0 (a merge runs inside a block), got {list(self.prune_at)}")
+        if not merging and any(i < 1 for i in self.prune_at):
             raise ValueError(f"prune indices must be >= 1 (a stage runs after a block), got {list(self.prune_at)}")
+        if isinstance(self.r, bool) or int(self.r) != self.r:
+            raise ValueError(f"r must be an integer, got {self.r!r}")
+        object.__setattr__(self, "r", int(self.r))
+        if merging and self.r < 1:
+            raise ValueError(f"policy 'tome' needs r >= 1 (tokens merged per block), got r={self.r}")
+        if not merging and self.r != 0:
+            raise ValueError(f"r (tokens merged per block) is only defined for policy 'tome', not {self.policy!r}")
         if not (math.isfinite(self.keep) and 0.0 < self.keep <= 1.0):
             raise ValueError(f"keep must be in (0, 1], got {self.keep}")
         if not (math.isfinite(self.mass) and 0.0 < self.mass <= 1.0):
@@ -76,7 +96,20 @@ class PruneSpec:
 
     @property
     def num_stages(self) -> int:
+        """Stages of the spec (tome with prune_at () has one per block: `resolve(depth)` first)."""
         return len(self.prune_at)
+
+    @property
+    def merges(self) -> bool:
+        """Token merging (tome): each stage merges inside its block instead of selecting rows before it."""
+        return self.policy in MERGE_POLICIES
+
+    def resolve(self, depth: int) -> PruneSpec:
+        """This spec for a model of `depth` blocks: tome's prune_at () (every block) becomes (0, ..., depth-1); any
+        other spec is returned as is."""
+        if self.merges and not self.prune_at:
+            return PruneSpec(self.policy, tuple(range(depth)), self.keep, self.mass, self.fuse, self.r)
+        return self
 
     @property
     def needs_cls_attn(self) -> bool:
@@ -99,10 +132,12 @@ class PruneSpec:
         mass: float | str = 0.9,
         fuse: bool = False,
         *,
+        r: int | str = 0,
         depth: int | None = None,
         has_class_token: bool | None = None,
     ) -> PruneSpec:
-        """Parse CLI-style values, e.g. `from_strings("evit", "4,7", keep="0.7")`.
+        """Parse CLI-style values, e.g. `from_strings("evit", "4,7", keep="0.7")`, `from_strings("tome", "", r=8)`
+        (every block).
 
         `depth` / `has_class_token` (when given) check the spec against a model too.
         """
@@ -120,7 +155,11 @@ class PruneSpec:
             keep_f, mass_f = float(keep), float(mass)
         except ValueError:
             raise ValueError(f"keep and mass must be numbers, got keep={keep!r} mass={mass!r}") from None
-        spec = cls(policy=policy, prune_at=indices, keep=keep_f, mass=mass_f, fuse=bool(fuse))
+        try:
+            r_i = int(r)
+        except ValueError:
+            raise ValueError(f"r must be an integer, got r={r!r}") from None
+        spec = cls(policy=policy, prune_at=indices, keep=keep_f, mass=mass_f, fuse=bool(fuse), r=r_i)
         if depth is not None or has_class_token is not None:
             spec.check_model(depth=depth, has_class_token=has_class_token)
         return spec
@@ -128,9 +167,11 @@ class PruneSpec:
     def check_model(self, *, depth: int | None, has_class_token: bool | None) -> None:
         """Raise ValueError if the spec cannot run on a model of `depth` blocks / without a class token."""
         if depth is not None:
-            bad = [i for i in self.prune_at if not 1 <= i <= depth - 1]
+            lo = 0 if self.merges else 1
+            bad = [i for i in self.prune_at if not lo <= i <= depth - 1]
             if bad:
-                raise ValueError(f"prune index {bad[0]} out of range 1..{depth - 1} for a model with {depth} blocks")
+                what = "tome block index" if self.merges else "prune index"
+                raise ValueError(f"{what} {bad[0]} out of range {lo}..{depth - 1} for a model with {depth} blocks")
         if has_class_token is False and self.needs_cls_attn:
             raise ValueError(
                 f"policy {self.policy!r} needs a class token in the pruned blocks (it ranks tokens by the class "
@@ -138,17 +179,21 @@ class PruneSpec:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The spec as JSON values; "r" only for tome (the other policies' dicts are what they always were)."""
+        data: dict[str, Any] = {
             "policy": self.policy,
             "prune_at": list(self.prune_at),
             "keep": self.keep,
             "mass": self.mass,
             "fuse": self.fuse,
         }
+        if self.merges:
+            data["r"] = self.r
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PruneSpec:
-        known = {"policy", "prune_at", "keep", "mass", "fuse"}
+        known = {"policy", "prune_at", "keep", "mass", "fuse", "r"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown PruneSpec fields {unknown}")
@@ -158,4 +203,5 @@ class PruneSpec:
             keep=float(data.get("keep", 0.5)),
             mass=float(data.get("mass", 0.9)),
             fuse=bool(data.get("fuse", False)),
+            r=int(data.get("r", 0)),
         )

@@ -83,6 +83,10 @@ class BeitBackbone(Backbone):
     layer scale, per-block and/or shared relative position bias), 'avg' (with fc_norm) or 'token' pooling."""
 
     model_classes = (Beit,)
+    merge_refusal = (
+        "BEiT's relative position bias is looked up by each token's grid cell, and a merged token (several cells) "
+        "has none; use topk-l2, evit or cls-mass"
+    )
 
     def __init__(self, model: Beit) -> None:
         super().__init__(model)

@@ -103,6 +103,10 @@ class CaitBackbone(Backbone):
     """timm Cait: talking-heads patch blocks on the padded layout, then the class-attention tail in the head."""
 
     model_classes = (Cait,)
+    merge_refusal = (
+        "CaiT's talking-heads attention mixes the heads before the softmax on a padded layout, which has no "
+        "proportional attention or merge path; use topk-l2"
+    )
 
     def __init__(self, model: Cait) -> None:
         super().__init__(model)

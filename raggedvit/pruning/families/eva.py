@@ -74,6 +74,10 @@ class EvaBackbone(Backbone):
     the same forward: [Np + 1, 2D], or [depth, H, Np + 1, 2D] for mixed rope (row 0 the identity)."""
 
     model_classes = (Eva,)
+    merge_refusal = (
+        "Eva blocks rotate q and k by each token's grid position (rope), and a merged token (several positions) has "
+        "none; use topk-l2, evit or cls-mass"
+    )
 
     def __init__(self, model: Eva) -> None:
         super().__init__(model)

@@ -31,6 +31,10 @@ class RelPosBackbone(Backbone):
     'token' pooling."""
 
     model_classes = (VisionTransformerRelPos,)
+    merge_refusal = (
+        "its relative position bias is looked up by each token's grid cell, and a merged token (several cells) has "
+        "none; use topk-l2, evit or cls-mass"
+    )
 
     def __init__(self, model: VisionTransformerRelPos) -> None:
         super().__init__(model)

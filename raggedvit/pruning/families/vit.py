@@ -8,7 +8,7 @@ from timm.models.vision_transformer import VisionTransformer
 from raggedvit.pruning._model import check_vit, classify, embed_tokens, is_distilled
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.map_head import map_pool
-from raggedvit.pruning.packed_block import packed_block_forward
+from raggedvit.pruning.packed_block import MergeFn, packed_block_forward
 from raggedvit.pruning.select import pad_rows, padded_slots
 
 __all__ = ["ViTBackbone", "padded_pool"]
@@ -20,6 +20,7 @@ class ViTBackbone(Backbone):
 
     model_classes = (VisionTransformer,)
     supports_ragged_linear = True
+    supports_merge = True
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__(model)
@@ -40,6 +41,8 @@ class ViTBackbone(Backbone):
         attention: AttentionFn | None,
         ragged_linear: bool = False,
         out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_bias: torch.Tensor | None = None,
+        merge: MergeFn | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return packed_block_forward(
             self.model.blocks[index],
@@ -50,6 +53,8 @@ class ViTBackbone(Backbone):
             attention=attention,
             ragged_linear=ragged_linear,
             out_rows=out_rows,
+            key_bias=key_bias,
+            merge=merge,
         )
 
     def head_rows(self, state: PackedState) -> tuple[torch.Tensor, int] | None:

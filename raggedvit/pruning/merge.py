@@ -1,0 +1,109 @@
+"""Token merging (ToMe: Bolya et al., "Token Merging: Your ViT But Faster", ICLR 2023) as a PrunedViT stage: the one
+definition of the merge (DESIGN.md section 4, "Token merging").
+
+A tome stage runs inside its block, between the attention and the MLP, on a uniform state (every image has n rows,
+the first p of them prefix tokens: class, distillation, registers, which never merge):
+1. metric: the block's keys averaged over heads, [n, D] per image (float32); cosine similarity.
+2. Bipartite soft matching: the patch rows alternate between set A (even positions) and set B (odd positions), as
+   ToMe's `x[..., ::2, :]` / `x[..., 1::2, :]` over the whole sequence does when the prefix (class, distillation)
+   tokens are left out of both sets; each A row's edge goes to its most similar B row (ties: the lowest B index),
+   and the r A rows with the most similar edges merge (a stable descending sort: ties, the lower A index first),
+   r = `merged_count` = min(r, (n - p) // 2).
+3. Size-weighted average: each row carries its size (tokens merged into it, float32); a B row's new value is
+   (x_B s_B + sum of x_a s_a merged into it) / (s_B + sum of s_a), its size the denominator.
+4. The new rows per image: the prefix rows, the unmerged A rows in position order, then every B row in position
+   order (ToMe's [unmerged, destinations] with the class token first); each row keeps the token index of the token
+   it is named after (a B row: its own; the destination of a merge names the merged row).
+The next block adds log(size) of each key to its attention scores (proportional attention, the ragged op's
+key_bias). Static shapes: the counts depend on n, p and r only, so a tome export runs as a CUDA graph. No scatter:
+the sums of step 3 are a batched product with a one-hot [n_B, r] matrix per image (ONNX Runtime's CPU ScatterND with
+an add reduction races on repeated indices).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from raggedvit.pruning.spec import merged_count
+
+__all__ = [
+    "METRIC_EPS",
+    "Matching",
+    "bipartite_soft_matching",
+    "carry_rows",
+    "merge_rows",
+    "merge_sets",
+    "merged_count",
+]
+
+METRIC_EPS = 1e-12  # floor of a metric row's norm before the cosine similarity (a zero key has no direction)
+
+
+def merge_sets(n: int, num_prefix: int) -> tuple[int, int]:
+    """First positions of sets A and B among n rows with p prefix rows: A = even positions >= p, B = odd ones
+    (slices `a0::2`, `b0::2`)."""
+    a0 = num_prefix + num_prefix % 2
+    return a0, num_prefix + 1 - num_prefix % 2
+
+
+class Matching(NamedTuple):
+    """One merge decision for B images (n_A, n_B: the sizes of sets A and B; r: the rows merged per image).
+
+    merged [B, r] int64: the A indices (0..n_A-1) that merge, most similar first; dst [B, r] int64: the B index each
+    merges into; kept [B, n_A - r] int64: the A indices that stay, ascending; score [B, n_A] float32: each A row's
+    best cosine similarity to B (the scores the r best are chosen by)."""
+
+    merged: torch.Tensor
+    dst: torch.Tensor
+    kept: torch.Tensor
+    score: torch.Tensor
+
+
+def bipartite_soft_matching(metric: torch.Tensor, num_prefix: int, r: int) -> Matching:
+    """ToMe's matching of step 2. metric [B, n, D] (any float dtype; float32 arithmetic); r <= merged_count(n, p, r)."""
+    B, n, _ = metric.shape
+    a0, b0 = merge_sets(n, num_prefix)
+    m = metric.to(torch.float32)
+    m = m / m.norm(dim=-1, keepdim=True).clamp_min(METRIC_EPS)
+    scores = m[:, a0::2] @ m[:, b0::2].transpose(1, 2)  # [B, n_A, n_B]
+    score, best = scores.max(dim=2)  # ties: the first (lowest) B index
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices  # [B, n_A]
+    merged = order[:, :r]
+    kept = torch.sort(order[:, r:], dim=1).values
+    return Matching(merged, best.gather(1, merged), kept, score)
+
+
+def carry_rows(t: torch.Tensor, match: Matching, num_prefix: int) -> torch.Tensor:
+    """A per-row value that names its row (token index, seq id) after the merge: t [B, n, ...] -> [B, n - r, ...]
+    = prefix rows, the kept A rows, every B row (step 4)."""
+    n = t.shape[1]
+    a0, b0 = merge_sets(n, num_prefix)
+    ta = t[:, a0::2]
+    kept = match.kept.reshape(*match.kept.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:])
+    return torch.cat((t[:, :num_prefix], ta.gather(1, kept), t[:, b0::2]), dim=1)
+
+
+def merge_rows(
+    x: torch.Tensor, size: torch.Tensor, match: Matching, num_prefix: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 3 and 4: x [B, n, C] (any float dtype), size [B, n] float32 -> (x' [B, n - r, C] in x's dtype, size'
+    [B, n - r] float32). A B row's average is summed in float32 and rounded to x's dtype once; prefix rows and the
+    kept A rows are moved unchanged."""
+    B, n, C = x.shape
+    a0, b0 = merge_sets(n, num_prefix)
+    xa, xb = x[:, a0::2], x[:, b0::2]
+    sa, sb = size[:, a0::2], size[:, b0::2]
+    r = match.merged.shape[1]
+    n_b = xb.shape[1]
+    s_src = sa.gather(1, match.merged)  # [B, r]
+    x_src = xa.gather(1, match.merged.unsqueeze(2).expand(B, r, C)).to(torch.float32) * s_src.unsqueeze(2)
+    onehot = (torch.arange(n_b, device=x.device).view(1, n_b, 1) == match.dst.unsqueeze(1)).to(torch.float32)
+    total = xb.to(torch.float32) * sb.unsqueeze(2) + torch.bmm(onehot, x_src)  # [B, n_B, C]
+    size_b = sb + torch.bmm(onehot, s_src.unsqueeze(2)).squeeze(2)  # [B, n_B]
+    x_b = (total / size_b.unsqueeze(2)).to(x.dtype)
+    x_kept = xa.gather(1, match.kept.unsqueeze(2).expand(B, match.kept.shape[1], C))
+    new_x = torch.cat((x[:, :num_prefix], x_kept, x_b), dim=1)
+    new_size = torch.cat((size[:, :num_prefix], sa.gather(1, match.kept), size_b), dim=1)
+    return new_x, new_size
