@@ -47,19 +47,20 @@ def blank_record(model: str, img_size: int, policy: str, variant: str, batch: in
 
 
 def parse_policy(text: str) -> PruneSpec:
-    """'topk-l2:keep=0.5:at=4' / 'cls-mass:mass=0.9:at=3,6,9' / 'evit:keep=0.7:at=4,7:fuse' -> PruneSpec."""
+    """'topk-l2:keep=0.5:at=4' / 'cls-mass:mass=0.9:at=3,6,9' / 'evit:keep=0.7:at=4,7:fuse' / 'tome:r=8' (every
+    block; 'tome:r=8:at=0,1,2' merges in those blocks) -> PruneSpec."""
     name, *parts = text.split(":")
-    kw: dict[str, Any] = {"prune_at": "4"}
+    kw: dict[str, Any] = {"prune_at": "" if name == "tome" else "4"}
     for part in parts:
         key, _, value = part.partition("=")
         if key == "at":
             kw["prune_at"] = value
-        elif key in ("keep", "mass"):
+        elif key in ("keep", "mass", "r"):
             kw[key] = value
         elif key == "fuse" and not value:
             kw["fuse"] = True
         else:
-            raise ValueError(f"policy {text!r}: unknown field {part!r} (expected at=, keep=, mass=, fuse)")
+            raise ValueError(f"policy {text!r}: unknown field {part!r} (expected at=, keep=, mass=, r=, fuse)")
     if name == "none":
         raise ValueError("policy 'none' is the unpruned baselines; list pruning policies only")
     return PruneSpec.from_strings(name, **kw)

@@ -19,6 +19,7 @@ references (timm for unpruned, PrunedViT for pruned variants), at batch 1 the la
 floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchmarks.serving.names.BARS).
 
     python3 -m benchmarks.serving                         # H200: both models, ~4 min
+    python3 -m benchmarks.serving --tome --out DIR        # tome r = 8, 16 against topk-l2 at the same final count
     python3 -m benchmarks.serving --device cpu --smoke    # debug: deit_tiny, fp32, CUDA-only variants skipped
 
 Writes <out>/serving_<gpu>.json after every model (overwritten in place), then the .png, and prints the table last.
@@ -58,6 +59,10 @@ def build_config(args: argparse.Namespace) -> ServingConfig:
     for name, cast in (("models", str), ("batches", int)):
         if getattr(args, name):
             setattr(cfg, name, _csv(getattr(args, name), cast))
+    if args.tome:
+        from benchmarks.serving.names import TOME_POLICIES
+
+        cfg.policies = TOME_POLICIES
     if args.policies:
         cfg.policies = tuple(args.policies)
     if args.variants:
@@ -130,7 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder (benchmarks/results)")
     ap.add_argument("--models", help="comma-separated short (<name>_patch16_224) or timm names (deit_base,deit_small)")
     ap.add_argument("--batches", help="comma-separated batch sizes (1,4,32,128)")
-    ap.add_argument("--policies", nargs="+", help="policy strings (topk-l2:keep=0.5:at=4 cls-mass:mass=0.9:at=3,6,9)")
+    ap.add_argument(
+        "--policies", nargs="+", help="policy strings (topk-l2:keep=0.5:at=4 cls-mass:mass=0.9:at=3,6,9 tome:r=8)"
+    )
+    ap.add_argument(
+        "--tome",
+        action="store_true",
+        help="policies tome r=8 and r=16 (every block) and topk-l2 at block 4 keeping the same final token count",
+    )
     ap.add_argument("--variants", help=f"comma-separated subset of {','.join(VARIANTS)}")
     ap.add_argument("--export-dtype", choices=("fp32", "fp16", "fp16-all"), help="export recipe (fp16-all; cpu fp32)")
     ap.add_argument("--rounds", type=int, help="interleaved timing rounds per batch (3)")

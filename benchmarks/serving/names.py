@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 __all__ = [
     "timm_name",
+    "matched_topk",
+    "tome_tokens",
+    "TOME_POLICIES",
     "BANDWIDTH_SOURCE",
     "BARS",
     "BASELINE",
@@ -36,6 +39,28 @@ CUDA_ONLY = COMPILED  # mode="reduce-overhead" is CUDA graphs; the CPU debug run
 BASELINE = "timm_compile"  # the bars' denominator: torch.compile unpruned
 
 DEFAULT_POLICIES = ("topk-l2:keep=0.5:at=4", "cls-mass:mass=0.9:at=3,6,9")
+
+
+def tome_tokens(tokens: int, num_prefix: int, r: int, blocks: int) -> int:
+    """Tokens per image after `blocks` tome blocks merging `r` each (raggedvit.pruning.spec.merged_count: at most half
+    of the patch tokens per block)."""
+    for _ in range(blocks):
+        tokens -= max(min(r, (tokens - num_prefix) // 2), 0)
+    return tokens
+
+
+def matched_topk(tokens: int, num_prefix: int, final: int, at: int = 4) -> str:
+    """The topk-l2 policy string that keeps `final` tokens per image (prefix included) from one stage at block `at`:
+    keep = (patches kept - 0.5) / patches, so ceil(f32(keep) * patches) is exactly the patches kept."""
+    patches, kept = tokens - num_prefix, final - num_prefix
+    return f"topk-l2:keep={(kept - 0.5) / patches:.6f}:at={at}"
+
+
+# `--tome`: ToMe with r = 8 and r = 16 in every block of deit_base / deit_small (197 tokens, a class token, 12
+# blocks), and topk-l2 at block 4 keeping the same final token count (101 and 11 tokens per image)
+TOME_POLICIES = tuple(
+    p for r in (8, 16) for p in (f"tome:r={r}", matched_topk(197, 1, tome_tokens(197, 1, r, 12)))
+)
 LINEAR_FLAG = "linear"  # a policy string ending in ":linear": PrunedViT(ragged_linear=True) and its export
 DEAD_LINEAR_FLAG = "dead-linear"  # ":dead-linear": ragged_linear="dead-rows" (only the blocks with dead rows)
 

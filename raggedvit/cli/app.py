@@ -81,8 +81,14 @@ def main() -> None:
 @click.option("--policy", type=click.Choice(POLICY_CHOICES), default="topk-l2", help="Token pruning policy.")
 @click.option("--keep", type=float, default=0.5, help="Fraction of patch tokens kept per stage (topk-l2, evit).")
 @click.option("--mass", type=float, default=0.9, help="Cumulative cls-attention mass kept per stage (cls-mass).")
-@click.option("--prune-at", default="4", help="Comma-separated block indices of the pruning stages.")
+@click.option(
+    "--prune-at",
+    default="4",
+    help="Comma-separated block indices of the pruning stages (tome: the blocks that merge; every block when left "
+    "out).",
+)
 @click.option("--fuse", is_flag=True, default=False, help="evit: fuse dropped tokens into one extra token.")
+@click.option("--r", "r", type=int, default=8, help="tome: tokens merged per block and image.")
 @click.option(
     "--dtype",
     type=click.Choice(EXPORT_DTYPES),
@@ -129,6 +135,7 @@ def export(
     mass,
     prune_at,
     fuse,
+    r,
     dtype,
     diagnostics,
     capacity,
@@ -148,9 +155,15 @@ def export(
     check_writable(output, "output")
     from raggedvit.pruning import PruneSpec
 
-    indices = parse_int_list("--prune-at", prune_at, lo=0, what="block indices") if policy != "none" else ()
+    every_block = policy == "tome" and click.get_current_context().get_parameter_source("prune_at") in (
+        click.core.ParameterSource.DEFAULT,
+        None,
+    )
+    indices = ()
+    if policy != "none" and not every_block:
+        indices = parse_int_list("--prune-at", prune_at, lo=0, what="block indices")
     try:
-        spec = PruneSpec.from_strings(policy, indices, keep, mass, fuse)
+        spec = PruneSpec.from_strings(policy, indices, keep, mass, fuse, r=r if policy == "tome" else 0)
     except ValueError as e:
         raise CliError(f"bad pruning parameters: {e}") from None
 
@@ -171,6 +184,8 @@ def export(
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
     except ValueError as e:
         raise CliError(f"bad pruning parameters for {model}: {e}") from None
+    if spec.merges and not backbone.supports_merge:
+        raise CliError(f"--policy {spec.policy} cannot run {model}: {backbone.merge_refusal}")
     blocks_source = click.get_current_context().get_parameter_source("ragged_linear_blocks")
     if not ragged_linear and blocks_source not in (click.core.ParameterSource.DEFAULT, None):
         raise CliError("--ragged-linear-blocks applies with --ragged-linear only; add it or leave this out")

@@ -45,11 +45,13 @@ FALLBACK_CONFIG: dict[str, int] = {
 }
 
 # Kernel parameters in order; "ptr" args get the 16-byte divisibility hint, like D (the launcher checks both).
-_FWD_ARGS = ("QKV", "Bias", "CU", "Out", "Lse", "PosTable", "TokPos", "T", "B", "J", "H", "D", "scale_bits",
-             "store_lse", "has_bias", "grid_h", "grid_w", "num_prefix")  # fmt: skip
-_CLS_ARGS = ("QKV", "Bias", "CU", "Lse", "ClsAttn", "PosTable", "TokPos", "T", "B", "H", "D", "scale_bits", "has_bias",
-             "grid_h", "grid_w", "num_prefix")  # fmt: skip
-HAS_POS = (False, True)  # every kernel without and with the relative position bias
+_FWD_ARGS = ("QKV", "Bias", "CU", "Out", "Lse", "PosTable", "TokPos", "KeyBias", "T", "B", "J", "H", "D",
+             "scale_bits", "store_lse", "has_bias", "grid_h", "grid_w", "num_prefix")  # fmt: skip
+_CLS_ARGS = ("QKV", "Bias", "CU", "Lse", "ClsAttn", "PosTable", "TokPos", "KeyBias", "T", "B", "H", "D", "scale_bits",
+             "has_bias", "grid_h", "grid_w", "num_prefix")  # fmt: skip
+# (HAS_POS, HAS_KEY_BIAS) of every kernel: neither, the relative position bias, the key bias (tome's proportional
+# attention; the families with a relative position bias refuse tome, so the two never meet)
+BIAS_VARIANTS = ((False, False), (True, False), (False, True))
 _HINTED_INTS = ("D",)
 
 
@@ -66,6 +68,7 @@ class AotJob:
     num_stages: int
     has_pos: bool = False  # HAS_POS: relative position bias (PosTable, TokPos)
     cls_heads: int = 0  # "cls": HG, the heads per tile (`_config.KernelConfig.cls_heads`); 0 for "fwd"
+    has_key_bias: bool = False  # HAS_KEY_BIAS: the per-key bias (KeyBias)
 
     @property
     def function(self) -> str:
@@ -82,7 +85,7 @@ class AotJob:
     def signature(self) -> tuple[dict[str, str], dict[str, int]]:
         """Triton signature (arg -> type) and constexprs of this job."""
         ptr = {"QKV": self.dtype, "Bias": self.dtype, "Out": self.dtype, "CU": self.cu_dtype, "Lse": "fp32",
-               "ClsAttn": "fp32", "PosTable": "fp32", "TokPos": self.cu_dtype}  # fmt: skip
+               "ClsAttn": "fp32", "PosTable": "fp32", "TokPos": self.cu_dtype, "KeyBias": "fp32"}  # fmt: skip
         names = _FWD_ARGS if self.kernel == "fwd" else _CLS_ARGS
         sig = {n: ("*" + ptr[n]) if n in ptr else "i32" for n in names}
         consts = {"BLOCK_N": self.block_n, "BLOCK_D": self.block_d}
@@ -93,6 +96,7 @@ class AotJob:
             if self.cls_heads < 1:
                 raise ValueError(f"{self}: a cls job needs cls_heads >= 1")
             consts["HG"] = self.cls_heads
+        consts["HAS_KEY_BIAS"] = self.has_key_bias
         sig.update({k: "constexpr" for k in consts})
         return sig, consts
 
@@ -137,7 +141,7 @@ def kernel_configs() -> list[dict[str, Any]]:
 
 def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, int]]]:
     """Unique compile jobs, and the kernel table rows (job, min_tokens): every kernel x config x cu dtype x arch x
-    HAS_POS.
+    BIAS_VARIANTS.
 
     Configs that differ only in min_tokens share a job (the cls kernel usually does).
     """
@@ -145,7 +149,7 @@ def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, 
     for arch in archs:
         for c in kernel_configs():
             for cu in CU_DTYPES:
-                for has_pos in HAS_POS:
+                for has_pos, has_key_bias in BIAS_VARIANTS:
                     fwd = AotJob(
                         "fwd",
                         c["dtype"],
@@ -157,10 +161,11 @@ def make_plan(archs: tuple[int, ...]) -> tuple[list[AotJob], list[tuple[AotJob, 
                         c["num_warps"],
                         c["num_stages"],
                         has_pos,
+                        has_key_bias=has_key_bias,
                     )
                     cls = AotJob(
                         "cls", c["dtype"], cu, c["block_d"], arch, 0, c["cls_block_n"], c["cls_num_warps"], 1, has_pos,
-                        c["cls_heads"],
+                        c["cls_heads"], has_key_bias,
                     )  # fmt: skip
                     rows += [(fwd, c["min_tokens"]), (cls, c["min_tokens"])]
     rows = list(dict.fromkeys(rows))  # identical (job, min_tokens) rows once

@@ -126,13 +126,13 @@ def build_info(
     for r, min_tokens in rows:
         j = r.job
         entry = configs.setdefault(f"{j.dtype}/d{j.block_d}/T>={min_tokens}", {})
-        entry[j.kernel + ("+pos" if j.has_pos else "")] = {
+        kind = j.kernel + ("+pos" if j.has_pos else "") + ("+key_bias" if j.has_key_bias else "")
+        entry[kind] = {
             "block_m": j.block_m,
             "block_n": j.block_n,
             "num_warps": j.num_warps,
             "num_stages": j.num_stages,
         }
-        kind = j.kernel + ("+pos" if j.has_pos else "")
         entry.setdefault("shared_bytes", {})[f"{kind}/sm_{j.arch}/{j.cu_dtype}"] = r.shared_bytes
     results = list({id(r): r for r, _ in rows}.values())
     return {
@@ -143,6 +143,7 @@ def build_info(
         "cu_dtypes": sorted({r.job.cu_dtype for r in results}),
         "head_dim_blocks": sorted({r.job.block_d for r in results}),
         "relative_position_bias": any(r.job.has_pos for r in results),
+        "key_bias": any(r.job.has_key_bias for r in results),
         "min_tokens": sorted({m for _, m in rows}),
         "num_cubins": len(results),
         "num_kernel_images": len(rows),
@@ -211,7 +212,7 @@ def write_cubin_source(
         j, i = r.job, index[id(r)]
         kernel_rows.append(
             f"    {{{_KIND[j.kernel]}, {_DTYPE[j.dtype]}, {_INDEX[j.cu_dtype]}, {j.block_d}, "
-            f"{'true' if j.has_pos else 'false'}, {j.arch}, {min_tokens}, "
+            f"{'true' if j.has_pos else 'false'}, {'true' if j.has_key_bias else 'false'}, {j.arch}, {min_tokens}, "
             f'"{r.function_name}", kCubin{i}, {len(r.cubin)}, {r.shared_bytes}, {r.num_warps}, {j.block_m}, '
             f"{j.block_n}, {r.num_params}}},"
         )
@@ -219,7 +220,7 @@ def write_cubin_source(
         out,
         "Kernel",
         kernel_rows,
-        "    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, false, 0, 0, "
+        "    {KernelKind::kForward, DType::kFloat16, IndexType::kInt32, 0, false, false, 0, 0, "
         '"", nullptr, 0, 0, 0, 0, 0, 0},',
     )
     linear_rows = []

@@ -164,6 +164,32 @@ std::string ReadPosInputs(Ort::KernelContext& ctx, const Attrs& attrs, const std
   return "";
 }
 
+std::string CheckKeyBias(const std::vector<int64_t>& key_bias_shape, ONNXTensorElementDataType key_bias_type,
+                         const std::vector<int64_t>& qkv_shape) {
+  const int64_t T = qkv_shape.empty() ? -1 : qkv_shape[0];
+  if (key_bias_shape.size() != 1 || key_bias_shape[0] != T) {
+    return "input 'key_bias' must be 1-D [" + std::to_string(T) + "] (one entry per qkv row, qkv shape " +
+           ShapeString(qkv_shape) + "), got shape " + ShapeString(key_bias_shape);
+  }
+  if (key_bias_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    return std::string("input 'key_bias' (shape ") + ShapeString(key_bias_shape) + ") must be float, got " +
+           ElementTypeName(key_bias_type) + " (qkv shape " + ShapeString(qkv_shape) + ")";
+  }
+  return "";
+}
+
+std::string ReadKeyBias(Ort::KernelContext& ctx, const std::vector<int64_t>& qkv_shape, const float** key_bias) {
+  *key_bias = nullptr;
+  if (ctx.GetInputCount() <= kKeyBiasInput) return "";
+  Ort::ConstValue kb = ctx.GetInput(kKeyBiasInput);
+  if (!kb) return "";
+  auto info = kb.GetTensorTypeAndShapeInfo();
+  std::string err = CheckKeyBias(info.GetShape(), info.GetElementType(), qkv_shape);
+  if (!err.empty()) return err;
+  *key_bias = static_cast<const float*>(kb.GetTensorRawData());
+  return "";
+}
+
 Ort::ShapeInferContext::SymbolicInteger FreshSymbol() {
   static std::mutex mu;
   static std::deque<std::string> names;

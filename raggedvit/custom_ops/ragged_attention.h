@@ -8,6 +8,8 @@
 //              R = (2*grid_h-1)*(2*grid_w-1) + 3 (attributes grid_h, grid_w, num_prefix)
 //   token_pos  [T] int32 | int64, cu_seqlens's type (optional input, with pos_table): each row's original token index;
 //              logit(q, k) += pos_table[h, RelIndex(token_pos[q], token_pos[k])] (DESIGN.md section 3)
+//   key_bias   [T] float (optional input): logit(q, k) += key_bias[k] in every head (ToMe's proportional attention,
+//              log(size)); cls_attn uses the same biased logits
 //   out        [T, H*D] same type as qkv
 //   cls_attn   [T] float (optional output)
 #pragma once
@@ -37,9 +39,9 @@ struct Attrs {
 };
 
 // Input positions of the optional inputs.
-constexpr size_t kBiasInput = 2, kPosTableInput = 3, kTokenPosInput = 4, kNumInputs = 5;
-constexpr InputSpec kInputs[kNumInputs] = {
-    {"qkv", true}, {"cu_seqlens", true}, {"bias", false}, {"pos_table", false}, {"token_pos", false}};
+constexpr size_t kBiasInput = 2, kPosTableInput = 3, kTokenPosInput = 4, kKeyBiasInput = 5, kNumInputs = 6;
+constexpr InputSpec kInputs[kNumInputs] = {{"qkv", true},       {"cu_seqlens", true}, {"bias", false},
+                                           {"pos_table", false}, {"token_pos", false}, {"key_bias", false}};
 
 struct Dims {
   int64_t T = 0, B = 0, H = 0, D = 0;
@@ -73,6 +75,14 @@ std::string CheckPos(bool has_table, const std::vector<int64_t>& table_shape, ON
 // *token_pos get their data (nullptr when absent). "" when fine.
 std::string ReadPosInputs(Ort::KernelContext& ctx, const Attrs& attrs, const std::vector<int64_t>& qkv_shape,
                           ONNXTensorElementDataType cu_type, const void** table, const void** token_pos);
+
+// Checks the optional key_bias input against qkv: 1-D [T] float. "" when fine.
+std::string CheckKeyBias(const std::vector<int64_t>& key_bias_shape, ONNXTensorElementDataType key_bias_type,
+                         const std::vector<int64_t>& qkv_shape);
+
+// Reads the optional input key_bias of a kernel call and checks it (CheckKeyBias); *key_bias gets its data (nullptr
+// when absent). "" when fine.
+std::string ReadKeyBias(Ort::KernelContext& ctx, const std::vector<int64_t>& qkv_shape, const float** key_bias);
 
 // Relative position of one (query, key) pair from the rows' precomputed codes (RelCode): the table column.
 // A patch row has code.patch = 1, base = (y+grid_h-1)*(2*grid_w-1) + x+grid_w-1 and off = y*(2*grid_w-1) + x;
@@ -169,7 +179,8 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
   const char* GetName() const { return kOpName; }
   const char* GetExecutionProviderType() const { return provider_; }
   size_t GetInputTypeCount() const { return kNumInputs; }
-  // qkv, bias: UNDEFINED (one type constraint, checked by the kernel); pos_table float; token_pos int32 | int64
+  // qkv, bias: UNDEFINED (one type constraint, checked by the kernel); pos_table float; token_pos int32 | int64;
+  // key_bias: UNDEFINED (checked by the kernel, so that another type gets a status naming it)
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 1) return cu_type_;
     if (i == kTokenPosInput) return token_pos_type_;

@@ -39,6 +39,9 @@ FORBIDDEN_OPS = frozenset(
 _PRUNE_OPS = (("", "TopK"), ("", "NonZero"), ("", "CumSum"), ("", "ScatterElements"), ("", "Gather"))
 _SELECT_PRUNE_OPS = ((RAGGED_DOMAIN, "RaggedSelect"), ("", "Gather"))
 _CAPACITY_PRUNE_OPS = (("", "TopK"), ("", "CumSum"), ("", "ScatterElements"), ("", "Gather"))
+# tome stages (pruning/merge.py): ArgMax of the similarities, TopK (the stable sorts), GatherElements of the rows,
+# the one-hot sums as MatMul; no scatter
+_MERGE_OPS = (("", "ArgMax"), ("", "TopK"), ("", "GatherElements"), ("", "MatMul"))
 
 
 def static_shapes(prune: dict, capacity: bool = False) -> bool:
@@ -101,7 +104,13 @@ def check_graph(model: onnx.ModelProto) -> list[str]:
         uniform = policies.counts_known(str(prune.get("policy", "none")), bool(prune.get("fuse", False)))
         fuse = bool(prune.get("fuse", False))
         expected = (
-            _SELECT_PRUNE_OPS if uniform or (static and not fuse) else _CAPACITY_PRUNE_OPS if static else _PRUNE_OPS
+            _MERGE_OPS
+            if prune.get("policy") in policies.MERGE_POLICIES
+            else _SELECT_PRUNE_OPS
+            if uniform or (static and not fuse)
+            else _CAPACITY_PRUNE_OPS
+            if static
+            else _PRUNE_OPS
         )
         missing = [op for (domain, op) in expected if ops[(domain, op)] == 0]
         if missing:

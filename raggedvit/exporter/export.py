@@ -51,12 +51,16 @@ _MAX_BATCH = 1 << 16
 
 def output_names(vit: nn.Module, spec: PruneSpec, *, diagnostics: bool = False) -> list[str]:
     """The graph outputs: `logits` [batch, classes] (`features` [batch, C] for a headless model), `token_counts`
-    [batch, stages]; with diagnostics, per stage s: `token_index_s` [T_s] and `cu_seqlens_s` [batch+1]."""
+    [batch, stages]; with diagnostics, per stage s: `token_index_s` [T_s] and `cu_seqlens_s` [batch+1], then for
+    tome per stage `token_size_s` [T_s] float32 (the tokens merged into each row). `spec`: resolved for the model
+    (PruneSpec.resolve)."""
     first = "features" if int(getattr(vit, "num_classes", 1)) == 0 else "logits"
     names = [first, "token_counts"]
     if diagnostics:
         for s in range(spec.num_stages):
             names += [f"token_index_{s}", f"cu_seqlens_{s}"]
+        if spec.merges:
+            names += [f"token_size_{s}" for s in range(spec.num_stages)]
     return names
 
 
@@ -111,6 +115,7 @@ class _Outputs(nn.Module):
         if self.diagnostics:
             for index, cu in zip(out.token_index, out.cu_seqlens):
                 flat += [index, cu]
+            flat += out.token_size
         for trace, cu in zip(out.stages, out.cu_seqlens):
             flat += [trace.src, cu]
         return (*flat, *out.blocks)
@@ -184,6 +189,7 @@ def build_model(
     h, w = (int(s) for s in vit.patch_embed.img_size)
     example = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
+    spec = model.spec  # resolved for the model (tome's every block made explicit)
     names = output_names(vit, spec, diagnostics=diagnostics)
     depth = model.backbone.depth
     stage_names = [n for s in range(spec.num_stages) for n in stage_output_names(s)]

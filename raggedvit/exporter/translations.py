@@ -44,12 +44,13 @@ RAGGED_ATTENTION_SCHEMA = OpSchema(
         _P("bias", "T", param_option=_OPTIONAL),
         _P("pos_table", "F", param_option=_OPTIONAL),
         _P("token_pos", "I", param_option=_OPTIONAL),
+        _P("key_bias", "F", param_option=_OPTIONAL),
     ],
     outputs=[_P("out", "T"), _P("cls_attn", "F", param_option=_OPTIONAL)],
     type_constraints=[
         ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "qkv, bias and out"),
         ("I", ["tensor(int32)", "tensor(int64)"], "cu_seqlens and token_pos"),
-        ("F", ["tensor(float)"], "pos_table and cls_attn"),
+        ("F", ["tensor(float)"], "pos_table, key_bias and cls_attn"),
     ],
     attributes=[
         OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "H", required=True),
@@ -114,17 +115,22 @@ def ragged_attention(
     grid_h: int = 0,
     grid_w: int = 0,
     num_prefix: int = 0,
+    key_bias=None,
 ):
     """raggedvit::ragged_attention(qkv [T, 3HD], cu [B+1], bias [3HD]?, ..., pos_table [H, R]?, token_pos [T]?,
-    grid_h, grid_w, num_prefix) -> (out [T, HD], cls_attn [T] or [0]).
+    grid_h, grid_w, num_prefix, key_bias [T]?) -> (out [T, HD], cls_attn [T] or [0]).
 
-    Without pos_table the node is what it always was (2 or 3 inputs, no grid attributes); with it, inputs 3 and 4
-    (bias left empty when absent) and the attributes grid_h, grid_w, num_prefix."""
+    Without pos_table and key_bias the node is what it always was (2 or 3 inputs, no grid attributes); with
+    pos_table, inputs 3 and 4 (bias left empty when absent) and the attributes grid_h, grid_w, num_prefix; with
+    key_bias, input 5 (the inputs before it left empty when absent)."""
     inputs = [qkv, cu_seqlens] + ([bias] if bias is not None else [])
     attrs = {"num_heads": int(num_heads), "scale": float(scale)}
-    if pos_table is not None:
+    if pos_table is not None or key_bias is not None:
         inputs = [qkv, cu_seqlens, bias, pos_table, token_pos]
+    if pos_table is not None:
         attrs.update(grid_h=int(grid_h), grid_w=int(grid_w), num_prefix=int(num_prefix))
+    if key_bias is not None:
+        inputs.append(key_bias)
     if return_cls_attn:
         out, cls_attn = _RAGGED_ATTENTION(*inputs, **attrs, _outputs=2)
         return out, cls_attn

@@ -16,6 +16,10 @@ PosTable[h, rel(TokPos[q], TokPos[k])] (DESIGN.md section 1), added to the fp32 
 index is computed per pair from the two rows' grid coordinates: no [L, L] tensor; any TokPos value is either a
 patch (p <= t < p + grid_h*grid_w) or a class row, so every table read is in [0, R).
 
+Per-key bias (HAS_KEY_BIAS, a constexpr: the kernels without it are unchanged): KeyBias [T] fp32 is added to the
+logit of every (query, key) pair by its key, in every head (ToMe's proportional attention: log(size)); the cls
+kernel adds the same, so cls_attn is of the biased scores.
+
 Lse units: log2 of the row's softmax denominator over scores already multiplied by scale*log2(e),
 i.e. softmax(row)[k] = exp2(s_k * scale * log2(e) - Lse[h, row]).
 
@@ -132,12 +136,13 @@ def _seq_bounds(CU, rows, r_first, r_last, T, B, CHUNK: tl.constexpr, COARSE: tl
 
 @triton.jit
 def _fwd_tile(
-    QKV, Out, Lse, PosTable, TokPos, rows, lo, hi, h, T, H, D, qk_scale, qb, vb, store_lse, grid_h, grid_w,
+    QKV, Out, Lse, PosTable, TokPos, KeyBias, rows, lo, hi, h, T, H, D, qk_scale, qb, vb, store_lse, grid_h, grid_w,
     num_prefix, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_POS: tl.constexpr,
+    HAS_KEY_BIAS: tl.constexpr,
 ):  # fmt: skip
     """Out[rows, h] (and Lse[h, rows] if store_lse) of one query tile: rows [BLOCK_M] in [lo, hi) are computed
     (keys [lo, hi)), the rest of the tile is masked off; qb [BLOCK_D] (q bias, QKV's dtype) and vb [BLOCK_D] fp32
-    (v bias) are zeros without a bias."""
+    (v bias) are zeros without a bias; HAS_KEY_BIAS: KeyBias[key] is added to every logit of the key."""
     row_ok = rows < hi
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -176,6 +181,8 @@ def _fwd_tile(
             both = (q_patch[:, None] & k_patch[None, :]) != 0
             idx = tl.where(both, q_base[:, None] - (yk * w2 + xk)[None, :], q_cls[:, None] - 2 * k_patch[None, :])
             s += tl.load(pos_row + idx) * 1.4426950408889634  # bias in log2 units; idx in [0, R) always
+        if HAS_KEY_BIAS:
+            s += (tl.load(KeyBias + cols, mask=cols < hi, other=0.0) * 1.4426950408889634)[None, :]  # log2 units
         s = tl.where((cols < hi)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid inf - inf
@@ -204,6 +211,7 @@ def _ragged_attn_fwd(
     Lse,
     PosTable,
     TokPos,
+    KeyBias,
     T,
     B,
     J,
@@ -219,6 +227,7 @@ def _ragged_attn_fwd(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_POS: tl.constexpr,
+    HAS_KEY_BIAS: tl.constexpr,
 ):
     """grid = (B * J + G, H), J >= 1, G >= 1 (launchers: J = cdiv(cdiv(T, B), BLOCK_M), G = cdiv(T, 4 * BLOCK_M)).
     Out[rows, h] = softmax(q k^T * scale + pos) v within each row's sequence; dead rows (past cu[B]): 0, Lse -inf.
@@ -228,7 +237,7 @@ def _ragged_attn_fwd(
     has_bias != 0: q, k, v are QKV + Bias [3*H*D] (the qkv Linear's bias): q + bq in QKV's dtype, the k bias
     cancels in the softmax, the v bias is added to the fp32 output. Lse is of the scores without the k bias.
     HAS_POS: pos = PosTable[h, rel(TokPos[q], TokPos[k])] (PosTable, TokPos, grid_h, grid_w, num_prefix unread
-    otherwise); Lse includes it."""
+    otherwise); Lse includes it. HAS_KEY_BIAS: + KeyBias[k] [T] fp32 (unread otherwise); Lse includes it."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     n_seq = B * J  # programs of the sequences
@@ -249,8 +258,9 @@ def _ragged_attn_fwd(
         step = J * BLOCK_M
         for t in range(0, (tl.maximum(hi - first, 0) + step - 1) // step):  # no tl.cdiv: see the reductions above
             rows = first + t * step + tl.arange(0, BLOCK_M)
-            _fwd_tile(QKV, Out, Lse, PosTable, TokPos, rows, lo, hi, h, T, H, D, qk_scale, qb, vb, store_lse,
-                      grid_h, grid_w, num_prefix, BLOCK_M, BLOCK_N, BLOCK_D, HAS_POS)  # fmt: skip
+            _fwd_tile(QKV, Out, Lse, PosTable, TokPos, KeyBias, rows, lo, hi, h, T, H, D, qk_scale, qb, vb,
+                      store_lse, grid_h, grid_w, num_prefix, BLOCK_M, BLOCK_N, BLOCK_D, HAS_POS,
+                      HAS_KEY_BIAS)  # fmt: skip
     else:
         g = pid_m - n_seq
         n_dead = tl.num_programs(0) - n_seq
@@ -269,8 +279,9 @@ def _ragged_attn_fwd(
 
 @triton.jit
 def _cls_attn_tile(
-    QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, r_first, T, B, H, D, qk_scale, has_bias, grid_h, grid_w,
-    num_prefix, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_POS: tl.constexpr, HG: tl.constexpr,
+    QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, KeyBias, r_first, T, B, H, D, qk_scale, has_bias, grid_h,
+    grid_w, num_prefix, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_POS: tl.constexpr, HG: tl.constexpr,
+    HAS_KEY_BIAS: tl.constexpr,
 ):  # fmt: skip
     """ClsAttn[r_first : r_first + BLOCK_N] (masked to [0, T)) as `_ragged_cls_attn` defines it; qk_scale = scale *
     log2(e). Shared by `_ragged_cls_attn` and the block engine."""
@@ -293,6 +304,8 @@ def _cls_attn_tile(
         k_patch, yk, xk = _pos_split(TokPos, cols, ok, grid_h, grid_w, num_prefix)
         both = (q_patch & k_patch) != 0
         pos_idx = tl.where(both, (yq - yk + grid_h - 1) * w2 + xq - xk + grid_w - 1, R - 1 - q_patch - 2 * k_patch)
+    if HAS_KEY_BIAS:  # the token is the key: its bias, in log2 units, in every head
+        key_bias = tl.load(KeyBias + cols, mask=ok, other=0.0) * 1.4426950408889634
     acc = tl.full([BLOCK_N], 0.0, dtype=tl.float32)
     for h0 in range(0, H, HG):
         heads = h0 + offs_g
@@ -308,6 +321,8 @@ def _cls_attn_tile(
         if HAS_POS:
             pos = tl.load(PosTable + heads[None, :] * R + pos_idx[:, None], mask=h_ok[None, :], other=0.0)
             s += pos * 1.4426950408889634
+        if HAS_KEY_BIAS:
+            s += key_bias[:, None]
         p = tl.where(ok[:, None] & h_ok[None, :], tl.math.exp2(s - lse), 0.0)
         acc += tl.reduce(p, 1, _add_fn)
     tl.store(ClsAttn + cols, acc / H, mask=col_ok)
@@ -322,6 +337,7 @@ def _ragged_cls_attn(
     ClsAttn,
     PosTable,
     TokPos,
+    KeyBias,
     T,
     B,
     H,
@@ -335,17 +351,19 @@ def _ragged_cls_attn(
     BLOCK_D: tl.constexpr,
     HAS_POS: tl.constexpr,
     HG: tl.constexpr,
+    HAS_KEY_BIAS: tl.constexpr,
 ):
     """grid = (cdiv(T, BLOCK_N),). ClsAttn[t] = mean_h softmax(row cu[b])[t] for token t of sequence b.
 
     Needs Lse [H, T] of the sequences' first rows from _ragged_attn_fwd(store_lse=1). Deterministic.
     Heads are processed HG at a time as [BLOCK_N, HG, BLOCK_D] tiles (HG: the launch config's cls_heads,
     `_config.py`). HAS_POS: the scores get the same position bias as in _ragged_attn_fwd (query = the sequence's
-    first row, key = the token).
+    first row, key = the token); HAS_KEY_BIAS: the same key bias (KeyBias[token]).
     """
     qk_scale = scale_bits.to(tl.float32, bitcast=True) * 1.4426950408889634  # scale * log2(e)
-    _cls_attn_tile(QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, tl.program_id(0) * BLOCK_N, T, B, H, D, qk_scale,
-                   has_bias, grid_h, grid_w, num_prefix, BLOCK_N, BLOCK_D, HAS_POS, HG)  # fmt: skip
+    _cls_attn_tile(QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, KeyBias, tl.program_id(0) * BLOCK_N, T, B, H, D,
+                   qk_scale, has_bias, grid_h, grid_w, num_prefix, BLOCK_N, BLOCK_D, HAS_POS, HG,
+                   HAS_KEY_BIAS)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T", "B"])

@@ -22,8 +22,8 @@ from raggedvit.kernels._config import KernelConfig, fwd_grid, pick_config
 
 __all__ = ["_launch_triton", "load_interpreted_kernels", "scale_bits"]
 
-# Compiled kernels per (device, dtype, cu dtype, H, D, store_lse, has_pos, config), launched without Triton's
-# per-call binder. Set RAGGEDVIT_NO_FAST_LAUNCH=1 to always go through JITFunction.run.
+# Compiled kernels per (device, dtype, cu dtype, H, D, store_lse, has_pos, has_key_bias, config), launched without
+# Triton's per-call binder. Set RAGGEDVIT_NO_FAST_LAUNCH=1 to always go through JITFunction.run.
 _FAST: dict[tuple, tuple[Any, Any]] = {}
 try:
     from triton import knobs as _knobs  # Triton >= 3.4: launcher takes all args + knobs hooks
@@ -107,14 +107,12 @@ def _launch_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, 3*H*D] (contiguous), cu_seqlens [B+1] (, bias [3*H*D] qkv's dtype) (, pos_table [H, R] fp32
     contiguous, token_pos [T] cu_seqlens's dtype, grid (grid_h, grid_w), num_prefix: relative position bias)
-    -> out [T, H*D], cls_attn [T] fp32 (or [0]).
+    (, key_bias [T] fp32 contiguous: added to every logit of its key) -> out [T, H*D], cls_attn [T] fp32 (or [0]).
 
     Inputs must already be validated; CUDA tensors must be on the current device. `kernels` defaults
     to `raggedvit.kernels._kernel`; `config` defaults to `pick_config(T, D, dtype)` (the benchmark's
     tuner overrides it). `out` [T, H*D] / `cls_attn` [T] fp32 may be preallocated (tests poison them).
     """
-    if key_bias is not None:
-        raise NotImplementedError("key_bias: the Triton kernels take no key bias yet")
     T, width = qkv.shape
     H = num_heads
     D = width // (3 * H)
@@ -136,6 +134,11 @@ def _launch_triton(
         ptrs |= pos_table.data_ptr() | token_pos.data_ptr()
     else:  # never read: any valid pointers of the right types
         pos_table, token_pos = _unused_f32(out), cu_seqlens
+    has_key_bias = key_bias is not None
+    if has_key_bias:
+        ptrs |= key_bias.data_ptr()
+    else:
+        key_bias = pos_table  # never read: an fp32 pointer
     store = int(return_cls_attn)
     if not store:
         cls_attn, lse = torch.empty(0, dtype=torch.float32, device=device), _unused_f32(out)
@@ -162,6 +165,7 @@ def _launch_triton(
         lse,
         pos_table,
         token_pos,
+        key_bias,
         T,
         B,
         J,
@@ -175,15 +179,16 @@ def _launch_triton(
         cfg.block_n,
         cfg.block_d,
         has_pos,
+        has_key_bias,
     )
-    cls_args = (qkv, bias, cu_seqlens, lse, cls_attn, pos_table, token_pos, T, B, H, D, bits, has_bias, *pos_ints,
-                cfg.cls_block_n, cfg.block_d, has_pos, cfg.cls_heads)  # fmt: skip
+    cls_args = (qkv, bias, cu_seqlens, lse, cls_attn, pos_table, token_pos, key_bias, T, B, H, D, bits, has_bias,
+                *pos_ints, cfg.cls_block_n, cfg.block_d, has_pos, cfg.cls_heads, has_key_bias)  # fmt: skip
     grid_c = -(-T // cfg.cls_block_n)
 
     key = None
     if kernels is None and config is None and _FAST_ENABLED and qkv.is_cuda and ptrs & 15 == 0:
         # built-in configs are immortal singletons, so their id() is a stable key
-        key = (device.index, qkv.dtype, cu_seqlens.dtype, H, D, store, has_pos, id(cfg))
+        key = (device.index, qkv.dtype, cu_seqlens.dtype, H, D, store, has_pos, has_key_bias, id(cfg))
         fast = _FAST.get(key)
         if fast is not None:
             stream = torch._C._cuda_getCurrentRawStream(device.index)
@@ -197,14 +202,14 @@ def _launch_triton(
                 key = None
     k = _default_kernels() if kernels is None else kernels
     ck_fwd = k._ragged_attn_fwd[(grid_m, H)](
-        *fwd_args[:18], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        *fwd_args[:19], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos,
+        HAS_KEY_BIAS=has_key_bias, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     ck_cls = None
     if store:
         ck_cls = k._ragged_cls_attn[(grid_c,)](
-            *cls_args[:16], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos, HG=cfg.cls_heads,
-            num_warps=cfg.cls_num_warps, num_stages=1,
+            *cls_args[:17], BLOCK_N=cfg.cls_block_n, BLOCK_D=cfg.block_d, HAS_POS=has_pos, HG=cfg.cls_heads,
+            HAS_KEY_BIAS=has_key_bias, num_warps=cfg.cls_num_warps, num_stages=1,
         )  # fmt: skip
     if key is not None and _Compiled.usable(ck_fwd) and (not store or _Compiled.usable(ck_cls)):
         _FAST[key] = (_Compiled(ck_fwd), _Compiled(ck_cls) if store else None)

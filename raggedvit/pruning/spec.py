@@ -77,7 +77,9 @@ class PruneSpec:
         if any(b <= a for a, b in zip(self.prune_at, self.prune_at[1:])):
             raise ValueError(f"prune indices must be strictly increasing, got {list(self.prune_at)}")
         if merging and any(i < 0 for i in self.prune_at):
-            raise ValueError(f"tome block indices must be >= 0 (a merge runs inside a block), got {list(self.prune_at)}")
+            raise ValueError(
+                f"tome block indices must be >= 0 (a merge runs inside a block), got {list(self.prune_at)}"
+            )
         if not merging and any(i < 1 for i in self.prune_at):
             raise ValueError(f"prune indices must be >= 1 (a stage runs after a block), got {list(self.prune_at)}")
         if isinstance(self.r, bool) or int(self.r) != self.r:

@@ -83,15 +83,15 @@ def test_clear_error_when_nothing_works(tmp_path, monkeypatch, no_system_headers
 def test_plan_covers_every_kernel_dtype_cu_block_arch():
     jobs, rows = _aot.make_plan((80, 90))
     configs = _aot.kernel_configs()
-    assert len(rows) == 2 * 2 * len(configs) * 2 * 2  # kernels x cu dtypes x configs x archs x HAS_POS
-    assert {(j.kernel, j.dtype, j.cu_dtype, j.block_d, j.arch, j.has_pos) for j in jobs} == {
-        (k, d, c, b, a, p)
+    assert len(rows) == 2 * 2 * len(configs) * 2 * 3  # kernels x cu dtypes x configs x archs x bias variants
+    assert {(j.kernel, j.dtype, j.cu_dtype, j.block_d, j.arch, j.has_pos, j.has_key_bias) for j in jobs} == {
+        (k, d, c, b, a, p, kb)
         for k in ("fwd", "cls")
         for d in _aot.DTYPES
         for c in _aot.CU_DTYPES
         for b in _aot.BLOCK_DS
         for a in (80, 90)
-        for p in (False, True)
+        for p, kb in ((False, False), (True, False), (False, True))
     }
     assert len(jobs) == len(set(jobs)) <= len(rows)
     assert 0 in {m for _, m in rows}
@@ -101,7 +101,10 @@ def test_signature_hints_pointers_and_D():
     job = _aot.AotJob("fwd", "bf16", "i64", 64, 90, 64, 64, 4, 2)
     sig, consts = job.signature()
     assert sig["QKV"] == "*bf16" and sig["CU"] == "*i64" and sig["Lse"] == "*fp32" and sig["T"] == "i32"
-    assert consts == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64, "HAS_POS": False}
+    assert consts == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64, "HAS_POS": False, "HAS_KEY_BIAS": False}
+    assert list(sig)[5:8] == ["PosTable", "TokPos", "KeyBias"] and sig["KeyBias"] == "*fp32"
+    kb_job = _aot.AotJob("fwd", "bf16", "i64", 64, 90, 64, 64, 4, 2, has_key_bias=True)
+    assert kb_job.signature()[1]["HAS_KEY_BIAS"] is True
     assert sig["PosTable"] == "*fp32" and sig["TokPos"] == "*i64" and sig["grid_h"] == sig["num_prefix"] == "i32"
     assert _aot.AotJob("fwd", "bf16", "i64", 64, 90, 64, 64, 4, 2, True).signature()[1]["HAS_POS"] is True
     cls_sig, cls_consts = _aot.AotJob("cls", "fp16", "i32", 32, 80, 0, 128, 4, 1, cls_heads=8).signature()
@@ -123,7 +126,7 @@ def test_generated_source_shares_cubins_between_rows(tmp_path):
     text = path.read_text()
     assert text.count("const unsigned char kCubin") == 1
     assert '"\\x00\\x7f\\x22\\x5c\\x78"' in text  # every byte escaped (quotes, backslashes included)
-    assert "IndexType::kInt32, 64, false, 90, 2048," in text
+    assert "IndexType::kInt32, 64, false, false, 90, 2048," in text
     assert "const size_t kNumLinearImages = 0;" in text and "const int64_t kLinearLargeT = 1024;" in text
 
 

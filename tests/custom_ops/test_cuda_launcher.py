@@ -82,10 +82,17 @@ def run(harness: Path, tmp_path: Path, scenarios: list[str], *, fake: bool = Tru
     return proc.stdout.splitlines(), (log.read_text().splitlines() if log.exists() else [])
 
 
-def scenario(*, dtype=1, index=0, T=100, B=3, H=12, D=64, cls=1, stream=0, device=0, misalign=0, scale=0.125, pos=None):
-    """pos: (flag, grid_h, grid_w, num_prefix), flag 1 = pos_table and token_pos, 2 = token_pos misaligned."""
+def scenario(
+    *, dtype=1, index=0, T=100, B=3, H=12, D=64, cls=1, stream=0, device=0, misalign=0, scale=0.125, pos=None,
+    key_bias=0,
+):  # fmt: skip
+    """pos: (flag, grid_h, grid_w, num_prefix), flag 1 = pos_table and token_pos, 2 = token_pos misaligned;
+    key_bias 1: a key bias at 0x1100000, 2: misaligned."""
     line = f"{dtype} {index} {T} {B} {H} {D} {cls} {stream} {device} {misalign} {scale}"
-    return line if pos is None else line + " " + " ".join(map(str, pos))
+    if pos is None and key_bias:
+        pos = (0, 0, 0, 0)
+    line = line if pos is None else line + " " + " ".join(map(str, pos))
+    return line + f" {key_bias}" if key_bias else line
 
 
 def launches(log: list[str]) -> list[dict[str, str]]:
@@ -106,25 +113,39 @@ def test_launch_parameters_match_the_kernel_signatures(harness, tmp_path):
     # J = cdiv(cdiv(100, 3), 32) = 2 programs per sequence, then cdiv(100, 4 * 32) for the dead rows; H
     assert fwd_grid(100, 3, 32) == (2, 7)
     assert fwd["grid"] == "7,12,1" and fwd["block"] == "128,1,1" and fwd["smem"] == "16384"
-    # QKV, Bias (no bias: QKV's pointer, never read), CU, Out, Lse, PosTable, TokPos (no pos: QKV's and CU's
-    # pointers, never read), T, B, J, H, D, scale_bits, store_lse, has_bias, grid_h, grid_w, num_prefix,
-    # global_scratch, profile_scratch
-    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,a00000,b00000,100,3,2,12,64,{bits},1,0,0,0,0,0,0"
+    # QKV, Bias (no bias: QKV's pointer, never read), CU, Out, Lse, PosTable, TokPos, KeyBias (no pos, no key bias:
+    # QKV's and CU's pointers, never read), T, B, J, H, D, scale_bits, store_lse, has_bias, grid_h, grid_w,
+    # num_prefix, global_scratch, profile_scratch
+    assert fwd["args"] == (
+        f"a00000,a00000,b00000,c00000,d00000,a00000,b00000,a00000,100,3,2,12,64,{bits},1,0,0,0,0,0,0"
+    )
     assert cls["name"] == "_ragged_cls_attn" and cls["grid"] == "1,1,1"  # cdiv(100, 128)
-    # QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, T, B, H, D, scale_bits, has_bias, grid_h, grid_w, num_prefix,
-    # global_scratch, profile_scratch
-    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,a00000,b00000,100,3,12,64,{bits},0,0,0,0,0,0"
-    assert "/posfalse/" in fwd["image"] and "/posfalse/" in cls["image"]
+    # QKV, Bias, CU, Lse, ClsAttn, PosTable, TokPos, KeyBias, T, B, H, D, scale_bits, has_bias, grid_h, grid_w,
+    # num_prefix, global_scratch, profile_scratch
+    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,a00000,b00000,a00000,100,3,12,64,{bits},0,0,0,0,0,0"
+    assert "/posfalse/kbfalse/" in fwd["image"] and "/posfalse/kbfalse/" in cls["image"]
+
+
+def test_key_bias_images_and_parameters(harness, tmp_path):
+    """A key bias picks the HAS_KEY_BIAS cubins and is passed after TokPos in both kernels."""
+    res, log = run(harness, tmp_path, [scenario(key_bias=1)])
+    assert res == ["OK"]
+    fwd, cls = launches(log)
+    assert fwd["image"] == "kForward/kFloat16/kInt32/d64/posfalse/kbtrue/sm90/min0" and "/kbtrue/" in cls["image"]
+    assert fwd["args"].split(",")[5:8] == ["a00000", "b00000", "1100000"]
+    assert cls["args"].split(",")[5:8] == ["a00000", "b00000", "1100000"]
 
 
 def test_relative_position_images_and_parameters(harness, tmp_path):
     res, log = run(harness, tmp_path, [scenario(pos=(1, 14, 14, 1)), scenario(pos=(1, 3, 5, 0), cls=0)])
     assert res == ["OK", "OK"]
     fwd, cls, fwd2 = launches(log)
-    assert fwd["image"] == "kForward/kFloat16/kInt32/d64/postrue/sm90/min0" and "/postrue/" in cls["image"]
+    assert fwd["image"] == "kForward/kFloat16/kInt32/d64/postrue/kbfalse/sm90/min0" and "/postrue/" in cls["image"]
     bits = struct.unpack("<i", struct.pack("<f", 0.125))[0]
-    assert fwd["args"] == f"a00000,a00000,b00000,c00000,d00000,f00000,f80000,100,3,2,12,64,{bits},1,0,14,14,1,0,0"
-    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,f00000,f80000,100,3,12,64,{bits},0,14,14,1,0,0"
+    assert fwd["args"] == (
+        f"a00000,a00000,b00000,c00000,d00000,f00000,f80000,a00000,100,3,2,12,64,{bits},1,0,14,14,1,0,0"
+    )
+    assert cls["args"] == f"a00000,a00000,b00000,d00000,e00000,f00000,f80000,a00000,100,3,12,64,{bits},0,14,14,1,0,0"
     assert fwd2["args"].endswith(",0,0,3,5,0,0,0") and "/postrue/" in fwd2["image"]
     assert fwd["stream"] == cls["stream"] == "5000" and fwd["ctx"] == "0"
 
@@ -133,11 +154,11 @@ def test_config_follows_T_and_large_shared_memory_is_opted_in_once(harness, tmp_
     res, log = run(harness, tmp_path, [scenario(T=2047, cls=0), scenario(T=2048, cls=0), scenario(T=9000, cls=0)])
     assert res == ["OK"] * 3
     images = [x["image"] for x in launches(log)]
-    assert images == [f"kForward/kFloat16/kInt32/d64/posfalse/sm90/min{m}" for m in ("0", "2048", "2048")]
+    assert images == [f"kForward/kFloat16/kInt32/d64/posfalse/kbfalse/sm90/min{m}" for m in ("0", "2048", "2048")]
     grids = [f"{fwd_grid(T, 3, m)[1]},12,1" for T, m in ((2047, 32), (2048, 64), (9000, 64))]
     assert [x["grid"] for x in launches(log)] == grids
     assert [x for x in log if x.startswith("setattr")] == [
-        "setattr kForward/kFloat16/kInt32/d64/posfalse/sm90/min2048 attr=8 value=60000"
+        "setattr kForward/kFloat16/kInt32/d64/posfalse/kbfalse/sm90/min2048 attr=8 value=60000"
     ]
     assert len([x for x in log if x.startswith("load")]) == 2  # one module per image and context
 
@@ -185,7 +206,9 @@ def test_empty_grid_launches_nothing(harness, tmp_path):
         ({"misalign": 8}, {}, "ERR device buffer 'qkv' is not 16-byte aligned"),
         ({"T": 3_000_000, "H": 12, "D": 64}, {}, "exceed the int32 indexing"),
         ({"B": 2**31 - 1}, {}, "ERR T = 100, B = 2147483647: B * 1 + 1 query-tile programs exceed the CUDA grid limit"),
-        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 14 parameters, launcher passes 20"),
+        ({"dtype": 2, "D": 32}, {}, "ERR _ragged_attn_fwd: cubin expects 14 parameters, launcher passes 21"),
+        ({"key_bias": 1}, {"FAKE_CUDA_ARCH": "80"}, "ERR no cubin for sm_80 fp16/int32 BLOCK_D=64 with key bias"),
+        ({"key_bias": 2}, {}, "ERR device buffer 'key_bias' is not 16-byte aligned"),
         (
             {"pos": (1, 14, 14, 1)},
             {"FAKE_CUDA_ARCH": "80"},

@@ -1,13 +1,15 @@
 """The per-key bias of ragged attention (ToMe's proportional attention): the reference against its defining
-property, the CPU path against the float64 reference, the op schema and the argument checks."""
+property, the interpreted Triton kernels and the CPU path against the float64 reference, the op schema and the
+argument checks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _kernel_cases import check_against_reference, make_batch, relpos_inputs
+from _kernel_cases import check_against_reference, make_batch, poisoned_outputs, relpos_inputs
 
 from raggedvit.kernels import ragged_attention
+from raggedvit.kernels._launch import _launch_triton
 from raggedvit.kernels.reference import ragged_attention_reference
 from tests.support.testing import assert_close
 
@@ -37,23 +39,43 @@ def test_log_size_bias_equals_repeated_keys(gen):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("lengths", [[21, 7, 1, 15], [64, 65]], ids=str)
-def test_cpu_path_matches_reference(gen, dtype, lengths):
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64], ids=str)
+def test_kernels_match_reference(interpreted, gen, dtype, lengths, cu_dtype):
     H, D = 3, 32
-    qkv, cu = make_batch(lengths, H, D, dtype, gen)
+    qkv, cu = make_batch(lengths, H, D, dtype, gen, cu_dtype=cu_dtype)
     kb = _key_bias(qkv.shape[0], gen)
+    out, cls_attn = poisoned_outputs(qkv, H)
+    _launch_triton(qkv, cu, H, D**-0.5, True, kernels=interpreted, out=out, cls_attn=cls_attn, key_bias=kb)
+    check_against_reference(out, cls_attn, qkv, cu, H, pos={"key_bias": kb}, name="triton")
     out, cls_attn = ragged_attention(qkv, cu, H, return_cls_attn=True, key_bias=kb)
     check_against_reference(out, cls_attn, qkv, cu, H, pos={"key_bias": kb}, name="cpu")
 
 
-def test_with_bias_and_pos(gen):
+def test_dead_rows_with_key_bias(interpreted, gen):
+    """Rows past cu[B] (the capacity layout) stay zero with a key bias, in both implementations."""
+    H, D = 2, 32
+    qkv, cu = make_batch([9, 4, 6], H, D, torch.float16, gen)
+    cu[-1] = 13  # the last sequence's rows are dead
+    kb = _key_bias(19, gen)
+    out, cls_attn = poisoned_outputs(qkv, H)
+    _launch_triton(qkv, cu, H, D**-0.5, True, kernels=interpreted, out=out, cls_attn=cls_attn, key_bias=kb)
+    for o, c in ((out, cls_attn), ragged_attention(qkv, cu, H, return_cls_attn=True, key_bias=kb)):
+        assert bool((o[13:] == 0).all()) and bool((c[13:] == 0).all())
+        check_against_reference(o[:13], c[:13], qkv[:13], cu, H, pos={"key_bias": kb[:13]})
+
+
+def test_with_bias_and_pos(interpreted, gen):
     """key_bias adds to the relative position bias and the qkv bias."""
     H, D, lengths = 2, 32, [10, 3]
     qkv, cu = make_batch(lengths, H, D, torch.float32, gen)
     pos = relpos_inputs(lengths, H, (3, 3), 1, gen)
     bias = torch.randn(3 * H * D, generator=gen)
     kb = _key_bias(qkv.shape[0], gen)
+    want = {**pos, "key_bias": kb}
     got = ragged_attention(qkv, cu, H, return_cls_attn=True, bias=bias, key_bias=kb, **pos)
-    check_against_reference(*got, qkv + bias, cu, H, pos={**pos, "key_bias": kb}, name="cpu")
+    check_against_reference(*got, qkv + bias, cu, H, pos=want, name="cpu")
+    got = _launch_triton(qkv, cu, H, D**-0.5, True, kernels=interpreted, bias=bias, key_bias=kb, **pos)
+    check_against_reference(*got, qkv + bias, cu, H, pos=want, name="triton")
 
 
 def test_zero_bias_is_no_bias(gen):

@@ -57,7 +57,9 @@ def test_tome_equals_reference(model_key: str, r: int, merge_at: tuple[int, ...]
 @functools.cache
 def _layer_scale_vit() -> torch.nn.Module:
     """A ViT with registers and LayerScale gammas far from 1 (DINOv2 layout, 3 blocks)."""
-    vit, _ = load_vit("vit_small_patch14_reg4_dinov2", seed=0, img_size=112, model_kwargs={"depth": 3, "init_values": 1.0})
+    vit, _ = load_vit(
+        "vit_small_patch14_reg4_dinov2", seed=0, img_size=112, model_kwargs={"depth": 3, "init_values": 1.0}
+    )
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for blk in vit.blocks:
@@ -141,7 +143,10 @@ def test_spec() -> None:
         (lambda: eva_model("eva02"), "Eva blocks rotate q and k"),
         (lambda: relpos_model("beit"), "BEiT's relative position bias"),
         (lambda: relpos_model("relpos-mlp"), "its relative position bias is looked up"),
-        (lambda: Cait(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, depth_token_only=1), "CaiT.s talking-heads"),
+        (
+            lambda: Cait(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, depth_token_only=1),
+            "CaiT.s talking-heads",
+        ),
     ],
 )
 def test_position_families_refuse_tome(build, text: str) -> None:

@@ -27,6 +27,7 @@ struct Job {
   float* cls;  // nullptr when the output is absent
   const float* pos = nullptr;  // pos_table [H, pos_size] or nullptr
   int64_t pos_size = 0;
+  const float* key_bias = nullptr;  // [T] or nullptr: added to every score of its key
   std::vector<RelCode> codes;  // [T] with pos: each row's relative position code (from token_pos)
   Dims d;
   float scale;
@@ -88,6 +89,13 @@ void RunTask(const Job<T>& job, const Task& task) {
         const RelCode& query = job.codes[static_cast<size_t>(task.row_begin + r)];
         float* p = s.data() + r * L;
         for (int64_t j = 0; j < L; ++j) p[j] += table[RelColumn(query, keys[j], job.pos_size)];
+      }
+    }
+    if (job.key_bias != nullptr) {  // per-key bias (proportional attention), every query row of the task
+      const float* kb = job.key_bias + task.seq_begin;
+      for (int64_t r = 0; r < R; ++r) {
+        float* p = s.data() + r * L;
+        for (int64_t j = 0; j < L; ++j) p[j] += kb[j];
       }
     }
     for (int64_t r = 0; r < R; ++r) {  // softmax rows in fp32
@@ -185,6 +193,8 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const Attrs& attrs, const Dims& d,
   const void* table = nullptr;
   const void* tokens = nullptr;
   err = ReadPosInputs(ctx, attrs, qkv_shape, cu_value.GetTensorTypeAndShapeInfo().GetElementType(), &table, &tokens);
+  if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+  err = ReadKeyBias(ctx, qkv_shape, &job.key_bias);
   if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
   if (table != nullptr) {
     job.pos = static_cast<const float*>(table);

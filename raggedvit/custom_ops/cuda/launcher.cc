@@ -120,7 +120,7 @@ long PickImage(KernelKind kind, const AttentionLaunch& a, int block_d, int arch)
   for (size_t i = 0; i < kNumKernelImages; ++i) {
     const KernelImage& im = kKernelImages[i];
     if (im.kind != kind || im.dtype != a.dtype || im.index_type != a.index_type || im.block_d != block_d) continue;
-    if (im.has_pos != (a.pos_table != nullptr)) continue;
+    if (im.has_pos != (a.pos_table != nullptr) || im.has_key_bias != (a.key_bias != nullptr)) continue;
     if (im.arch / 10 != arch / 10 || im.arch > arch || im.min_tokens > a.T) continue;
     if (best < 0) {
       best = static_cast<long>(i);
@@ -330,9 +330,10 @@ std::string CheckSupported(const AttentionLaunch& a) {
              "): H*((2*grid_h-1)*(2*grid_w-1)+3) and num_prefix + grid_h*grid_w must be in the kernel's int32 range";
     }
   }
-  const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn, a.bias, a.pos_table, a.token_pos};
-  const char* names[] = {"qkv", "cu_seqlens", "out", "lse scratch", "cls_attn", "bias", "pos_table", "token_pos"};
-  for (int i = 0; i < 8; ++i) {
+  const void* ptrs[] = {a.qkv, a.cu, a.out, a.lse, a.cls_attn, a.bias, a.pos_table, a.token_pos, a.key_bias};
+  const char* names[] = {"qkv", "cu_seqlens", "out", "lse scratch", "cls_attn", "bias", "pos_table", "token_pos",
+                         "key_bias"};
+  for (int i = 0; i < 9; ++i) {
     if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) {
       return std::string("device buffer '") + names[i] + "' is not 16-byte aligned";
     }
@@ -359,6 +360,7 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
       return std::string("no cubin for sm_") + std::to_string(arch) + " " + DTypeName(a.dtype) +
              (a.index_type == IndexType::kInt32 ? "/int32" : "/int64") + " BLOCK_D=" + std::to_string(block_d) +
              (a.pos_table != nullptr ? " with relative position bias" : "") +
+             (a.key_bias != nullptr ? " with key bias" : "") +
              " in this library (it holds " + AvailableArchs() + "; rebuild with build.py --archs)";
     }
     std::string e = load(RefOf(kKernelImages[fwd_index]), &fwd);
@@ -376,6 +378,8 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
   // no relative position bias: qkv's and cu's pointers stand in (never read, HAS_POS = false in that cubin)
   CUdeviceptr pos_table = reinterpret_cast<CUdeviceptr>(a.pos_table != nullptr ? a.pos_table : a.qkv);
   CUdeviceptr token_pos = reinterpret_cast<CUdeviceptr>(a.token_pos != nullptr ? a.token_pos : a.cu);
+  // no key bias: qkv's pointer stands in (never read, HAS_KEY_BIAS = false in that cubin)
+  CUdeviceptr key_bias = reinterpret_cast<CUdeviceptr>(a.key_bias != nullptr ? a.key_bias : a.qkv);
   int32_t grid_h = static_cast<int32_t>(a.grid_h), grid_w = static_cast<int32_t>(a.grid_w);
   int32_t num_prefix = static_cast<int32_t>(a.num_prefix);
   int32_t T = static_cast<int32_t>(a.T), B = static_cast<int32_t>(a.B);
@@ -398,7 +402,7 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
            " + " + std::to_string(dead_programs) + " query-tile programs exceed the CUDA grid limit 2^31 - 1";
   }
   int32_t J = static_cast<int32_t>(tiles_per_seq);
-  void* fwd_args[] = {&qkv,        &bias,     &cu,     &out,    &lse,    &pos_table,  &token_pos,
+  void* fwd_args[] = {&qkv,        &bias,     &cu,     &out,    &lse,    &pos_table,  &token_pos, &key_bias,
                       &T,          &B,        &J,      &H,      &D,      &scale_bits, &store_lse, &has_bias,
                       &grid_h,     &grid_w,   &num_prefix, &scratch, &profile_scratch};
   constexpr int kFwdParams = static_cast<int>(sizeof(fwd_args) / sizeof(void*));
@@ -413,7 +417,7 @@ std::string LaunchRaggedAttention(const AttentionLaunch& a) {
 
   if (a.cls_attn != nullptr) {
     const KernelImage& c = kKernelImages[cls_index];
-    void* cls_args[] = {&qkv,    &bias,   &cu,         &lse,    &cls_attn, &pos_table, &token_pos,
+    void* cls_args[] = {&qkv,    &bias,   &cu,         &lse,    &cls_attn, &pos_table, &token_pos, &key_bias,
                         &T,      &B,      &H,          &D,      &scale_bits, &has_bias, &grid_h,
                         &grid_w, &num_prefix, &scratch, &profile_scratch};
     constexpr int kClsParams = static_cast<int>(sizeof(cls_args) / sizeof(void*));

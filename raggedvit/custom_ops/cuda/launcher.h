@@ -19,6 +19,7 @@ struct KernelImage {
   IndexType index_type;
   int block_d;
   bool has_pos;                // compiled with HAS_POS (relative position bias)
+  bool has_key_bias;           // compiled with HAS_KEY_BIAS (per-key bias)
   int arch;                    // 80, 86, 89, 90
   int64_t min_tokens;          // config used for T >= min_tokens (the largest such wins), as pick_config
   const char* function_name;   // symbol inside the cubin
@@ -236,6 +237,7 @@ struct AttentionLaunch {
   const void* pos_table = nullptr;  // [H, R] fp32 device, or nullptr (no relative position bias)
   const void* token_pos = nullptr;  // [T] device, cu's index type; required iff pos_table != nullptr
   int64_t grid_h = 0, grid_w = 0, num_prefix = 0;  // with pos_table: R = (2*grid_h-1)*(2*grid_w-1) + 3
+  const void* key_bias = nullptr;   // [T] fp32 device, or nullptr: added to every logit of its key
   int64_t T = 0, B = 0, H = 0, D = 0;
   float scale = 1.0f;
   void* stream = nullptr;        // CUstream; nullptr = legacy default stream of device_ordinal

@@ -38,6 +38,10 @@ OrtStatusPtr RaggedAttentionCudaKernel::ComputeV2(OrtKernelContext* context) {
     if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
     a.pos_table = table;
     a.token_pos = tokens;
+    const float* key_bias = nullptr;
+    err = ReadKeyBias(ctx, qkv_shape, &key_bias);
+    if (!err.empty()) return MakeStatus(ORT_INVALID_ARGUMENT, err);
+    a.key_bias = key_bias;
     if (table != nullptr) {
       a.grid_h = attrs_.grid_h;
       a.grid_w = attrs_.grid_w;

@@ -1,7 +1,7 @@
 // Drives cuda/launcher.cc (and the other launchers) against fake_libcuda.c with a small hand-written kernel table.
 // stdin: one scenario per line: dtype(0 fp32,1 fp16,2 bf16) index(0 i32,1 i64) T B H D cls stream_dev
-//        device_ordinal misalign scale [pos grid_h grid_w num_prefix]   (stream_dev -1 = null stream; pos 1:
-//        pos_table 0xf00000 and token_pos 0xf80000)
+//        device_ordinal misalign scale [pos grid_h grid_w num_prefix [key_bias]]   (stream_dev -1 = null stream;
+//        pos 1: pos_table 0xf00000 and token_pos 0xf80000; key_bias 1: key_bias 0x1100000, 2: misaligned)
 //        or a RaggedLinear launch: L dtype index T N K B bias residual cu activation misalign
 //        or a BiasGelu launch: G dtype M N bias misalign
 //        or a GatherLayerNorm launch: N dtype index T R D B skip bias cu misalign   (misalign i > 0: the i-th
@@ -20,30 +20,36 @@
 
 namespace raggedvit::cuda {
 namespace {
-#define IMGP(kind, dt, it, bd, pos, arch, min_t, name, shared, bm, bn, np)                                       \
-  {KernelKind::kind, DType::dt, IndexType::it, bd, pos, arch, min_t, name,                                          \
-   reinterpret_cast<const unsigned char*>(#kind "/" #dt "/" #it "/d" #bd "/pos" #pos "/sm" #arch "/min" #min_t), 8, \
-   shared, 4, bm, bn, np}
+#define IMGPK(kind, dt, it, bd, pos, kb, arch, min_t, name, shared, bm, bn, np)                                     \
+  {KernelKind::kind, DType::dt, IndexType::it, bd, pos, kb, arch, min_t, name,                                       \
+   reinterpret_cast<const unsigned char*>(#kind "/" #dt "/" #it "/d" #bd "/pos" #pos "/kb" #kb "/sm" #arch "/min"    \
+                                          #min_t),                                                                   \
+   8, shared, 4, bm, bn, np}
+#define IMGP(kind, dt, it, bd, pos, arch, min_t, name, shared, bm, bn, np) \
+  IMGPK(kind, dt, it, bd, pos, false, arch, min_t, name, shared, bm, bn, np)
 #define IMG(kind, dt, it, bd, arch, min_t, name, shared, bm, bn, np) \
   IMGP(kind, dt, it, bd, false, arch, min_t, name, shared, bm, bn, np)
 }  // namespace
 
 const KernelImage kKernelImages[] = {
-    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 20),
-    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 20),
-    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 20),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 20),
-    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 20),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
-    IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
-    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 20),
-    IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 18),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 0, "_ragged_attn_fwd", 16384, 32, 64, 21),
+    IMG(kForward, kFloat16, kInt32, 64, 80, 2048, "_ragged_attn_fwd", 32768, 64, 64, 21),
+    IMG(kForward, kFloat16, kInt32, 64, 86, 0, "_ragged_attn_fwd", 16384, 32, 64, 21),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 0, "_ragged_attn_fwd", 16384, 32, 64, 21),
+    IMG(kForward, kFloat16, kInt32, 64, 90, 2048, "_ragged_attn_fwd", 60000, 64, 64, 21),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 80, 0, "_ragged_cls_attn", 1024, 0, 128, 19),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 86, 0, "_ragged_cls_attn", 1024, 0, 128, 19),
+    IMG(kClsAttn, kFloat16, kInt32, 64, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 19),
+    IMG(kForward, kFloat32, kInt64, 128, 90, 0, "_ragged_attn_fwd", 53248, 32, 32, 21),
+    IMG(kClsAttn, kFloat32, kInt64, 128, 90, 0, "_ragged_cls_attn", 1024, 0, 64, 19),
     IMG(kForward, kBFloat16, kInt32, 32, 90, 0, "_ragged_attn_fwd", 8192, 64, 64, 14),  // wrong param count
-    IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 18),
+    IMG(kClsAttn, kBFloat16, kInt32, 32, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 19),
     // relative position bias variants (fp16/int32/d64 on sm_90 only)
-    IMGP(kForward, kFloat16, kInt32, 64, true, 90, 0, "_ragged_attn_fwd", 20480, 32, 64, 20),
-    IMGP(kClsAttn, kFloat16, kInt32, 64, true, 90, 0, "_ragged_cls_attn", 2048, 0, 128, 18),
+    IMGP(kForward, kFloat16, kInt32, 64, true, 90, 0, "_ragged_attn_fwd", 20480, 32, 64, 21),
+    IMGP(kClsAttn, kFloat16, kInt32, 64, true, 90, 0, "_ragged_cls_attn", 2048, 0, 128, 19),
+    // key bias variants (fp16/int32/d64 on sm_90 only)
+    IMGPK(kForward, kFloat16, kInt32, 64, false, true, 90, 0, "_ragged_attn_fwd", 16896, 32, 64, 21),
+    IMGPK(kClsAttn, kFloat16, kInt32, 64, false, true, 90, 0, "_ragged_cls_attn", 1024, 0, 128, 19),
 };
 const size_t kNumKernelImages = sizeof(kKernelImages) / sizeof(kKernelImages[0]);
 
@@ -286,10 +292,13 @@ int main() {
       a.cls_attn = reinterpret_cast<void*>(uintptr_t{0xe00000});
     }
     a.stream = stream_dev < 0 ? nullptr : reinterpret_cast<void*>(uintptr_t{0x5000} + stream_dev);
-    int pos = 0;
+    int pos = 0, key_bias = 0;
     if (in >> pos >> a.grid_h >> a.grid_w >> a.num_prefix && pos) {
       a.pos_table = reinterpret_cast<const void*>(uintptr_t{0xf00000});
       a.token_pos = reinterpret_cast<const void*>(uintptr_t{0xf80000} + (pos == 2 ? 4 : 0));  // 2: misaligned
+    }
+    if (in >> key_bias && key_bias) {
+      a.key_bias = reinterpret_cast<const void*>(uintptr_t{0x1100000} + (key_bias == 2 ? 4 : 0));  // 2: misaligned
     }
     std::string err = LaunchRaggedAttention(a);
     std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;
