@@ -1,5 +1,8 @@
 """Benchmark raggedvit's ragged attention against torch peers on one GPU (fp16, H=12, D=64).
 
+raggedvit+key_bias / raggedvit+cls+key_bias: the same op with a per-key bias [T] float32 (tome's proportional
+attention, log of token sizes 1..8): its cost over raggedvit / raggedvit+cls is the bias input's.
+
 Two timings per (shape, impl): gpu_us = CUDA-graph replay of N back-to-back calls / N (median of
 replays; impls that cannot be captured fall back to triton.testing.do_bench and say so in `note`),
 and call_us = host wall time of back-to-back eager calls incl. dispatch (200 calls + synchronize,
@@ -54,6 +57,12 @@ def make_inputs(B: int, L: int, kind: str, seed: int = 0) -> tuple[torch.Tensor,
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     qkv = torch.randn(int(cu[-1]), 3 * H * D, generator=g).to(DTYPE)
     return qkv.cuda(), cu.cuda(), lengths
+
+
+def key_bias(T: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """[T] float32 log of token sizes 1..8: the key bias tome's proportional attention passes."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 9, (T,), generator=g).float().log().to(device)
 
 
 # ---------------------------------------------------------------- timing
@@ -112,9 +121,12 @@ def peers(qkv: torch.Tensor, cu: torch.Tensor, lengths: list[int]) -> dict[str, 
     T = qkv.shape[0]
     B, Lmax = len(lengths), max(lengths)
     uniform = len(set(lengths)) == 1
+    kb = key_bias(T, qkv.device)
     impls: dict[str, Peer] = {
         "raggedvit": lambda: ragged_attention(qkv, cu, H),
         "raggedvit+cls": lambda: ragged_attention(qkv, cu, H, return_cls_attn=True),
+        "raggedvit+key_bias": lambda: ragged_attention(qkv, cu, H, key_bias=kb),
+        "raggedvit+cls+key_bias": lambda: ragged_attention(qkv, cu, H, return_cls_attn=True, key_bias=kb),
     }
     x = qkv.view(T, 3, H, D)
     q, k, v = x.unbind(1)  # each [T, H, D], row stride 3*H*D
@@ -196,16 +208,19 @@ def check(shape_list: list[tuple[int, int, str]]) -> None:
     """Our op (lean path, called twice so the cached fast launch runs) vs the float64 reference."""
     for B, L, kind in shape_list:
         qkv, cu, lengths = make_inputs(B, L, kind)
-        ref_out, ref_cls = ragged_attention_reference(qkv, cu, H, return_cls_attn=True, compute_dtype=torch.float64)
-        for attempt in range(2):
-            out, cls_attn = ragged_attention(qkv, cu, H, return_cls_attn=True)
-            out2 = ragged_attention(qkv, cu, H)
-            torch.cuda.synchronize()
-            name = f"B={B} L={L} {kind} call {attempt}"
-            assert_close(out, ref_out.to(DTYPE), name=f"{name} out")
-            assert_close(out2, ref_out.to(DTYPE), name=f"{name} out (no cls)")
-            assert_close(cls_attn, ref_cls.float(), name=f"{name} cls_attn")
-    print(f"check: raggedvit matches the float64 reference on {len(shape_list)} shapes")
+        for kb in (None, key_bias(qkv.shape[0], qkv.device)):
+            ref_out, ref_cls = ragged_attention_reference(
+                qkv, cu, H, return_cls_attn=True, compute_dtype=torch.float64, key_bias=kb
+            )
+            for attempt in range(2):
+                out, cls_attn = ragged_attention(qkv, cu, H, return_cls_attn=True, key_bias=kb)
+                out2 = ragged_attention(qkv, cu, H, key_bias=kb)
+                torch.cuda.synchronize()
+                name = f"B={B} L={L} {kind}{' key_bias' if kb is not None else ''} call {attempt}"
+                assert_close(out, ref_out.to(DTYPE), name=f"{name} out")
+                assert_close(out2, ref_out.to(DTYPE), name=f"{name} out (no cls)")
+                assert_close(cls_attn, ref_cls.float(), name=f"{name} cls_attn")
+    print(f"check: raggedvit (with and without a key bias) matches the float64 reference on {len(shape_list)} shapes")
 
 
 TUNE_SHAPES = [(1, 197), (4, 197), (32, 197), (128, 197), (128, 99), (32, 577)]

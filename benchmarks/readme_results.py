@@ -30,7 +30,16 @@ GPU = "NVIDIA-H200"
 # document -> whether it holds the full tables
 DOCUMENTS: dict[str, bool] = {"README.md": False, "docs/performance.md": True}
 
-KERNEL_IMPLS = ("raggedvit", "raggedvit+cls", "padded_sdpa", "dense_sdpa", "varlen_fa", "nested_sdpa")
+KERNEL_IMPLS = (
+    "raggedvit",
+    "raggedvit+cls",
+    "raggedvit+key_bias",
+    "raggedvit+cls+key_bias",
+    "padded_sdpa",
+    "dense_sdpa",
+    "varlen_fa",
+    "nested_sdpa",
+)
 KERNEL_PEERS = ("padded_sdpa", "dense_sdpa", "varlen_fa", "nested_sdpa")
 
 # benchmarks.serving variant -> label; (variant, policy flag) for the pruned ones
@@ -47,6 +56,12 @@ _SERVING_LABELS = {
     ("ort_raggedvit", "topk-l2"): "**raggedvit topk-l2**",
     ("ort_raggedvit", "cls-mass"): "**raggedvit cls-mass, capacity**",
     ("ort_raggedvit", "cls-mass:dead-linear"): "**raggedvit cls-mass, dead-row blocks**",
+    ("prunedvit_compile", "tome:r=8"): "torch.compile(PrunedViT) tome r=8",
+    ("prunedvit_compile", "tome:r=16"): "torch.compile(PrunedViT) tome r=16",
+    ("ort_raggedvit", "tome:r=8"): "**raggedvit tome r=8**",
+    ("ort_raggedvit", "topk-l2:keep=0.507653"): "raggedvit topk-l2 at tome r=8's 101 tokens",
+    ("ort_raggedvit", "tome:r=16"): "**raggedvit tome r=16**",
+    ("ort_raggedvit", "topk-l2:keep=0.048469"): "raggedvit topk-l2 at tome r=16's 11 tokens",
 }
 # the README's short table: these rows only
 _SERVING_SHORT = (
@@ -56,6 +71,7 @@ _SERVING_SHORT = (
     ("ort_raggedvit", "topk-l2"),
     ("ort_raggedvit", "cls-mass"),
     ("ort_raggedvit", "cls-mass:dead-linear"),
+    ("ort_raggedvit", "tome:r=8"),
 )
 
 
@@ -75,8 +91,14 @@ def _chart(prefix: str, name: str, alt: str) -> list[str]:
 
 
 def _policy_key(policy: str) -> str:
-    """'cls-mass:mass=0.9:at=3,6,9:dead-linear' -> 'cls-mass:dead-linear'; 'none' -> 'none'."""
-    head = policy.split(":")[0]
+    """'cls-mass:mass=0.9:at=3,6,9:dead-linear' -> 'cls-mass:dead-linear'; 'none' -> 'none'; 'tome:r=8' ->
+    'tome:r=8'; a topk-l2 keeping another fraction than 0.5 (the serving benchmark's `--tome` peers, keeping tome's
+    final token count) -> 'topk-l2:keep=K'."""
+    head, *fields = policy.split(":")
+    if head == "tome":
+        return ":".join([head, *(f for f in fields if f.startswith("r="))])
+    if head == "topk-l2" and any(f.startswith("keep=") and f != "keep=0.5" for f in fields):
+        return ":".join([head, *(f for f in fields if f.startswith("keep="))])
     return f"{head}:dead-linear" if policy.endswith(":dead-linear") else head
 
 
@@ -135,7 +157,12 @@ def serving(full: bool, prefix: str) -> list[str]:
         f"{cfg['export_dtype']} exports run as one CUDA graph per batch, seeded weights, the sample photos tiled to "
         f"the batch, {cfg['rounds']} interleaved rounds. topk-l2 keeps 0.5 at block 4; cls-mass keeps 0.9 of the "
         "CLS attention at blocks 3, 6, 9 (capacity layout; dead-row blocks: `--ragged-linear-blocks dead-rows`). "
-        f"{_env_caption(env)}; {_provenance(full, name, env.get('commit'), env.get('date'))}.",
+        + (
+            "tome merges r tokens in every block (to 101 tokens with r=8, 11 with r=16). "
+            if any(str(p).startswith("tome") for p in cfg.get("policies", ()))
+            else ""
+        )
+        + f"{_env_caption(env)}; {_provenance(full, name, env.get('commit'), env.get('date'))}.",
         "",
         *serving_table(data, full),
     ]
@@ -217,17 +244,18 @@ def kernel(full: bool, prefix: str) -> list[str]:
         f"{_provenance(full, name, None, None)}."
     )
     rows = {k: {r["impl"]: r for r in recs if (r["B"], r["L"], r["lengths"]) == k} for k in keys}
+    impls = [i for i in KERNEL_IMPLS if any(r["impl"] == i for r in recs)]  # the ones this result file measured
     if full:
         lines = [
             f"GPU time / isolated-call time in µs, {caption}",
             "",
-            "| B | L | lengths | bytes floor | " + " | ".join(KERNEL_IMPLS) + " |",
-            "|---:|---:|---|---:|" + "---:|" * len(KERNEL_IMPLS),
+            "| B | L | lengths | bytes floor | " + " | ".join(impls) + " |",
+            "|---:|---:|---|---:|" + "---:|" * len(impls),
         ]
         for (B, L, kind), row in rows.items():
             cells = [
                 "—" if (r := row.get(i)) is None or r["gpu_us"] is None else f"{_n(r['gpu_us'])} / {_n(r['call_us'])}"
-                for i in KERNEL_IMPLS
+                for i in impls
             ]
             floor = row.get("bytes_floor", {}).get("gpu_us")
             lines.append(f"| {B} | {L} | {kind} | {_n(floor)} | " + " | ".join(cells) + " |")

@@ -179,12 +179,14 @@ struct RaggedAttentionOp : Ort::CustomOpBase<RaggedAttentionOp<TKernel>, TKernel
   const char* GetName() const { return kOpName; }
   const char* GetExecutionProviderType() const { return provider_; }
   size_t GetInputTypeCount() const { return kNumInputs; }
-  // qkv, bias: UNDEFINED (one type constraint, checked by the kernel); pos_table float; token_pos int32 | int64;
-  // key_bias: UNDEFINED (checked by the kernel, so that another type gets a status naming it)
+  // qkv, bias: UNDEFINED (one type constraint, checked by the kernel); pos_table, key_bias float (ORT refuses another
+  // type at session creation, naming the input: an UNDEFINED key_bias would join qkv's type constraint); token_pos
+  // int32 | int64
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 1) return cu_type_;
     if (i == kTokenPosInput) return token_pos_type_;
-    return i == kPosTableInput ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    return i == kPosTableInput || i == kKeyBiasInput ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+                                                     : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }
   size_t GetOutputTypeCount() const { return 2; }

@@ -22,27 +22,50 @@ from raggedvit.validators.report import Failure, ImageRow, NearTie, TokenSwap, V
 from raggedvit.validators.rules import Thresholds
 from raggedvit.validators.session import open_session
 from raggedvit.validators.structure import check_structure
-from raggedvit.validators.ties import first_moved_stage, precision_swap, precision_tie, stage_margins, token_swaps
+from raggedvit.validators.ties import (
+    first_moved_stage,
+    precision_swap,
+    precision_tie,
+    size_swaps,
+    stage_margins,
+    token_swaps,
+)
 
 __all__ = ["block_failure_text", "first_failing_block", "run_onnx", "validate"]
 
 
-def run_onnx(session, images: torch.Tensor, batch_size: int = 16, progress: bool = False, kept: list | None = None):
+def run_onnx(
+    session,
+    images: torch.Tensor,
+    batch_size: int = 16,
+    progress: bool = False,
+    kept: list | None = None,
+    sizes: list | None = None,
+):
     """images [N, 3, S, S] -> (logits [N, classes] float32, token_counts [N, stages] int64) numpy, in batches.
 
     The first output is the logits (`features` for headless models). `kept`: a list that receives, per image, the
-    sorted kept token indices of each stage, when the export has diagnostic outputs (token_index_S, cu_seqlens_S)."""
+    sorted kept token indices of each stage, when the export has diagnostic outputs (token_index_S, cu_seqlens_S).
+    `sizes`: a list that receives, per image, each stage's row sizes in the order of `kept` (tome exports with
+    diagnostic outputs: token_size_S)."""
     outputs = [o.name for o in session.get_outputs()]
     stages = sum(name.startswith("token_index_") for name in outputs)
+    has_sizes = stages and "token_size_0" in outputs
     logits, counts = [], []
     chunks = range(0, images.shape[0], batch_size)
     for s in tqdm(chunks, desc="onnxruntime", disable=None if progress else True, leave=False):
         res = session.run(outputs, {"images": images[s : s + batch_size].numpy()})
         logits.append(res[0])
         counts.append(res[1])
+        by_name = dict(zip(outputs, res))
         if kept is not None and stages:
             by_stage = [_split_kept(res[2 + 2 * k], res[3 + 2 * k]) for k in range(stages)]
             kept.extend([list(per_image) for per_image in zip(*by_stage)])
+        if sizes is not None and has_sizes:
+            by_stage = [
+                _split_sizes(res[2 + 2 * k], res[3 + 2 * k], by_name[f"token_size_{k}"]) for k in range(stages)
+            ]
+            sizes.extend([list(per_image) for per_image in zip(*by_stage)])
     return np.concatenate(logits), np.concatenate(counts)
 
 
@@ -50,6 +73,16 @@ def _split_kept(token_index, cu) -> list:
     """token_index [T] and cu [B+1] of one stage -> per image the sorted kept token indices. Rows past cu[B] (the
     dead rows of a capacity-layout export, DESIGN.md section 4) are not read."""
     return [np.sort(np.asarray(token_index[int(cu[b]) : int(cu[b + 1])])) for b in range(len(cu) - 1)]
+
+
+def _split_sizes(token_index, cu, size) -> list:
+    """A tome stage's token_index [T], cu [B+1] and token_size [T] -> per image the sizes of its rows in the order of
+    `_split_kept` (ascending token index: a merged row is matched by its destination token)."""
+    out = []
+    for b in range(len(cu) - 1):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        out.append(np.asarray(size[rows])[np.argsort(np.asarray(token_index[rows]), kind="stable")])
+    return out
 
 
 def validate(
@@ -92,7 +125,8 @@ def validate(
         session = open_session(model_path, device, recipe=recipe)
     images = images.to("cpu", torch.float32).contiguous()
     kept_o: list = []
-    lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o)
+    sizes_o: list = []
+    lg_o, tc_o = run_onnx(session, images, batch_size, progress, kept=kept_o, sizes=sizes_o)
     names_b = list(recipe.get("block_outputs") or []) if blocks else []
     names_s = _stage_outputs(recipe, spec)
     graph = onnx.load(str(model_path)) if structure or names_b or names_s else None
@@ -112,6 +146,7 @@ def validate(
         with torch.no_grad():
             ref_out = pruned(images)
     margins = stage_margins(ref_out, spec, pruned.num_prefix, math.inf) if ref_out is not None else []
+    sizes_r = _reference_sizes(ref_out) if sizes_o and ref_out is not None else []
     ties = [t for t in margins if t.gap < th.tie_eps]
     tied = {t.image for t in ties}
     fl = precision_floor(vit, spec, images, lg_r, tc_r, dtype, batch_size=batch_size) if floor is not False else None
@@ -156,6 +191,8 @@ def validate(
     for i, name in enumerate(names):
         moved = first_moved_stage([int(v) for v in tc_o[i]], [int(v) for v in tc_r[i]])
         swaps = token_swaps(kept_o[i], kept_r[i], ref_out, spec, i) if kept_o and kept_r else []
+        if sizes_o and sizes_r:  # tome: the same merged rows (destination tokens) holding other sizes
+            swaps = sorted(swaps + size_swaps(kept_o[i], kept_r[i], sizes_o[i], sizes_r[i], spec, i), key=_stage)
         swaps = [t for t in swaps if moved is None or t.stage < moved]  # past a moved count the rows differ
         prec = None
         if swaps and i not in tied:  # the first deviation: equal counts, other tokens kept
@@ -210,8 +247,17 @@ def _stage_outputs(recipe: dict, spec: PruneSpec) -> list[list[str]]:
     return pairs
 
 
+def _stage(swap: TokenSwap) -> int:
+    return swap.stage
+
+
 def _swap_note(swap: TokenSwap, th: Thresholds) -> str:
     """Why the first stage where the export kept other tokens than the reference (equal counts) is not a tie."""
+    if swap.resized:
+        return (
+            f"stage {swap.stage} (block {swap.block}) merged other tokens than the reference: {swap.resized} of the "
+            "same merged rows hold other sizes"
+        )
     where = f"stage {swap.stage} (block {swap.block}) kept {swap.swapped} other token{'' if swap.swapped == 1 else 's'}"
     if th.precision_eps is None:
         why = f"the reference's score gap between them is {swap.gap:.2e} >= the near-tie margin {th.tie_eps:g}"
@@ -228,10 +274,21 @@ def _reference_kept(out: PrunedOutput) -> list:
     return [list(per_image) for per_image in zip(*stages)]
 
 
+def _reference_sizes(out: PrunedOutput) -> list:
+    """Per image, each tome stage's row sizes of a PrunedViT forward, in the order of `_reference_kept`."""
+    stages = [
+        _split_sizes(index.numpy(), cu.numpy(), size.numpy())
+        for index, cu, size in zip(out.token_index, out.cu_seqlens, out.token_size)
+    ]
+    return [list(per_image) for per_image in zip(*stages)]
+
+
 def _moved_cut_note(margins: list[NearTie], stage: int, moved_by: int, spec: PruneSpec, th: Thresholds) -> str:
     """Why a cut the export moved by `moved_by` tokens at `stage` is not a tie (see ties.precision_tie)."""
     block = spec.prune_at[stage] if stage < len(spec.prune_at) else "?"
     where = f"stage {stage} (block {block}) by {moved_by:+d} token{'' if abs(moved_by) == 1 else 's'}"
+    if spec.merges:
+        return f"{where}: tome merges min(r, P // 2) tokens whatever the similarities, so no rounding moves a count"
     if spec.policy != "cls-mass":
         return f"{where}: {spec.policy} keeps ceil(P x keep) tokens whatever the scores, so no rounding moves a count"
     mass = [t.gap for t in margins if t.stage == stage and t.kind == "mass"]

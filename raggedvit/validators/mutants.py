@@ -8,11 +8,13 @@ has to see the difference in the outputs (or, for a fault written in the graph's
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from unittest import mock
 
 import onnx
 import torch
@@ -24,11 +26,22 @@ from raggedvit.pruning import PruneSpec
 from raggedvit.validators.report import ValidationReport
 from raggedvit.weights import load_vit, perturb_biases_and_norms_
 
-__all__ = ["BASE_SPEC", "MUTANTS", "MUTATED_BLOCK", "Mutant", "export_mutant", "write_base_checkpoint"]
+__all__ = [
+    "BASE_SPEC",
+    "MUTANTS",
+    "MUTATED_BLOCK",
+    "TOME_MUTANTS",
+    "TOME_SPEC",
+    "Mutant",
+    "export_mutant",
+    "write_base_checkpoint",
+]
 
 MODEL = "deit_tiny_patch16_224"
 # three topk-l2 stages keep 98, 49 and 25 of deit_tiny's 196 patches (ceil(P * 0.5))
 BASE_SPEC = PruneSpec("topk-l2", (3, 6, 9), keep=0.5)
+# token merging in every block (each block its own stage): 197 -> 189 -> ... -> 101 tokens
+TOME_SPEC = PruneSpec("tome", tuple(range(12)), r=8)
 MUTATED_BLOCK = 5  # the block a single-block mutant changes: after the first stage, before the last
 
 
@@ -37,12 +50,15 @@ class Mutant:
     """`mutate(vit, spec)` changes `vit` (a private copy) in place and returns the spec to export with. `first`:
     text of each image's first failure in the report (or one of several), naming the mutated block, stage or the
     head; `structure`: text of the structural failure (validators/structure.py) of a fault written in the graph's
-    attributes (None: the mutant changes no attribute the check compares)."""
+    attributes (None: the mutant changes no attribute the check compares). `patch`: a context manager factory active
+    while the mutant is exported (a fault in PrunedViT's code rather than the weights: the export traces the faulty
+    forward)."""
 
     name: str
     mutate: Callable[[VisionTransformer, PruneSpec], PruneSpec]
     first: str | tuple[str, ...] = f"block {MUTATED_BLOCK} drifts"
     structure: str | None = None  # text of a structural failure the mutant must cause (a fault in the graph)
+    patch: Callable[[], contextlib.AbstractContextManager] | None = None
 
     def names_it(self, message: str) -> bool:
         """`message` (an image's first failure) names the fault as `first` says."""
@@ -146,6 +162,78 @@ MUTANTS = [
 ]
 
 
+def _same(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    return spec
+
+
+def _merge_one_more(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    return replace(spec, r=spec.r + 1)
+
+
+def _no_proportional_attention():
+    """Every block attends without log(size): the key bias is dropped before the op."""
+    from raggedvit.pruning import packed_block
+
+    real = packed_block.ragged_attention
+
+    def attention(*args, key_bias=None, **kwargs):
+        return real(*args, **kwargs)
+
+    return mock.patch.object(packed_block, "ragged_attention", attention)
+
+
+def _unweighted_merge():
+    """Merged rows averaged without their sizes (sizes still counted): from the first merge of a merged row on."""
+    from raggedvit.pruning import packed
+
+    real = packed.merge_rows
+
+    def merge_rows(x, size, match, num_prefix):
+        new_x, _ = real(x, torch.ones_like(size), match, num_prefix)
+        return new_x, real(x, size, match, num_prefix)[1]
+
+    return mock.patch.object(packed, "merge_rows", merge_rows)
+
+
+def _sets_swapped():
+    """Sets A and B exchanged (A = odd positions): other merges from block 0 on."""
+    from raggedvit.pruning import merge
+
+    return mock.patch.object(merge, "merge_sets", lambda n, p: tuple(reversed((p + p % 2, p + 1 - p % 2))))
+
+
+def _metric_from_queries():
+    """The similarity of the queries instead of the keys."""
+    from raggedvit.pruning import packed_block
+
+    real = packed_block.key_metric
+
+    def key_metric(qkv, num_heads, bias=None):
+        hd = qkv.shape[1] // 3
+        q_as_k = torch.cat((qkv[:, hd : 2 * hd], qkv[:, :hd], qkv[:, 2 * hd :]), dim=1)
+        qb = None if bias is None else torch.cat((bias[hd : 2 * hd], bias[:hd], bias[2 * hd :]))
+        return real(q_as_k, num_heads, qb)
+
+    return mock.patch.object(packed_block, "key_metric", key_metric)
+
+
+def _first_after(stage: int) -> str:
+    """A tome stage's block is its own stage's block: the report names it as the first block after the stage."""
+    return f"block {stage} (the first block after stage {stage}) drifts"
+
+
+# token merging faults, validated against TOME_SPEC (the first merge has sizes of 1 only: faults in the size
+# weighting or the proportional attention show from block 1)
+TOME_MUTANTS = [
+    Mutant("tome_no_proportional_attention", _same, _first_after(1), _no_proportional_attention),
+    Mutant("tome_unweighted_average", _same, _first_after(1), _unweighted_merge),
+    Mutant("tome_sets_swapped", _same, _first_after(0), _sets_swapped),
+    Mutant("tome_metric_from_queries", _same, _first_after(0), _metric_from_queries),
+    Mutant("tome_merge_one_more", _merge_one_more, "moved at stage 0 (block 0)"),
+    Mutant("tome_drop_fc1_bias", _drop_bias("fc1"), _first_after(MUTATED_BLOCK)),
+]
+
+
 def write_base_checkpoint(path: Path, seed: int = 0) -> tuple[VisionTransformer, dict]:
     """Seeded deit_tiny (q/k sharpened) with random biases, norm shifts and tokens, saved to `path` (.pth) and
     loaded back from it: (vit, the recipe an export of it records as its weights and model)."""
@@ -166,7 +254,8 @@ def export_mutant(
     if mutant is not None:
         bad_vit = copy.deepcopy(vit)
         bad_spec = mutant.mutate(bad_vit, spec)
-    export_onnx(bad_vit, bad_spec, path, dtype=dtype, recipe=recipe)
+    with mutant.patch() if mutant is not None and mutant.patch is not None else contextlib.nullcontext():
+        export_onnx(bad_vit, bad_spec, path, dtype=dtype, recipe=recipe)
     model = onnx.load(str(path))
     # the exporter records the spec it was given; put back the original's so the file hides the fault
     stored = read_recipe(model)

@@ -47,13 +47,16 @@ class Failure:
 @dataclass(frozen=True)
 class TokenSwap:
     """At `stage` (block `block`) the export kept the same number of tokens as the reference but `swapped` of
-    them differ; `gap`: the reference's relative score gap between the swapped tokens (ties.token_swaps)."""
+    them differ; `gap`: the reference's relative score gap between the swapped tokens (ties.token_swaps).
+    `resized` (tome, ties.size_swaps): the same tokens, but that many of them hold other sizes (tokens merged into
+    other rows; swapped 0)."""
 
     image: int
     stage: int
     block: int
     swapped: int
     gap: float
+    resized: int = 0
 
 
 @dataclass(frozen=True)
@@ -324,7 +327,9 @@ class ValidationReport:
             lines += ["", "Kept tokens that differ at a cut with equal counts:", ""]
             lines += [
                 f"- image {t.image} ({row.name}), stage {t.stage} (block {t.block}): {t.swapped} token"
-                f"{'' if t.swapped == 1 else 's'} swapped; reference score gap between them {t.gap:.2e}"
+                f"{'' if t.swapped == 1 else 's'} swapped"
+                + (f", {t.resized} merged row{'' if t.resized == 1 else 's'} of another size" if t.resized else "")
+                + f"; reference score gap between them {t.gap:.2e}"
                 for row, t in swaps
             ]
         if self.failures:

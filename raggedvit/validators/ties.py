@@ -25,6 +25,7 @@ __all__ = [
     "first_moved_stage",
     "precision_swap",
     "precision_tie",
+    "size_swaps",
     "stage_margins",
     "token_swaps",
 ]
@@ -170,3 +171,22 @@ def _swap_gap(
     if not (math.isfinite(hi) and math.isfinite(lo)):
         return math.inf
     return abs(hi - lo) / max(abs(hi), 1e-30)
+
+
+def size_swaps(
+    kept_onnx: list[np.ndarray],
+    kept_reference: list[np.ndarray],
+    sizes_onnx: list[np.ndarray],
+    sizes_reference: list[np.ndarray],
+    spec: PruneSpec,
+    image: int,
+) -> list[TokenSwap]:
+    """tome: the stages where the export kept the same tokens of `image` as the reference (the merged rows, named
+    by their destination tokens) but some of them hold other sizes: other tokens merged into them. kept_*: per stage
+    the image's sorted token indices; sizes_*: per stage the sizes in that order. Reported as TokenSwap with
+    swapped 0 and `resized` the rows whose size differs (never a precision tie: gap inf)."""
+    swaps = []
+    for stage, (a, b, sa, sb) in enumerate(zip(kept_onnx, kept_reference, sizes_onnx, sizes_reference)):
+        if np.array_equal(a, b) and not np.array_equal(sa, sb):
+            swaps.append(TokenSwap(image, stage, spec.prune_at[stage], 0, math.inf, int(np.count_nonzero(sa != sb))))
+    return swaps

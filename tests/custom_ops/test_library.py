@@ -69,11 +69,12 @@ def test_library_info(ort_library):
     assert build["head_dim_blocks"] == [32, 64, 128]
     assert 0 in build["min_tokens"]
     n_configs = len(build["min_tokens"])
-    # kernels x dtypes x cu x BLOCK_D x archs x HAS_POS
-    assert build["num_kernel_images"] == 2 * 3 * 2 * 3 * 4 * n_configs * 2
+    # kernels x dtypes x cu x BLOCK_D x archs x (neither bias, HAS_POS, HAS_KEY_BIAS)
+    assert build["num_kernel_images"] == 2 * 3 * 2 * 3 * 4 * n_configs * 3
     assert build["num_cubins"] <= build["num_kernel_images"]
-    assert {"fwd", "cls", "fwd+pos", "cls+pos"} <= set(build["configs"]["fp16/d64/T>=0"])
-    assert build["relative_position_bias"] is True
+    kinds = {"fwd", "cls", "fwd+pos", "cls+pos", "fwd+key_bias", "cls+key_bias"}
+    assert kinds <= set(build["configs"]["fp16/d64/T>=0"])
+    assert build["relative_position_bias"] is True and build["key_bias"] is True
     assert info["ops"] == [
         "RaggedAttention",
         "RaggedLinear",

@@ -57,15 +57,17 @@ def attention_model(
     any_rank: bool = False,
     bias_elem: int | None = None,
     pos_elems: tuple[int | None, int | None] | None = None,
+    key_bias_elem: int | None = None,
     **attrs: float | int,
 ) -> bytes:
     """One RaggedAttention node: qkv [T, W], cu_seqlens [B+1] (, bias [W]) (, pos_table [H, R], token_pos [T])
-    -> out [T, W/3] (, cls_attn [T]).
+    (, key_bias [T]) -> out [T, W/3] (, cls_attn [T]).
 
     any_rank declares the inputs without a shape, so that bad ranks reach the op's own checks. bias_elem adds
     the optional third input `bias` of that element type (any shape, to test the op's checks). pos_elems =
     (pos_table element type, token_pos element type) adds inputs 3 and 4 (None: that one left empty); the
-    attributes grid_h, grid_w, num_prefix go in **attrs.
+    attributes grid_h, grid_w, num_prefix go in **attrs. key_bias_elem adds input 5 `key_bias` of that element
+    type (any shape; the inputs before it left empty when absent).
     """
     elem = DTYPES[dtype] if qkv_elem is None else qkv_elem
     outs = ["out", "cls_attn"] if cls_attn else ["out"]
@@ -80,6 +82,9 @@ def attention_model(
             ins.append(name if pos_elem is not None else "")
             if pos_elem is not None:
                 pos_inputs.append(helper.make_tensor_value_info(name, pos_elem, None))
+    if key_bias_elem is not None:
+        ins = ins + [""] * (5 - len(ins)) + ["key_bias"]
+        pos_inputs.append(helper.make_tensor_value_info("key_bias", key_bias_elem, None))
     node = helper.make_node("RaggedAttention", ins, outs, domain="com.raggedvit", **node_attrs)
     outputs = [helper.make_tensor_value_info("out", elem, None)]
     if cls_attn:

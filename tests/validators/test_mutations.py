@@ -21,7 +21,15 @@ import torch
 
 from raggedvit.images import preprocess, sample_images
 from raggedvit.validators import block_reference, load_recipe, load_reference, validate
-from raggedvit.validators.mutants import BASE_SPEC, MUTANTS, Mutant, export_mutant, write_base_checkpoint
+from raggedvit.validators.mutants import (
+    BASE_SPEC,
+    MUTANTS,
+    TOME_MUTANTS,
+    TOME_SPEC,
+    Mutant,
+    export_mutant,
+    write_base_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 _CUDA = torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers()
@@ -126,6 +134,49 @@ def test_layernorm_eps_fails_in_fp16_on_the_cpu_ep(base, tmp_path):
     depth = len(vit.blocks)
     assert [f.message.split(":")[1].strip() for f in structural] == [f"block {b}" for b in range(depth)] + ["the head"]
     assert "- structure (the graph's attributes against the reference's modules):" in report.to_markdown()
+
+
+@pytest.fixture(scope="module")
+def tome_target(base, tmp_path_factory):
+    """The tome target (CPU EP, fp32): (reference vit rebuilt from the checkpoint, report of the unmutated export,
+    the reference and floor runs of the per-block rule)."""
+    ckpt, vit, recipe, images, names = base
+    path = export_mutant(None, vit, TOME_SPEC, recipe, tmp_path_factory.mktemp("tome") / "control.onnx")
+    ref, spec = load_reference(load_recipe(path), checkpoint=ckpt)
+    assert spec == TOME_SPEC
+    blocks = block_reference(ref, spec, images, "fp32")
+    control = validate(
+        path, images, names, vit=ref, spec=spec, recipe=load_recipe(path), floor=False, reference_blocks=blocks
+    )
+    return ref, control, blocks
+
+
+@pytest.mark.xdist_group("cpu-fp32-tome")
+def test_tome_control_passes(tome_target):
+    _, control, _ = tome_target
+    assert control.passed, control.to_markdown()
+
+
+@pytest.mark.xdist_group("cpu-fp32-tome")
+@pytest.mark.parametrize("mutant", TOME_MUTANTS, ids=[m.name for m in TOME_MUTANTS])
+def test_tome_mutant_fails_naming_images(mutant, base, tome_target, tmp_path):
+    """Token merging faults (proportional attention dropped, unweighted averages, the sets or the metric changed,
+    one more token merged, a dropped bias) fail every judged image of a tome export, each naming the first block
+    (stage) the fault reaches."""
+    _, vit, recipe, images, names = base
+    ref, control, blocks = tome_target
+    path = export_mutant(mutant, vit, TOME_SPEC, recipe, tmp_path / f"{mutant.name}.onnx")
+    stored = load_recipe(path)
+    assert stored["prune"] == TOME_SPEC.to_dict()  # the file hides the fault
+    report = validate(path, images, names, vit=ref, spec=TOME_SPEC, recipe=stored, floor=False, reference_blocks=blocks)
+    assert report.max_abs_diff > 20 * control.max_abs_diff or report.counts_agreement < 1, report.to_markdown()
+    assert not report.passed, report.to_markdown()
+    per_image = [f for f in report.failures if f.image is not None]
+    assert {f.image for f in per_image} == {r.index for r in report.judged}, report.to_markdown()
+    for image in {f.image for f in per_image}:
+        first = next(f for f in per_image if f.image == image)
+        assert f"image {image} ({names[image]})" in first.message
+        assert mutant.first in first.message, report.to_markdown()
 
 
 def test_cli_exits_1_and_names_the_images(base, target, tmp_path):

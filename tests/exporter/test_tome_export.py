@@ -1,0 +1,89 @@
+"""tome exports on ORT's CPU EP equal PrunedViT: logits, token counts, and per stage the merged rows (their
+destination tokens), cu_seqlens and sizes; static shapes, no scatter; every batch size from one file."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from raggedvit.exporter import build_model, save_model
+from raggedvit.exporter.checks import check_graph
+from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.weights import load_vit, perturb_biases_and_norms_
+
+from .conftest import to_proto
+
+pytestmark = pytest.mark.slow  # seconds a test: scheduled first (tests/conftest.py)
+
+
+@functools.cache
+def _model(name: str, depth: int):
+    vit, _ = load_vit(name, seed=1, img_size=224, model_kwargs={"depth": depth})
+    return perturb_biases_and_norms_(vit).eval()
+
+
+CASES = [
+    ("deit_tiny_patch16_224", 4, PruneSpec("tome", r=8)),
+    ("deit_tiny_patch16_224", 4, PruneSpec("tome", prune_at=(1, 3), r=30)),
+    ("deit_tiny_distilled_patch16_224", 3, PruneSpec("tome", r=16)),
+    ("vit_small_patch14_reg4_dinov2", 3, PruneSpec("tome", r=12)),  # registers, LayerScale
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "depth", "spec"), CASES, ids=["deit-r8", "deit-at1,3-r30", "distilled-r16", "reg4-r12"]
+)
+def test_export_equals_prunedvit(name, depth, spec, images, ort_session):
+    vit = _model(name, depth)
+    model = to_proto(build_model(vit, spec, diagnostics=True))
+    assert check_graph(model) == []
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["NonZero"] == 0 and ops["ScatterND"] == 0 and ops["ScatterElements"] == 0, ops
+    x = images[:3]
+    sess = ort_session(model)
+    names = [o.name for o in sess.get_outputs()]
+    got = dict(zip(names, sess.run(None, {"images": x.numpy()})))
+    with torch.no_grad():
+        ref = PrunedViT(vit, spec)(x)
+    stages = len(ref.token_index)
+    assert names[2:] == [f"{k}_{s}" for s in range(stages) for k in ("token_index", "cu_seqlens")] + [
+        f"token_size_{s}" for s in range(stages)
+    ]
+    np.testing.assert_array_equal(got["token_counts"], ref.token_counts.numpy())
+    for s in range(stages):
+        np.testing.assert_array_equal(got[f"token_index_{s}"], ref.token_index[s].numpy())
+        np.testing.assert_array_equal(got[f"cu_seqlens_{s}"], ref.cu_seqlens[s].numpy())
+        np.testing.assert_array_equal(got[f"token_size_{s}"], ref.token_size[s].numpy())
+    diff = np.abs(got[names[0]] - ref.logits.numpy()).max()  # logits (features for the headless DINOv2)
+    assert diff < 1e-4 * max(1.0, float(ref.logits.abs().max())), diff
+
+
+def test_one_file_every_batch(images, ort_session, tmp_path):
+    """Static shapes per batch, symbolic batch in the file: batches 1 and 5 from one export."""
+    vit, spec = _model("deit_tiny_patch16_224", 4), PruneSpec("tome", r=8)
+    path = tmp_path / "tome.onnx"
+    save_model(build_model(vit, spec), path)
+    sess = ort_session(str(path))
+    for batch in (1, 5):
+        logits, counts = sess.run(["logits", "token_counts"], {"images": images[:batch].numpy()})
+        with torch.no_grad():
+            ref = PrunedViT(vit, spec)(images[:batch])
+        np.testing.assert_array_equal(counts, ref.token_counts.numpy())
+        assert np.abs(logits - ref.logits.numpy()).max() < 1e-4 * max(1.0, float(ref.logits.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp16-all"])
+def test_half_exports_run(dtype, images, ort_session):
+    """The fp16 recipes trace and run (the merge sums in float32, rounded once); the logits near fp32's."""
+    vit, spec = _model("deit_tiny_patch16_224", 4), PruneSpec("tome", r=8)
+    logits, counts = ort_session(build_model(vit, spec, dtype=dtype)).run(
+        ["logits", "token_counts"], {"images": images[:2].numpy()}
+    )
+    with torch.no_grad():
+        ref = PrunedViT(vit, spec)(images[:2])
+    np.testing.assert_array_equal(counts, ref.token_counts.numpy())
+    assert np.abs(logits - ref.logits.numpy()).max() < 0.05 * max(1.0, float(ref.logits.abs().max()))
