@@ -58,9 +58,7 @@ def matched_topk(tokens: int, num_prefix: int, final: int, at: int = 4) -> str:
 
 # `--tome`: ToMe with r = 8 and r = 16 in every block of deit_base / deit_small (197 tokens, a class token, 12
 # blocks), and topk-l2 at block 4 keeping the same final token count (101 and 11 tokens per image)
-TOME_POLICIES = tuple(
-    p for r in (8, 16) for p in (f"tome:r={r}", matched_topk(197, 1, tome_tokens(197, 1, r, 12)))
-)
+TOME_POLICIES = tuple(p for r in (8, 16) for p in (f"tome:r={r}", matched_topk(197, 1, tome_tokens(197, 1, r, 12))))
 LINEAR_FLAG = "linear"  # a policy string ending in ":linear": PrunedViT(ragged_linear=True) and its export
 DEAD_LINEAR_FLAG = "dead-linear"  # ":dead-linear": ragged_linear="dead-rows" (only the blocks with dead rows)
 

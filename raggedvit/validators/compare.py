@@ -62,9 +62,7 @@ def run_onnx(
             by_stage = [_split_kept(res[2 + 2 * k], res[3 + 2 * k]) for k in range(stages)]
             kept.extend([list(per_image) for per_image in zip(*by_stage)])
         if sizes is not None and has_sizes:
-            by_stage = [
-                _split_sizes(res[2 + 2 * k], res[3 + 2 * k], by_name[f"token_size_{k}"]) for k in range(stages)
-            ]
+            by_stage = [_split_sizes(res[2 + 2 * k], res[3 + 2 * k], by_name[f"token_size_{k}"]) for k in range(stages)]
             sizes.extend([list(per_image) for per_image in zip(*by_stage)])
     return np.concatenate(logits), np.concatenate(counts)
 
