@@ -284,7 +284,13 @@ def uniform_prune_stage(
 
 
 def merge_stage(
-    state: PackedState, size: torch.Tensor | None, metric: torch.Tensor, n: int, num_prefix: int, r: int
+    state: PackedState,
+    size: torch.Tensor | None,
+    metric: torch.Tensor,
+    n: int,
+    num_prefix: int,
+    r: int,
+    steps: torch.Tensor,
 ) -> tuple[PackedState, torch.Tensor, StageTrace]:
     """One tome stage (raggedvit/pruning/merge.py) on a uniform state of n rows per image.
 
@@ -293,6 +299,8 @@ def merge_stage(
         size: [B*n] float32 tokens in each row, or None (every row one token: before the first merge).
         metric: [B*n, D] the block's keys averaged over heads.
         n, num_prefix, r: rows per image, prefix rows p, the spec's r (merged_count(n, p, r) rows merge).
+        steps: [B+1] int64 = 0..B (the merged state's cu is steps * m: one Mul in the graph, where cu // n * m
+            would trace a floor division).
 
     Returns:
         (the merged state, uniform with m = n - merged_count rows per image; its sizes [B*m] float32; StageTrace).
@@ -308,7 +316,7 @@ def merge_stage(
     src = carry_rows(rows.reshape(-1, n), match, num_prefix).reshape(-1)  # the row each merged row is named after
     new = PackedState(
         x.reshape(-1, C),
-        state.cu // n * m,  # uniform: cu = b * n -> b * m
+        steps * m,
         state.seq_id.reshape(-1, n)[:, :m].reshape(-1),
         state.pos.reshape(-1, n)[:, :m].reshape(-1),  # uniform rows: positions 0..m-1 in every image
         next_token_index(state.token_index, src, state.cu.shape[0] - 1, fuse=False),
@@ -324,16 +332,18 @@ class MergeStep:
     """The merge a block calls between its attention and its MLP (Backbone.block(..., merge=step)): step(x, metric)
     -> x' runs `merge_stage` on the state the block ran on and keeps the results (state, size, trace)."""
 
-    def __init__(self, state: PackedState, size: torch.Tensor | None, n: int, num_prefix: int, r: int) -> None:
-        self._args = (state, size, n, num_prefix, r)
+    def __init__(
+        self, state: PackedState, size: torch.Tensor | None, n: int, num_prefix: int, r: int, steps: torch.Tensor
+    ) -> None:
+        self._args = (state, size, n, num_prefix, r, steps)
         self.state: PackedState | None = None
         self.size: torch.Tensor | None = None
         self.trace: StageTrace | None = None
 
     def __call__(self, x: torch.Tensor, metric: torch.Tensor) -> torch.Tensor:
         """x [B*n, C] the residual stream after the attention, metric [B*n, D] -> x' [B*m, C]."""
-        state, size, n, p, r = self._args
-        self.state, self.size, self.trace = merge_stage(state._replace(x=x), size, metric, n, p, r)
+        state, size, n, p, r, steps = self._args
+        self.state, self.size, self.trace = merge_stage(state._replace(x=x), size, metric, n, p, r, steps)
         return self.state.x
 
 
@@ -426,7 +436,7 @@ class PrunedViT(nn.Module):
             merge = None
             if spec.merges and bi in stages:  # a tome stage runs inside block bi (uniform states only)
                 assert uniform is not None
-                merge = MergeStep(state, size, uniform, p, spec.r)
+                merge = MergeStep(state, size, uniform, p, spec.r, steps)
             elif bi in stages:
                 scores = stage_scores(state.x, cls_attn, spec)
                 if uniform is not None and spec.static_shapes:
