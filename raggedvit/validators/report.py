@@ -405,5 +405,6 @@ def _prune_text(prune: dict[str, Any]) -> str:
     if policy == "none":
         return "none"
     at = ",".join(str(i) for i in prune.get("prune_at", []))
-    amount = f"mass {prune.get('mass')}" if policy == "cls-mass" else f"keep {prune.get('keep')}"
+    amounts = {"cls-mass": f"mass {prune.get('mass')}", "tome": f"r {prune.get('r')} (merged per block)"}
+    amount = amounts.get(policy, f"keep {prune.get('keep')}")
     return f"{policy} at blocks {at}, {amount}" + (", fuse" if prune.get("fuse") else "")
