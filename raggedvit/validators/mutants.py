@@ -227,10 +227,10 @@ def _first_after(stage: int) -> str:
 
 # token merging faults, validated against TOME_SPEC
 TOME_MUTANTS = [
-    Mutant("tome_no_proportional_attention", _same, _first_after(1), _no_proportional_attention),
-    Mutant("tome_unweighted_average", _same, _first_after(1), _unweighted_merge),
-    Mutant("tome_sets_swapped", _same, "stage 0 (block 0) kept", _sets_swapped),  # other tokens merged
-    Mutant("tome_metric_from_queries", _same, "stage 0 (block 0) kept", _metric_from_queries),
+    Mutant("tome_no_proportional_attention", _same, _first_after(1), patch=_no_proportional_attention),
+    Mutant("tome_unweighted_average", _same, _first_after(1), patch=_unweighted_merge),
+    Mutant("tome_sets_swapped", _same, "stage 0 (block 0) kept", patch=_sets_swapped),  # other tokens merged
+    Mutant("tome_metric_from_queries", _same, "stage 0 (block 0) kept", patch=_metric_from_queries),
     Mutant("tome_merge_one_more", _merge_one_more, "moved at stage 0 (block 0)"),
 ]
 

@@ -173,10 +173,8 @@ def test_tome_mutant_fails_naming_images(mutant, base, tome_target, tmp_path):
     assert not report.passed, report.to_markdown()
     per_image = [f for f in report.failures if f.image is not None]
     assert {f.image for f in per_image} == {r.index for r in report.judged}, report.to_markdown()
-    for image in {f.image for f in per_image}:
-        first = next(f for f in per_image if f.image == image)
-        assert f"image {image} ({names[image]})" in first.message
-        assert mutant.names_it(first.message), report.to_markdown()
+    assert mutant.named_by(report, per_image_required=True), report.to_markdown()
+    assert all(f"image {f.image} ({names[f.image]})" in f.message for f in per_image), report.to_markdown()
 
 
 def test_cli_exits_1_and_names_the_images(base, target, tmp_path):
