@@ -349,7 +349,8 @@ def _failures(
     """The failed criteria over `rows`; `moved_notes`: per image, why its moved cut is not a tie (for the text);
     `swaps`: per image, why the first stage where it kept other tokens at equal counts is not a tie; `block_floor`:
     per block, the floor of the per-block rule (empty: not measured); `kept`: the export's kept tokens are known.
-    Per image, a failing block comes first, then kept tokens swapped, then moved token counts, then |Δlogit|."""
+    Per image, a failing block comes first, then kept tokens swapped, then moved token counts, then |Δlogit|; a
+    precision tie is judged on the blocks before its first deviation only, a near-tie not at all."""
     out: list[Failure] = []
     floor = block_floor or []
     stage_of = {b: s for s, b in enumerate(prune_at)}
@@ -357,12 +358,15 @@ def _failures(
         if not np.isfinite(logits_onnx[r.index]).all():
             out.append(Failure("non_finite", r.index, f"image {r.index} ({r.name}): non-finite ONNX logits"))
             continue
-        if r.near_tie or r.precision_tie:
+        if r.near_tie:
             continue
+        # a precision tie's blocks before its first deviation are judged too (past it the drift is not compared)
         bi, within = first_failing_block(r.block_drift, floor, th) if floor else (None, 0.0)
         if bi is not None:
             text = block_failure_text(r, floor, th, stage_of, kept)
             out.append(Failure("block_drift", r.index, f"image {r.index} ({r.name}): {text}"))
+        if r.precision_tie:
+            continue
         if r.index in (swaps or {}):
             out.append(Failure("kept_tokens", r.index, f"image {r.index} ({r.name}): {(swaps or {})[r.index]}"))
         if not r.counts_agree:

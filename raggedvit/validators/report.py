@@ -168,12 +168,14 @@ class ValidationReport:
         return sum(r.counts_agree for r in self.rows) / max(len(self.rows), 1)
 
     def block_table(self) -> list[dict[str, Any]]:
-        """Per block over the judged images: the largest drift, the floor, the largest drift / floor ratio, the
-        rule's bar and how many images exceed it."""
+        """Per block over the images the block rule reads (all but near-ties; a precision tie's blocks before its
+        first deviation): the largest drift, the floor, the largest drift / floor ratio, the rule's bar and how
+        many images exceed it."""
         th = self.thresholds
         out = []
+        rows = [r for r in self.rows if not r.near_tie]
         for bi, f in enumerate(self.block_floor):
-            ds = [r.block_drift[bi] for r in self.judged if len(r.block_drift) > bi and r.block_drift[bi] is not None]
+            ds = [r.block_drift[bi] for r in rows if len(r.block_drift) > bi and r.block_drift[bi] is not None]
             d = max(ds, default=None)
             ratio = None if d is None or not f else d / f
             bar = None if f is None else th.block_bar(f)
@@ -195,10 +197,10 @@ class ValidationReport:
         first = bad[0]
         before = [t["ratio"] for t in table[: first["block"]] if t["ratio"] is not None]
         rest = blocks_before(first["block"], max(before, default=0.0))
-        n = len(self.judged)
+        n = sum(not r.near_tie for r in self.rows)
         return (
             f"block {first['block']} drifts {first['ratio']:.3g}x its {name} floor ({first['images_over']} of {n} "
-            f"judged images over the bar); {rest}"
+            f"images over the bar); {rest}"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -134,3 +134,21 @@ def test_relative_logit_tolerance_scales_with_the_reference_logits():
     rep = ValidationReport("m.onnx", {}, "cpu", [], th, rows=rows)
     assert "max |Δlogit| ≤ 0.004 + 0.002 x max |reference logit|" in rep.to_markdown()
     assert rep.to_dict()["thresholds"]["rel_logit"] == 0.002
+
+
+def test_a_precision_tie_is_judged_on_the_blocks_before_its_deviation():
+    """Logits and counts of a precision tie are not compared; its blocks before the first deviation are (drift None
+    past it), so a fault upstream of the cut still fails the image. A near-tie is not judged at all."""
+    import dataclasses
+
+    floor = [1e-6, 1e-6, 1e-6]
+    faulty = dataclasses.replace(_row(0, diff=9.0), precision_tie=True, block_drift=[1e-6, 1e-2, None])
+    clean = dataclasses.replace(_row(1, diff=9.0), precision_tie=True, block_drift=[1e-6, 2e-6, None])
+    near = dataclasses.replace(_row(2, diff=9.0), near_tie=True, block_drift=[1e-2, 1e-2, 1e-2])
+    judged = dataclasses.replace(_row(3), block_drift=[1e-6, 1e-6, 1e-6])
+    rows = [faulty, clean, near, judged]
+    fails = _failures(rows, torch.zeros(4, 4).numpy(), Thresholds(), block_floor=floor)
+    assert [(f.kind, f.image) for f in fails] == [("block_drift", 0)]
+    assert "block 1 drifts 1e+04x its fp32 floor" in fails[0].message
+    rep = ValidationReport("m.onnx", {}, "cpu", [], Thresholds(), rows=rows, block_floor=floor)
+    assert [t["images_over"] for t in rep.block_table()] == [0, 1, 0]  # the near-tie is not read
