@@ -129,7 +129,7 @@ class PruneSpec:
     def from_strings(
         cls,
         policy: str,
-        prune_at: str | int | tuple[int, ...] = "4",
+        prune_at: str | int | tuple[int, ...] | None = None,
         keep: float | str = 0.5,
         mass: float | str = 0.9,
         fuse: bool = False,
@@ -141,8 +141,11 @@ class PruneSpec:
         """Parse CLI-style values, e.g. `from_strings("evit", "4,7", keep="0.7")`, `from_strings("tome", "", r=8)`
         (every block).
 
-        `depth` / `has_class_token` (when given) check the spec against a model too.
+        `depth` / `has_class_token` (when given) check the spec against a model too. prune_at None: "4" (a stage
+        before block 4), every block for tome.
         """
+        if prune_at is None:
+            prune_at = "" if policy in MERGE_POLICIES else "4"
         if isinstance(prune_at, str):
             parts = [p.strip() for p in prune_at.replace(";", ",").split(",") if p.strip()]
             try:

@@ -73,7 +73,8 @@ def measure_accuracy(
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         top1 = float((top[:, 0] == labels).double().mean())
         top5 = float((top == labels[:, None]).any(dim=1).double().mean())
-    flops = image_flops(backbone, spec.prune_at, counts)
+    # tome: one stage per merging block (every block for prune_at ()), each inside its block, after the attention
+    flops = image_flops(backbone, spec.resolve(backbone.depth).prune_at, counts, inside=spec.merges)
     return {
         "agreement": float((logits.argmax(dim=1) == ref.top1).double().mean()),
         "top1": top1,

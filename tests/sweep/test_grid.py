@@ -75,3 +75,25 @@ def test_mapping_grid_refusals() -> None:
         grid_points("topk-l2", {"r": [8]})
     with pytest.raises(SweepInputError, match="empty"):
         grid_points("topk-l2", {"keep": []})
+
+
+def test_a_tome_point_measures_its_accuracy_side() -> None:
+    """grid 'r=8,16' of tome (every block by default): PrunedViT runs it and the FLOPs count each merge inside its
+    block (attention on the rows before the merge), below the unpruned forward's."""
+    import math
+
+    from raggedvit.images import sample_images
+    from raggedvit.pruning import backbone_for
+    from raggedvit.sweep.inputs import SweepImages
+    from raggedvit.sweep.measure import measure_accuracy, reference
+    from raggedvit.weights import load_vit
+
+    vit, _ = load_vit("deit_tiny_patch16_224", seed=0, img_size=64, model_kwargs={"depth": 2})
+    photos = [image for _, image in sample_images()[:3]]
+    images = SweepImages(("a", "b", "c"), None, "sample photos", photos.__getitem__)
+    ref = reference(vit, images, batch=3, device="cpu")
+    points = grid_points("tome", "r=2,8")
+    assert [p.r for p in points] == [2, 8] and all(p.prune_at == () for p in points)
+    results = [measure_accuracy(vit, backbone_for(vit), p, images, ref, batch=3, device="cpu") for p in points]
+    assert [r["tokens"] for r in results] == [[15.0, 13.0], [9.0, 5.0]]  # 17 tokens: 16 patches and a class token
+    assert all(0 < r["flops_ratio"] < 1 and math.isfinite(r["kl"]) for r in results)
