@@ -133,9 +133,12 @@ def point_params(spec: PruneSpec) -> dict[str, Any]:
 
 
 def point_label(spec: PruneSpec) -> str:
-    """A point's name in tables and charts: "topk-l2 keep=0.5 at=4", "evit keep=0.7 fuse at=3,6,9", "none"."""
+    """A point's name in tables and charts: "topk-l2 keep=0.5 at=4", "evit keep=0.7 fuse at=3,6,9", "tome r=8"
+    (every block), "none"."""
     words = [spec.policy]
     for key, value in point_params(spec).items():
+        if key == AT and not value:  # a merging policy's default: every block
+            continue
         if isinstance(value, bool):
             words += [key] if value else []
         else:

@@ -94,6 +94,8 @@ def test_a_tome_point_measures_its_accuracy_side() -> None:
     ref = reference(vit, images, batch=3, device="cpu")
     points = grid_points("tome", "r=2,8")
     assert [p.r for p in points] == [2, 8] and all(p.prune_at == () for p in points)
+    assert [point_label(p) for p in points] == ["tome r=2", "tome r=8"]
+    assert point_label(grid_points("tome", "r=4 at=0,1")[0]) == "tome r=4 at=0,1"
     results = [measure_accuracy(vit, backbone_for(vit), p, images, ref, batch=3, device="cpu") for p in points]
     assert [r["tokens"] for r in results] == [[15.0, 13.0], [9.0, 5.0]]  # 17 tokens: 16 patches and a class token
     assert all(0 < r["flops_ratio"] < 1 and math.isfinite(r["kl"]) for r in results)

@@ -1,5 +1,5 @@
-"""run_sweep on the CPU: a small deit_tiny (seeded, 2 blocks, 64 px) over topk-l2 and cls-mass on the sample photos
-in ImageNet-style class folders; an interrupted run resumed; the refusals that come before any export."""
+"""run_sweep on the CPU: a small deit_tiny (seeded, 2 blocks, 64 px) over topk-l2, cls-mass and tome on the sample
+photos in ImageNet-style class folders; an interrupted run resumed; the refusals that come before any export."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ CLASSES = {"chelsea": "n02123045", "coffee": "n07920052", "rocket": "n04266014",
 
 
 def _points():
-    return grid_points("topk-l2", "keep=0.3,0.5,0.7 at=1") + grid_points("cls-mass", "mass=0.8,0.95 at=1")
+    return [
+        *grid_points("topk-l2", "keep=0.3,0.5,0.7 at=1"),
+        *grid_points("cls-mass", "mass=0.8,0.95 at=1"),
+        *grid_points("tome", "r=2,4"),  # every block
+    ]
 
 
 def _class_folders(root: Path) -> Path:
@@ -65,9 +69,10 @@ def test_sweep_writes_four_files_and_resumes_after_an_interrupt(tmp_path: Path, 
     again = _Interrupt(at=0)
     monkeypatch.setattr(runner, "measure_speed", again)
     result = run_sweep(vit, info, _points(), resume=True, **kwargs)
-    assert again.calls == 3  # only the three unfinished points
+    assert again.calls == 5  # only the five unfinished points
     assert [p.label for p in result.points] == ["none", *(f"topk-l2 keep={k} at=1" for k in (0.3, 0.5, 0.7)),
-                                                *(f"cls-mass mass={m} at=1" for m in (0.8, 0.95))]  # fmt: skip
+                                                *(f"cls-mass mass={m} at=1" for m in (0.8, 0.95)),
+                                                "tome r=2", "tome r=4"]  # fmt: skip
     data = json.loads((out / "sweep.json").read_text())
     for old, new in zip(partial["points"], data["points"]):  # the finished points were not measured again
         assert {k: v for k, v in old.items() if k not in ("speedup", "pareto")} == {
@@ -81,10 +86,12 @@ def test_sweep_writes_four_files_and_resumes_after_an_interrupt(tmp_path: Path, 
     for p in result.points:
         assert 0.0 <= p.top1 <= p.top5 <= 1.0 and 0.0 <= p.agreement <= 1.0 and p.kl >= 0.0
         assert p.img_per_s > 0 and p.gpu_ms is None and not p.cuda_graph
+    tome2, tome4 = result.points[-2:]  # 17 rows, 2 then 4 merged in each of the 2 blocks
+    assert tome2.tokens == [15.0, 13.0] and tome4.tokens == [13.0, 9.0] and tome4.flops_ratio < tome2.flops_ratio < 1
     keep3 = result.points[1]
     assert keep3.tokens == [1 + 5] and keep3.flops_ratio < 1.0  # ceil(0.3 * 16) patches + the class token
     rows = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
-    assert len(rows) == 6 and {"top1", "top5", "agreement", "kl", "img_per_s", "flops_ratio"} <= set(rows[0])
+    assert len(rows) == 8 and {"top1", "top5", "agreement", "kl", "img_per_s", "flops_ratio"} <= set(rows[0])
     assert [r["label"] for r in rows] == [p.label for p in result.by_speed()]  # fastest first
     md = (out / "sweep.md").read_text()
     assert "| top-1 | top-5 |" in md and md.count("●") == len(result.pareto()) + 1  # + the legend's
