@@ -117,7 +117,8 @@ def _label_points(fig, ax, result: SweepResult, colors: dict[str, str]) -> None:
             va="bottom" if dy > 0.5 else "top" if dy < -0.5 else "center",
             arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5} if math.hypot(dx, dy) > _RADII[0] + 1 else None,
         )  # fmt: skip
-        taken.append(box)
+        pad = 3.0  # display pixels between neighbouring labels
+        taken.append(_Box(box.x0 - pad, box.y0 - pad, box.x1 + pad, box.y1 + pad))
 
 
 def _candidates() -> list[tuple[float, float]]:

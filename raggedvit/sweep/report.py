@@ -163,6 +163,8 @@ class SweepResult:
             row.append(f"{100 * p.agreement:.1f}%")
             row += [f"{100 * (p.top1 or 0):.1f}%", f"{100 * (p.top5 or 0):.1f}%"] if labelled else []
             tokens = ", ".join(f"{t:.1f}" for t in p.tokens) or "-"
+            if len(p.tokens) > 4:  # a stage per block (tome): the first and the last
+                tokens = f"{p.tokens[0]:.1f} … {p.tokens[-1]:.1f} ({len(p.tokens)} stages)"
             row += [f"{p.kl:.4f}", tokens, f"{p.flops_ratio:.2f}x"]
             lines.append("| " + " | ".join(row) + " |")
         return lines
