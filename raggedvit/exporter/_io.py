@@ -34,6 +34,7 @@ __all__ = [
     "interrupts_raise",
     "name_max",
     "open_file_mode",
+    "raise_pending_interrupt",
     "staging_dir",
     "undo_on_interrupt",
 ]
@@ -51,10 +52,22 @@ class Interrupted(BaseException):
         self.signal_name = signal.Signals(signum).name
 
 
+_received: list[int] = []  # the signals _raise_interrupted took since the handlers were installed
+
+
 def _raise_interrupted(signum: int, frame) -> None:
     for sig in _SIGNALS:  # a second signal must not disturb the cleanup
         signal.signal(sig, signal.SIG_IGN)
+    _received.append(signum)
     raise Interrupted(signum)
+
+
+def raise_pending_interrupt() -> None:
+    """Raise Interrupted again for a signal whose exception was lost: Python drops an exception raised while a
+    __del__ method or a weakref callback runs ("Exception ignored in ..."), and the handler has already ignored
+    further signals, so the command would run on, deaf to Ctrl-C. Loops of long steps call this between steps."""
+    if _received:
+        raise Interrupted(_received[-1])
 
 
 def interrupts_raise(*, only_defaults: bool = False) -> Callable[[], None]:
@@ -67,6 +80,7 @@ def interrupts_raise(*, only_defaults: bool = False) -> Callable[[], None]:
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     if only_defaults and current != defaults:
         return lambda: None
+    _received.clear()  # a new command: earlier signals were delivered to theirs
     for sig in _SIGNALS:
         signal.signal(sig, _raise_interrupted)
 

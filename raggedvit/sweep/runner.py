@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from raggedvit.exporter._io import raise_pending_interrupt
 from raggedvit.pruning import PruneSpec
 from raggedvit.pruning.backbone import Backbone
 from raggedvit.pruning.families import backbone_for
@@ -135,6 +136,7 @@ def run_sweep(
                 if out_dir is not None:
                     write_outputs(result, out_dir)
                 bar.update()
+                raise_pending_interrupt()  # a Ctrl-C whose exception a finalizer swallowed during the point
     finally:
         bar.close()
     return result

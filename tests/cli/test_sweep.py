@@ -94,7 +94,8 @@ def test_cli_tables_come_from_the_policy_definitions() -> None:
     assert set(IGNORED_BY_POLICY) == set(POLICIES) == set(POLICY_PARAMS)
     for policy, ignored in IGNORED_BY_POLICY.items():
         assert not set(ignored) & set(POLICY_PARAMS[policy])
-    assert IGNORED_BY_POLICY["topk-l2"] == ("mass",) and IGNORED_BY_POLICY["cls-mass"] == ("keep",)
+    assert IGNORED_BY_POLICY["topk-l2"] == ("mass", "r") and IGNORED_BY_POLICY["cls-mass"] == ("keep", "r")
+    assert IGNORED_BY_POLICY["tome"] == ("keep", "mass")  # fuse: PruneSpec's own error
     assert EXPORT_DTYPES == DTYPES
 
 

@@ -169,3 +169,34 @@ def test_undo_on_interrupt_removes_what_the_block_committed(tmp_path):
         raise KeyboardInterrupt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "sweep.json"]
     assert info.value.kept == [tmp_path / "sweep.json"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the exception the finalizer drops
+def test_a_signal_lost_in_a_finalizer_is_raised_again() -> None:
+    """Python drops an exception raised while a __del__ runs; the handler then ignores further signals, so
+    raise_pending_interrupt (called between a loop's steps) raises it again."""
+    import gc
+    import signal
+
+    from raggedvit.exporter._io import Interrupted, interrupts_raise, raise_pending_interrupt
+
+    class Finalized:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, inside the finalizer
+            for _ in range(1000):  # a few bytecodes for the handler to run in
+                pass
+
+    restore = interrupts_raise()
+    try:
+        raise_pending_interrupt()  # nothing pending
+        obj = Finalized()
+        del obj
+        gc.collect()
+        with pytest.raises(Interrupted) as info:
+            raise_pending_interrupt()
+        assert info.value.signal_name == "SIGINT"
+    finally:
+        restore()
+    restore = interrupts_raise()  # a new command starts with nothing pending
+    restore()
+    raise_pending_interrupt()
