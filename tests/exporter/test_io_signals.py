@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).with_name("_signal_harness.py")
-ATTEMPTS = 40  # signals aimed at the temp entry; under a loaded 2-core CI run 20 sometimes landed fewer than 2 mid-write
+ATTEMPTS = 40  # signals aimed at the temp entry: with 20, fewer than 2 sometimes landed mid-write under load
 COMPLETE = {
     "export": [["m.onnx"]],
     "triton-repo": [["m", "m/1", "m/1/model.onnx", "m/config.pbtxt", "m/libraggedvit_ort.so"]],
