@@ -62,7 +62,7 @@ def test_export_runs_in_ort(ort_session, gen, with_bias, with_pos):
 
 def test_schema_declares_the_position_inputs():
     names = [i.name for i in RAGGED_ATTENTION_SCHEMA.inputs]
-    assert names == ["qkv", "cu_seqlens", "bias", "pos_table", "token_pos"]
+    assert names == ["qkv", "cu_seqlens", "bias", "pos_table", "token_pos", "key_bias"]
     types = {i.name: i.type_str for i in RAGGED_ATTENTION_SCHEMA.inputs}
     assert types["token_pos"] == types["cu_seqlens"] and types["pos_table"] == "F"
     assert {"grid_h", "grid_w", "num_prefix"} <= set(RAGGED_ATTENTION_SCHEMA.attributes)

@@ -53,7 +53,7 @@ def _builders() -> dict[str, Callable[[], bytes]]:
 
 # op -> (its inputs in order, how many of them lead as required): the op's contract, written apart from the C++
 OP_INPUTS = {
-    "RaggedAttention": (("qkv", "cu_seqlens", "bias", "pos_table", "token_pos"), 2),
+    "RaggedAttention": (("qkv", "cu_seqlens", "bias", "pos_table", "token_pos", "key_bias"), 2),
     "RaggedLinear": (("X", "W", "Bias", "Residual", "CuSeqlens"), 2),
     "RaggedSelect": (("scores", "cu"), 2),
     "BiasGelu": (("X", "Bias"), 1),
