@@ -71,8 +71,8 @@ def tome_reference_forward(
     p = vit.num_prefix_tokens
     x = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(images))))
     B, N, _ = x.shape
-    size = torch.ones(B, N)
-    index = torch.arange(N).repeat(B, 1)
+    size = torch.ones(B, N, device=x.device)
+    index = torch.arange(N, device=x.device).repeat(B, 1)
     indices, sizes = [], []
     for i, blk in enumerate(vit.blocks):
         attn = blk.attn
