@@ -62,15 +62,16 @@ def ragged_attention_cpu(
         qkv = qkv + bias
     compute = torch.float32 if qkv.dtype in (torch.float16, torch.bfloat16) else qkv.dtype
     out = qkv.new_empty((T, H * D)) if live == T else qkv.new_zeros((T, H * D))
-    cls_attn = torch.zeros(T if return_cls_attn else 0, dtype=torch.float32)
+    dev = qkv.device
+    cls_attn = torch.zeros(T if return_cls_attn else 0, dtype=torch.float32, device=dev)
     starts = cu[:-1].tolist()
     lengths = (cu[1:] - cu[:-1]).tolist()
     x = qkv.reshape(T, 3, H, D)
     for group in _groups(lengths):
-        n = torch.tensor([lengths[b] for b in group])  # [G]
+        n = torch.tensor([lengths[b] for b in group], device=dev)  # [G]
         L = int(n.max())
-        rows = torch.tensor([starts[b] for b in group])[:, None] + torch.arange(L)[None, :]  # [G, L]
-        valid = torch.arange(L)[None, :] < n[:, None]  # [G, L]
+        rows = torch.tensor([starts[b] for b in group], device=dev)[:, None] + torch.arange(L, device=dev)[None, :]
+        valid = torch.arange(L, device=dev)[None, :] < n[:, None]  # [G, L]
         rows = torch.where(valid, rows, rows[:, :1])  # padding rows repeat the first row (masked as keys)
         q, k, v = x[rows].to(compute).permute(2, 0, 3, 1, 4).unbind(0)  # each [G, H, L, D]
         mask = None if bool(valid.all()) else valid[:, None, None, :]

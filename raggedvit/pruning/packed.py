@@ -192,7 +192,7 @@ def packed_prune_stage(
     pos_new = (torch.cumsum(keep.to(torch.int64), dim=1) - 1)[b, i]
     index = next_token_index(state.token_index, src, B, spec.fuse)
     new = PackedState(x_src.index_select(0, src), cu_of(trace.kept), b, pos_new, index)
-    return new, trace._replace(src=src)
+    return new, StageTrace(trace.scores, trace.n, trace.k, trace.kept, src)  # (dynamo 2.11: no _replace)
 
 
 def capacity_prune_stage(
@@ -234,7 +234,7 @@ def capacity_prune_stage(
     src = rows.reshape(-1).index_select(0, order)
     index = next_token_index(state.token_index, src, B, spec.fuse)
     new = PackedState(x_src.index_select(0, src), cu_new, order // slots, pos, index)
-    return new, trace._replace(src=src)
+    return new, StageTrace(trace.scores, trace.n, trace.k, trace.kept, src)  # (dynamo 2.11: no _replace)
 
 
 def _selected_stage(

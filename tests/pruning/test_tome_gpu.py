@@ -1,5 +1,6 @@
-"""tome on CUDA: PrunedViT with the Triton kernels' key bias (JIT) against the independent ToMe reference, and the
-export on ONNX Runtime's CUDA EP (the AOT HAS_KEY_BIAS cubins) against PrunedViT."""
+"""tome on CUDA: PrunedViT with the Triton kernels' key bias (JIT) against the independent ToMe reference (and the
+same body on the CPU, strict about devices), and the export on ONNX Runtime's CUDA EP (the AOT HAS_KEY_BIAS cubins)
+against PrunedViT."""
 
 from __future__ import annotations
 
@@ -11,13 +12,11 @@ import torch
 from _pruning_models import get_images, get_model
 
 from raggedvit.pruning import PrunedViT, PruneSpec
+from tests.support.devices import DEVICES, strict_device
 from tests.support.testing import assert_close
 from tests.support.tome_reference import tome_reference_forward
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 PHOTOS = ("chelsea", "coffee", "astronaut", "flower")
 
@@ -31,18 +30,25 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_key", ["deit_tiny", "deit_tiny_distilled", "dinov2_reg4"])
-def test_cuda_fp32_equals_reference(model_key: str) -> None:
-    vit = copy.deepcopy(get_model(model_key)).cuda()
-    images = get_images(model_key, PHOTOS).cuda()
-    out = PrunedViT(vit, PruneSpec("tome", r=8))(images)
-    ref = tome_reference_forward(vit, images, 8)
+def test_fp32_equals_reference(model_key: str, device: str) -> None:
+    """On CUDA (Triton kernels), and the same body on the CPU with tensors made without a device on "meta", so a
+    helper that builds one on the wrong device fails in CPU CI too."""
+    vit = copy.deepcopy(get_model(model_key)).to(device)
+    # on the CPU, the photos of test_tome.py: dinov2_reg4 has a float32 similarity near-tie on the astronaut there
+    images = get_images(model_key, PHOTOS if device == "cuda" else ("chelsea", "rocket")).to(device)
+    with strict_device(device):
+        out = PrunedViT(vit, PruneSpec("tome", r=8))(images)
+        ref = tome_reference_forward(vit, images, 8)
     for s, index in enumerate(out.token_index):
         assert torch.equal(index.cpu().reshape(ref.token_index[s].shape), ref.token_index[s].cpu()), f"stage {s}"
     assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4, name="cuda fp32 tome logits")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16-all"])
+@GPU[0]
+@GPU[1]
 def test_cuda_ep_export_equals_prunedvit(dtype: str, tmp_path) -> None:
     import onnxruntime as ort
 
