@@ -400,14 +400,19 @@ def gpu_tests_lines(data: dict[str, Any], name: str, full: bool) -> list[str]:
     s, env = data["suite"], data["env"]
     pk = env.get("packages") or {}
     ort = pk.get("onnxruntime-gpu") or pk.get("onnxruntime")
-    verdict = "**all passed**" if not (s["failed"] or s["errors"]) else "**failures**"
+    unfinished = s.get("not_run") or []
+    verdict = "**all passed**" if not (s["failed"] or s["errors"] or unfinished) else "**failures**"
+    chunks = data.get("chunks") or []
+    cut = [c for c in chunks if c.get("status") != "complete"]
+    parts = f", {len(chunks)} chunks ({len(cut)} cut)" if len(chunks) > 1 or cut else ""
     line = (
         f"Last GPU run, `{data['command']}`: {verdict}, {s['passed']} passed, {s['failed']} failed, {s['errors']} "
-        f"errors, {s['skipped']} skipped in {s['seconds']:.0f} s on {data['gpu']}, raggedvit "
-        f"`{str(data['commit'])[:7]}` ({str(env.get('date'))[:10]}), torch {pk.get('torch')}, onnxruntime {ort}; "
-        f"`{RESULTS / name}`."
+        f"errors, {s['skipped']} skipped, {len(unfinished)} not finished in {s['seconds']:.0f} s{parts} on "
+        f"{data['gpu']}, raggedvit `{str(data['commit'])[:7]}` ({str(env.get('date'))[:10]}), torch "
+        f"{pk.get('torch')}, onnxruntime {ort}; `{RESULTS / name}`."
     )
-    return [line] + [f"- failing: `{node}`" for node in [*s["failing"], *s["erroring"]]]
+    bad = [f"- failing: `{node}`" for node in [*s["failing"], *s["erroring"]]]
+    return [line, *bad, *(f"- not finished: `{node}`" for node in unfinished)]
 
 
 def gpu_tests(full: bool, prefix: str) -> list[str]:
