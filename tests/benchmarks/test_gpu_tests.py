@@ -189,13 +189,13 @@ def test_run_chunk_cut_at_the_budget_keeps_what_finished(tmp_path, commit, monke
     tests.mkdir()
     (tests / "test_x.py").write_text(
         "import time\nimport pytest\n\n@pytest.mark.gpu\ndef test_quick():\n    pass\n\n"
-        "@pytest.mark.gpu\ndef test_slow():\n    time.sleep(60)\n"
+        "@pytest.mark.gpu\ndef test_slow():\n    time.sleep(600)\n"
     )
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: gpu\n")
     ids = collect(None, root=tmp_path)
     assert ids == ["tests/test_x.py::test_quick", "tests/test_x.py::test_slow"]
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    summary = run_chunk(ids, tmp_path / "out", 1, 1, budget_s=8, workers=1, root=tmp_path)
+    summary = run_chunk(ids, tmp_path / "out", 1, 1, budget_s=25, workers=1, root=tmp_path)
     assert summary["status"] == "cut"
     _, outcomes = read_chunk(tmp_path / "out" / "chunk-1-of-1.json")
     assert outcomes["tests/test_x.py::test_quick"][0] == "passed"

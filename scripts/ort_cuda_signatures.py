@@ -1,0 +1,136 @@
+"""The CUDA EP placement table: which node signatures of raggedvit's exports ONNX Runtime's CUDA EP has a kernel for.
+
+    python3 scripts/ort_cuda_signatures.py collect --out sigs.json          # here: every export kind's signatures
+    python3 scripts/ort_cuda_signatures.py probe sigs.json                  # on a GPU, with onnxruntime-gpu
+        [--out raggedvit/exporter/data/ort_cuda_placement.json]
+
+A signature is (domain, op, the model's opset for the domain, input types, output types). `collect` exports every
+kind of tests/support/export_kinds.py and keeps one node of each signature. `probe` builds a one-node model of each
+(the node with its attributes, its inputs as graph inputs of their types) and creates an ONNX Runtime session on
+the CUDA EP with CPU fallback disabled: the session is created exactly when the CUDA EP has a kernel for the node
+(the registry lookup of op, domain, version and type constraints that docs/OperatorKernels.md lists). The table
+names the onnxruntime-gpu version it was probed with. com.raggedvit nodes are left out: the op library's CUDA
+kernels are raggedvit.exporter.placement.RAGGED_CUDA. ORT's kernel registry cannot be listed directly from the
+wheel the GPU machine gets (get_all_opkernel_def loads every provider, TensorRT's too, which is not there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "raggedvit" / "exporter" / "data" / "ort_cuda_placement.json"
+
+
+def collect(out: Path) -> int:
+    import onnx
+
+    from raggedvit.exporter.placement import node_signatures
+    from tests.support.export_kinds import export_kinds
+
+    seen: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, dtype, path in export_kinds(Path(tmp)):
+            model = onnx.load(str(path), load_external_data=False)
+            for sig, node in node_signatures(model):
+                if sig[0] == "com.raggedvit":
+                    continue
+                key = json.dumps(sig)
+                entry = seen.setdefault(key, {"signature": sig, "node": "", "kinds": []})
+                entry["node"] = entry["node"] or base64.b64encode(node.SerializeToString()).decode()
+                entry["kinds"].append(f"{kind} {dtype}")
+    out.write_text(json.dumps(sorted(seen.values(), key=lambda e: json.dumps(e["signature"])), indent=0) + "\n")
+    print(f"wrote {out}: {len(seen)} signatures")
+    return 0
+
+
+def _one_node_model(sig: list, node_bytes: str):
+    import onnx
+    from onnx import helper
+
+    domain, _op, opset, inputs, outputs = sig
+    node = onnx.NodeProto()
+    node.ParseFromString(base64.b64decode(node_bytes))
+    node.name = "probe"
+    # a value the export records no type for ('?': the output of a custom op, or shape arithmetic the exporter left
+    # untyped) takes the node's first known type, floating types first (the inputs of the ops where this happens
+    # share one type constraint: BiasGelu, Add, MatMul, Range), else int64 (shape arithmetic)
+    known = [t for t in (*inputs, *outputs) if t in ("float", "float16", "bfloat16")]
+    known += [t for t in (*inputs, *outputs) if t not in ("?", "-")] + ["int64"]
+
+    def elem(t: str) -> int:
+        return onnx.TensorProto.DataType.Value((known[0] if t == "?" else t).upper())
+
+    names = {}
+    graph_inputs = []
+    for i, (name, t) in enumerate(zip(node.input, inputs)):
+        if not name:
+            continue
+        if name not in names:
+            names[name] = f"in{i}"
+            graph_inputs.append(helper.make_tensor_value_info(names[name], elem(t), None))
+    node.input[:] = [names.get(n, "") for n in node.input]
+    outs = [helper.make_tensor_value_info(f"out{i}", elem(t), None) for i, t in enumerate(outputs) if t not in "-?"]
+    node.output[:] = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
+    graph = helper.make_graph([node], "probe", graph_inputs, outs)
+    opsets = [helper.make_opsetid("", opset if domain == "" else 20)]
+    if domain:
+        opsets.append(helper.make_opsetid(domain, opset))
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+def probe(sigs: Path, out: Path) -> int:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise SystemExit(f"onnxruntime {ort.__version__} here has no CUDA EP")
+    rows = []
+    for entry in json.loads(sigs.read_text()):
+        sig = entry["signature"]
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        so.log_severity_level = 4
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            model = _one_node_model(sig, entry["node"])
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+            cuda, why = True, ""
+        except Exception as e:  # noqa: BLE001 - the refusal is the answer
+            cuda, why = False, str(e).splitlines()[0][:300]
+        rows.append({"signature": sig, "cuda": cuda, **({"error": why} if why else {}), "kinds": entry["kinds"]})
+        print(("cuda " if cuda else "CPU  ") + " ".join(map(str, sig)) + (f"  [{why}]" if why else ""), flush=True)
+    data = {
+        "source": (
+            f"onnxruntime-gpu {ort.__version__}, CUDAExecutionProvider: a one-node session per signature with CPU "
+            "fallback disabled (scripts/ort_cuda_signatures.py probe)"
+        ),
+        "onnxruntime": ort.__version__,
+        "signatures": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=0) + "\n")
+    print(f"wrote {out}: {sum(r['cuda'] for r in rows)} of {len(rows)} signatures on the CUDA EP")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("probe")
+    p.add_argument("sigs", type=Path)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    return collect(args.out) if args.command == "collect" else probe(args.sigs, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
