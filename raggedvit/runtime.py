@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "CudaPlacementError",
     "GraphRunner",
     "bind_tensor",
     "create_session",
@@ -32,6 +33,44 @@ __all__ = [
 ]
 
 Device = Literal["cpu", "cuda"]
+_NO_FALLBACK = "fallback to CPU EP has been explicitly disabled"
+
+
+class CudaPlacementError(RuntimeError):
+    """A CUDA session with CPU fallback disabled has nodes on the CPU EP. `unplaced`: the nodes the CUDA EP has no
+    kernel for (raggedvit.exporter.placement), [] when ORT itself moved shape arithmetic to the CPU."""
+
+    def __init__(self, message: str, unplaced: list) -> None:
+        super().__init__(message)
+        self.unplaced = unplaced
+
+
+def _placement_error(model: str | Path | bytes, cause: Exception) -> CudaPlacementError:
+    import onnx
+
+    from raggedvit.exporter.placement import cuda_unplaced, placement_table
+
+    proto = (
+        onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+    )
+    try:
+        unplaced = cuda_unplaced(proto)
+        version = placement_table().onnxruntime
+    except FileNotFoundError as e:
+        return CudaPlacementError(f"{cause}; the CUDA placement table is missing ({e.filename})", [])
+    if not unplaced:
+        return CudaPlacementError(
+            "ONNX Runtime put nodes on the CPU EP with CPU fallback disabled, yet every node has a CUDA EP kernel "
+            f"(placement table of onnxruntime {version}): ORT moved shape arithmetic on the batch size to the CPU; "
+            "pass batch=N so that it folds into constants",
+            [],
+        )
+    names = "; ".join(str(u) for u in unplaced[:5]) + (f"; and {len(unplaced) - 5} more" if len(unplaced) > 5 else "")
+    return CudaPlacementError(
+        f"{len(unplaced)} node(s) have no CUDA EP kernel (onnxruntime {version}) and would run on the CPU EP, "
+        f"which disable_cpu_fallback refuses: {names}",
+        unplaced,
+    )
 
 
 def session_options(
@@ -120,7 +159,9 @@ def create_session(
     tf32 (device "cuda"): None = from the model's raggedvit recipe: on for fp16 exports (their float32 patch
     embedding and head otherwise run on FFMA; DESIGN.md section 5), off for fp32 exports and other models
     (float32 stays float32).
-    cuda_options (device "cuda"): more CUDA EP provider options (providers_for)."""
+    cuda_options (device "cuda"): more CUDA EP provider options (providers_for).
+    A CUDA session with CPU fallback disabled whose nodes ORT puts on the CPU EP raises CudaPlacementError, naming
+    the nodes that have no CUDA EP kernel (raggedvit.exporter.placement)."""
     if cuda_graph and device != "cuda":
         raise ValueError("cuda_graph needs device='cuda'")
     so = options or session_options(disable_cpu_fallback=disable_cpu_fallback, intra_op_threads=intra_op_threads)
@@ -140,7 +181,12 @@ def create_session(
         cuda_options=cuda_options,
     )
     src = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(src, so, providers=providers)
+    try:
+        return ort.InferenceSession(src, so, providers=providers)
+    except Exception as e:
+        if no_fallback and device == "cuda" and _NO_FALLBACK in str(e):
+            raise _placement_error(model, e) from e
+        raise
 
 
 def tf32_for(recipe: dict | None) -> bool:

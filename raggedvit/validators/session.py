@@ -35,7 +35,7 @@ def open_session(
     try:
         if create_session is not None:
             tf32 = None if recipe is None else device == "cuda" and tf32_for(recipe)
-            return create_session(_source(model_path), device=device, tf32=tf32)
+            return _create(create_session, _source(model_path), device, tf32)
         opts = ort.SessionOptions()
         opts.register_custom_ops_library(lib)
         providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
@@ -50,6 +50,21 @@ def open_session(
             name = "the model" if isinstance(model_path, bytes) else Path(model_path).name
             raise ValidationInputError(f"ONNX Runtime cannot load {name}: {first}") from None
         raise
+
+
+def _create(create_session, source: str | bytes, device: str, tf32: bool | None) -> ort.InferenceSession:
+    """On CUDA, CPU fallback disabled: a node with no CUDA EP kernel is an input error that names it. Shape arithmetic
+    that ORT itself moves to the CPU (every node has a kernel) is allowed, as a session of a fixed batch folds it."""
+    if device != "cuda":
+        return create_session(source, device=device, tf32=tf32)
+    from raggedvit.runtime import CudaPlacementError
+
+    try:
+        return create_session(source, device=device, tf32=tf32, disable_cpu_fallback=True)
+    except CudaPlacementError as e:
+        if e.unplaced:
+            raise ValidationInputError(f"the export cannot run on the CUDA EP: {e}") from None
+    return create_session(source, device=device, tf32=tf32)
 
 
 def _source(model: str | Path | bytes) -> str | bytes:

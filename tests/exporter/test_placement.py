@@ -1,0 +1,74 @@
+"""The CUDA placement check on the CPU: every export kind's nodes have a CUDA EP kernel in the placement table, and
+a node without one is named, with its op, types and why, by the check and by create_session's error."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from raggedvit import runtime
+from raggedvit.exporter import placement
+from raggedvit.exporter.placement import PlacementTable, cuda_unplaced, node_signatures, placement_table
+from tests.support.export_kinds import DTYPES, KINDS, export_kind
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_export_kind_has_cuda_kernels(kind: str, dtype: str, tmp_path) -> None:
+    path = export_kind(kind, dtype, tmp_path)
+    assert [str(u) for u in cuda_unplaced(path)] == []
+
+
+def test_the_table_names_its_source_and_covers_every_op_of_the_exports() -> None:
+    table = placement_table()
+    assert "OperatorKernels.md" in table.source or "onnxruntime-gpu" in table.source
+    assert len(table.cuda) >= 90 and {sig[1] for sig in table.cuda} >= {"TopK", "GatherElements", "ArgMax", "MatMul"}
+
+
+def _model(*nodes: onnx.NodeProto, x_type: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", x_type, [4])
+    y = helper.make_tensor_value_info("y", x_type, [4])
+    graph = helper.make_graph(list(nodes), "g", [x], [y])
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.raggedvit", 1)], ir_version=10
+    )
+
+
+def _table(model: onnx.ModelProto, cuda: bool) -> PlacementTable:
+    return PlacementTable("test", "9.9", {sig: cuda for sig, _ in node_signatures(model)})
+
+
+def test_a_node_without_a_cuda_kernel_is_named() -> None:
+    model = _model(helper.make_node("Relu", ["x"], ["y"], name="the_relu"))
+    (u,) = cuda_unplaced(model, _table(model, cuda=False))
+    assert u.node == "the_relu" and u.signature == ("", "Relu", 20, ("float",), ("float",))
+    assert str(u) == (
+        "the_relu (ai.onnx::Relu opset 20, inputs float -> float): the CUDA EP of onnxruntime 9.9 has no kernel "
+        "for these types"
+    )
+    assert cuda_unplaced(model, _table(model, cuda=True)) == []
+    (missing,) = cuda_unplaced(model, PlacementTable("test", "9.9", {}))
+    assert "not in the placement table" in missing.reason and "ort_cuda_signatures.py" in missing.reason
+
+
+def test_raggedvit_ops_follow_the_op_library_cuda_types() -> None:
+    model = _model(helper.make_node("BiasGelu", ["x", "x"], ["y"], name="gelu", domain="com.raggedvit"))
+    (u,) = cuda_unplaced(model, _table(model, cuda=True))
+    assert u.reason == "input 0 is float; the op library's CUDA kernel takes bfloat16 or float16"
+    half = _model(helper.make_node("BiasGelu", ["x", "x"], ["y"], domain="com.raggedvit"), x_type=TensorProto.FLOAT16)
+    assert cuda_unplaced(half, _table(half, cuda=True)) == []
+
+
+def test_create_session_error_names_the_nodes(monkeypatch) -> None:
+    model = _model(helper.make_node("Relu", ["x"], ["y"], name="the_relu"))
+    monkeypatch.setattr(placement, "placement_table", lambda path=placement.DATA: _table(model, cuda=False))
+    err = runtime._placement_error(model.SerializeToString(), RuntimeError("fallback to CPU EP has been disabled"))
+    assert isinstance(err, runtime.CudaPlacementError) and [u.node for u in err.unplaced] == ["the_relu"]
+    assert str(err).startswith("1 node(s) have no CUDA EP kernel (onnxruntime 9.9) and would run on the CPU EP")
+    assert "the_relu (ai.onnx::Relu opset 20, inputs float -> float)" in str(err)
+    monkeypatch.setattr(placement, "placement_table", lambda path=placement.DATA: _table(model, cuda=True))
+    shapes = runtime._placement_error(model.SerializeToString(), RuntimeError("x"))
+    assert shapes.unplaced == [] and "pass batch=N" in str(shapes)
