@@ -401,16 +401,18 @@ def gpu_tests_lines(data: dict[str, Any], name: str, full: bool) -> list[str]:
     pk = env.get("packages") or {}
     ort = pk.get("onnxruntime-gpu") or pk.get("onnxruntime")
     unfinished = s.get("not_run") or []
-    verdict = "**all passed**" if not (s["failed"] or s["errors"] or unfinished) else "**failures**"
+    verdict = "**failures**" if s["failed"] or s["errors"] else "**incomplete**" if unfinished else "**all passed**"
     chunks = data.get("chunks") or []
     cut = [c for c in chunks if c.get("status") != "complete"]
-    parts = f", {len(chunks)} chunks ({len(cut)} cut)" if len(chunks) > 1 or cut else ""
+    parts = f", {len(chunks)} chunk{'s' * (len(chunks) > 1)} ({len(cut)} cut)" if len(chunks) > 1 or cut else ""
     line = (
         f"Last GPU run, `{data['command']}`: {verdict}, {s['passed']} passed, {s['failed']} failed, {s['errors']} "
         f"errors, {s['skipped']} skipped, {len(unfinished)} not finished in {s['seconds']:.0f} s{parts} on "
         f"{data['gpu']}, raggedvit `{str(data['commit'])[:7]}` ({str(env.get('date'))[:10]}), torch "
         f"{pk.get('torch')}, onnxruntime {ort}; `{RESULTS / name}`."
     )
+    if not full:
+        return [line]
     bad = [f"- failing: `{node}`" for node in [*s["failing"], *s["erroring"]]]
     return [line, *bad, *(f"- not finished: `{node}`" for node in unfinished)]
 
@@ -485,7 +487,19 @@ def validate_study(full: bool, prefix: str) -> list[str]:
     return validate_study_lines(_load(name), name, full)
 
 
+def gpu_runs(full: bool, prefix: str) -> list[str]:
+    """The test section's GPU lines: the newest GPU suite record and the newest validation study on a GPU (or that
+    none has run yet)."""
+    lines = gpu_tests(full, prefix)
+    try:
+        study = validate_study(full, prefix)
+    except FileNotFoundError:
+        study = ["No GPU run of the validation study yet (`python3 -m benchmarks.validate_study --device cuda`)."]
+    return [*lines, *study]
+
+
 SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
+    "gpu_runs": gpu_runs,
     "serving": serving,
     "families": families,
     "e2e": e2e,

@@ -76,7 +76,7 @@ def test_the_command_writes_the_canonical_file(tmp_path, commit, capsys):
     path = tmp_path / "out" / "gpu_tests_NVIDIA-H100-80GB-HBM3.json"
     data = json.loads(path.read_text())
     assert data["suite"]["errors"] == 1 and "errored: tests/conftest.py::test_w" in capsys.readouterr().out
-    lines = gpu_tests_lines(data, path.name, full=False)
+    lines = gpu_tests_lines(data, path.name, full=True)
     assert lines[0].startswith("Last GPU run, `python3 -m pytest -m gpu tests`: **failures**, 2 passed, 0 failed, 1 ")
     assert f"on {GPU}, raggedvit `0123456`" in lines[0] and lines[1:] == ["- failing: `tests/conftest.py::test_w`"]
 
