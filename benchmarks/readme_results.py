@@ -423,9 +423,9 @@ def gpu_tests(full: bool, prefix: str) -> list[str]:
 
 
 def _schedule(prune: dict[str, Any]) -> str:
-    at = ",".join(str(b) for b in prune["prune_at"])
-    amount = f"mass {prune['mass']}" if prune["policy"] == "cls-mass" else f"keep {prune['keep']}"
-    return f"{amount} at {at}" + (", fuse" if prune.get("fuse") else "")
+    at = ",".join(str(b) for b in prune["prune_at"]) or "every block"
+    amount = {"cls-mass": f"mass {prune.get('mass')}", "tome": f"r {prune.get('r')}"}.get(prune["policy"])
+    return f"{amount or 'keep ' + str(prune['keep'])} at {at}" + (", fuse" if prune.get("fuse") else "")
 
 
 def _verdict(rec: dict[str, Any] | None) -> str:

@@ -2,12 +2,13 @@
 
     python3 -m benchmarks.validate_study --out benchmarks/results [--device cuda] [--images 64] [--jobs 8]
 
-Clean exports of deit_tiny, deit_small and deit_base (seeded weights) under topk-l2, evit and cls-mass (capacity
-layout), two prune schedules each (SCHEDULES), in fp16 and fp16-all, validated with the default rule of their
-dtype on `--images` images: the bundled photos and their deterministic variants (raggedvit.images.image_variants:
-flips, crops, scales). Then every mutant of the mutation suite (raggedvit.validators.mutants: deit_tiny from a
-checkpoint with random biases, topk-l2 at 3, 6, 9) in the same dtypes, with its unmutated control: each must fail,
-its report naming the mutated block, stage, head or (a fault in the graph's attributes) the structural mismatch.
+Clean exports of deit_tiny, deit_small and deit_base (seeded weights) under topk-l2, evit, cls-mass (capacity
+layout) and tome (r 8 and 16 in every block), two prune schedules each (SCHEDULES), in fp16 and fp16-all,
+validated with the default rule of their dtype on `--images` images: the bundled photos and their deterministic
+variants (raggedvit.images.image_variants: flips, crops, scales). Then every mutant of the mutation suite
+(raggedvit.validators.mutants: deit_tiny from a checkpoint with random biases, topk-l2 at 3, 6, 9) in the same
+dtypes, with its unmutated control: each must fail, its report naming the mutated block, stage, head or (a fault
+in the graph's attributes) the structural mismatch.
 
 Cost: the exports run in `--jobs` processes while this one runs the PyTorch references on the CPU (the reference
 and its fp16 floor once per model and schedule: fp16 and fp16-all exports share them, `block_reference`), then
@@ -37,7 +38,7 @@ from typing import Any
 from benchmarks.env import environment, result_path
 
 MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224", "deit_base_patch16_224")
-POLICIES = ("topk-l2", "evit", "cls-mass")
+POLICIES = ("topk-l2", "evit", "cls-mass", "tome")
 DTYPES = ("fp16", "fp16-all")
 IMAGES = 64
 # policy -> two prune schedules: PruneSpec.from_dict arguments (cls-mass: exported in the capacity layout)
@@ -53,6 +54,11 @@ SCHEDULES: dict[str, tuple[dict[str, Any], ...]] = {
     "cls-mass": (
         {"policy": "cls-mass", "prune_at": [3, 6, 9], "mass": 0.9},
         {"policy": "cls-mass", "prune_at": [4], "mass": 0.8},
+    ),
+    # tome merges in every block (prune_at empty); in fp16 its merges flip at near-ties: where a false failure hides
+    "tome": (
+        {"policy": "tome", "prune_at": [], "r": 8},
+        {"policy": "tome", "prune_at": [], "r": 16},
     ),
 }
 CAPACITY_POLICIES = ("cls-mass",)
@@ -160,8 +166,9 @@ def _exporter(jobs: int):
 
 
 def _case_key(model: str, spec: dict[str, Any], dtype: str) -> str:
-    at = "-".join(str(b) for b in spec["prune_at"])
-    amount = f"mass{spec['mass']}" if spec["policy"] == "cls-mass" else f"keep{spec['keep']}"
+    at = "-".join(str(b) for b in spec["prune_at"]) or "all"
+    amount = {"cls-mass": f"mass{spec.get('mass')}", "tome": f"r{spec.get('r')}"}.get(spec["policy"])
+    amount = amount or f"keep{spec['keep']}"
     fuse = "-fuse" if spec.get("fuse") else ""
     return f"{model.split('_')[0]}_{model.split('_')[1]}_{spec['policy']}_at{at}_{amount}{fuse}_{dtype}"
 

@@ -14,11 +14,17 @@ from raggedvit.validators.mutants import MUTANTS
 
 def test_the_full_plan_covers_every_case():
     clean, mutants = plan(StudyConfig(), Path("/w"), Path("/w/base.pth"))
-    assert len(clean) == len(MODELS) * 3 * 2 * 2 and len({j.key for j in clean}) == len(clean)
+    assert len(clean) == len(MODELS) * 4 * 2 * 2 and len({j.key for j in clean}) == len(clean)
     assert {j.model for j in clean} == set(MODELS) and {j.dtype for j in clean} == {"fp16", "fp16-all"}
     assert all(j.capacity == (j.spec["policy"] == "cls-mass") for j in clean)
     assert {json.dumps(j.spec, sort_keys=True) for j in clean} == {
         json.dumps(s, sort_keys=True) for specs in SCHEDULES.values() for s in specs
+    }
+    assert {j.key.split("_", 2)[2] for j in clean if j.spec["policy"] == "tome"} == {
+        "tome_atall_r8_fp16",
+        "tome_atall_r8_fp16-all",
+        "tome_atall_r16_fp16",
+        "tome_atall_r16_fp16-all",
     }
     assert [j.mutant for j in mutants] == [None, *(m.name for m in MUTANTS)] * 2
     assert all(j.checkpoint == "/w/base.pth" for j in mutants)
