@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
+from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec, backbone_for
 from raggedvit.validators.blocks import BlockReference, block_drift, block_reference, marked_model, run_blocks_onnx
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
@@ -119,6 +119,7 @@ def validate(
     """
     dtype = str(recipe.get("dtype", "fp32"))
     th = thresholds or Thresholds.for_dtype(dtype)
+    spec = spec.resolve(backbone_for(vit).depth)  # tome's every-block default as the export resolved it
     if session is None:
         session = open_session(model_path, device, recipe=recipe)
     images = images.to("cpu", torch.float32).contiguous()
