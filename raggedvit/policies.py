@@ -1,7 +1,13 @@
-"""The pruning policies and which of them keep export-time-known token counts (torch-free: the CLI and the graph
-checks read it without importing torch). `raggedvit.pruning.PruneSpec` validates specs against these."""
+"""The pruning policies: one descriptor per policy, the only place that knows a policy by its name (torch-free: the
+CLI and the graph checks read it without importing torch). `raggedvit.pruning.PruneSpec` validates specs against it;
+the CLI, sweep, validators, coverage and exporter ask a descriptor (`get_policy(name)`) what a policy does. The kernels'
+integer policy attribute (RaggedSelect's count / mass) stays in kernels/ and custom_ops/."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 __all__ = [
     "CLS_ATTN_POLICIES",
@@ -9,18 +15,108 @@ __all__ = [
     "MERGE_POLICIES",
     "POLICIES",
     "POLICY_PARAMS",
+    "REGISTRY",
+    "Policy",
     "counts_known",
+    "get_policy",
     "has_dead_rows",
     "static_shapes",
 ]
 
-POLICIES = ("none", "topk-l2", "evit", "cls-mass", "tome")
-CLS_ATTN_POLICIES = ("evit", "cls-mass")  # rank by the class token's attention: need a class token
-COUNT_POLICIES = ("topk-l2", "evit")  # keep ceil(keep * patches) tokens per image, whatever the scores
-MERGE_POLICIES = ("tome",)  # merge tokens inside the blocks (ToMe): min(r, patches // 2) fewer per merging block
-# The PruneSpec fields each policy reads besides prune_at (which every policy but "none" reads): the keys of a
-# `raggedvit sweep` grid (raggedvit.sweep.grid), and the options the CLI refuses for the other policies.
-POLICY_PARAMS = {"none": (), "topk-l2": ("keep",), "evit": ("keep", "fuse"), "cls-mass": ("mass",), "tome": ("r",)}
+
+@dataclass(frozen=True)
+class Policy:
+    """What one policy is.
+
+    name: the policy's name (`--policy`, PruneSpec.policy, the recipe).
+    params: the PruneSpec fields it reads besides prune_at: the keys of a sweep grid and the CLI options it takes.
+    default_at: its stages' blocks when none are given: "4" (one stage before block 4), "every" (every block: a
+        merging policy's stages run inside the blocks), "" (a policy with no stages).
+    where: "between" blocks (a stage before block i selects rows), "inside" a block (after its attention residual,
+        before its MLP), or "none".
+    scorer: what ranks the tokens: "l2" (the squared L2 norm of each row), "cls" (the class token's attention in the
+        block before), "similarity" (ToMe's key similarity), or "none".
+    cut: how many tokens a stage keeps: "count" (ceil(keep * patches), known before the data), "mass" (the fewest
+        reaching a cumulative cls-attention mass: data-dependent), "merge" (r fewer per block), or "none".
+    learned: the policy has parameters of its own (a predictor loaded with the checkpoint).
+    """
+
+    name: str
+    params: tuple[str, ...]
+    default_at: str
+    where: Literal["between", "inside", "none"]
+    scorer: Literal["l2", "cls", "similarity", "none"]
+    cut: Literal["count", "mass", "merge", "none"]
+    learned: bool = False
+
+    @property
+    def prunes(self) -> bool:
+        """The policy has stages (every policy but "none")."""
+        return self.where != "none"
+
+    @property
+    def merges(self) -> bool:
+        """Its stages merge tokens inside the blocks (tome) instead of selecting rows."""
+        return self.cut == "merge"
+
+    @property
+    def needs_cls_attn(self) -> bool:
+        """It ranks by the class token's attention: the model needs a class token."""
+        return self.scorer == "cls"
+
+    def counts_known(self, fuse: bool = False) -> bool:
+        """Every stage keeps a count known before the data (a fused token depends on the data's drops only in the
+        compact layout: evit with fuse is not counted)."""
+        return self.cut in ("none", "merge") or (self.cut == "count" and not (fuse and "fuse" in self.params))
+
+    def label(self, values: Mapping[str, Any]) -> str:
+        """One line for a spec of this policy (its PruneSpec fields as a dict, prune_at resolved or not), as the
+        report and the sweep print it: "topk-l2 keep=0.5 at=4", "evit keep=0.7 fuse at=3,6,9", "tome r=8" (every
+        block), "cls-mass mass=0.9 at=3,6,9", "none"."""
+        words = [self.name]
+        for key in self.params:
+            value = values.get(key)
+            if isinstance(value, bool):
+                words += [key] if value else []
+            else:
+                words.append(f"{key}={_show(value)}")
+        at = list(values.get("prune_at") or ())
+        if self.prunes and at:
+            words.append(f"at={','.join(str(i) for i in at)}")
+        return " ".join(words)
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+REGISTRY: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("none", (), "", "none", "none", "none"),
+        Policy("topk-l2", ("keep",), "4", "between", "l2", "count"),
+        Policy("evit", ("keep", "fuse"), "4", "between", "cls", "count"),
+        Policy("cls-mass", ("mass",), "4", "between", "cls", "mass"),
+        Policy("tome", ("r",), "every", "inside", "similarity", "merge"),
+    )
+}
+
+
+def get_policy(name: str) -> Policy:
+    """The descriptor of a policy; ValueError naming the known ones for another name."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown pruning policy {name!r}; expected one of {', '.join(REGISTRY)}") from None
+
+
+POLICIES = tuple(REGISTRY)
+CLS_ATTN_POLICIES = tuple(n for n, p in REGISTRY.items() if p.needs_cls_attn)  # need a class token
+COUNT_POLICIES = tuple(n for n, p in REGISTRY.items() if p.cut == "count")  # ceil(keep * patches) per image
+MERGE_POLICIES = tuple(n for n, p in REGISTRY.items() if p.merges)  # merge inside the blocks (ToMe)
+# The PruneSpec fields each policy reads besides prune_at: the keys of a `raggedvit sweep` grid
+# (raggedvit.sweep.grid), and the options the CLI refuses for the other policies.
+POLICY_PARAMS = {n: p.params for n, p in REGISTRY.items()}
 
 
 def static_shapes(policy: str, fuse: bool = False, capacity: bool = False) -> bool:
@@ -34,11 +130,11 @@ def counts_known(policy: str, fuse: bool = False) -> bool:
     """Every stage keeps a token count known before the data and the uniform stage runs it (topk-l2, evit without
     fuse, none; tome merges a fixed number per block): token_counts is then an export-time constant, whatever the
     layout."""
-    return policy in ("none", "topk-l2", *MERGE_POLICIES) or (policy == "evit" and not fuse)
+    return REGISTRY[policy].counts_known(fuse)
 
 
 def has_dead_rows(policy: str, capacity: bool) -> bool:
     """Blocks run on rows past cu[B] (dead rows): the capacity layout after a stage whose counts depend on the data
     (cls-mass). Count policies keep exact capacities (p + k per image, + the evit fused token), and tome's counts
     are fixed, so never."""
-    return capacity and policy not in ("none", *COUNT_POLICIES, *MERGE_POLICIES)
+    return capacity and REGISTRY[policy].cut == "mass"

@@ -34,7 +34,7 @@ from raggedvit.cli.contract import (
     warn_nonfinite,
 )
 from raggedvit.exporter._io import undo_on_interrupt
-from raggedvit.policies import POLICIES
+from raggedvit.policies import POLICIES, get_policy
 
 __all__ = ["main"]
 
@@ -155,15 +155,16 @@ def export(
     check_writable(output, "output")
     from raggedvit.pruning import PruneSpec
 
-    every_block = policy == "tome" and click.get_current_context().get_parameter_source("prune_at") in (
+    desc = get_policy(policy)
+    every_block = desc.default_at == "every" and click.get_current_context().get_parameter_source("prune_at") in (
         click.core.ParameterSource.DEFAULT,
         None,
     )
     indices = ()
-    if policy != "none" and not every_block:
+    if desc.prunes and not every_block:
         indices = parse_int_list("--prune-at", prune_at, lo=0, what="block indices")
     try:
-        spec = PruneSpec.from_strings(policy, indices, keep, mass, fuse, r=r if policy == "tome" else 0)
+        spec = PruneSpec.from_strings(policy, indices, keep, mass, fuse, r=r if "r" in desc.params else 0)
     except ValueError as e:
         raise CliError(f"bad pruning parameters: {e}") from None
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from raggedvit.exporter._io import Interrupted, check_target, interrupts_raise, name_max
-from raggedvit.policies import POLICY_PARAMS
+from raggedvit.policies import REGISTRY
 from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 
 __all__ = [
@@ -56,12 +56,12 @@ _ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's Run
 
 # Pruning options each policy ignores: the PruneSpec fields the others read (raggedvit.policies.POLICY_PARAMS), all
 # of them and prune_at for "none"; fuse with another policy than evit gets PruneSpec's own, more specific error.
-_PRUNE_OPTIONS = tuple(dict.fromkeys(name for names in POLICY_PARAMS.values() for name in names))
+_PRUNE_OPTIONS = tuple(dict.fromkeys(name for p in REGISTRY.values() for name in p.params))
 IGNORED_BY_POLICY = {
-    policy: ("prune_at", *_PRUNE_OPTIONS)
-    if policy == "none"
-    else tuple(name for name in _PRUNE_OPTIONS if name not in params and name != "fuse")
-    for policy, params in POLICY_PARAMS.items()
+    name: tuple(o for o in _PRUNE_OPTIONS if o not in p.params and o != "fuse")
+    if p.prunes
+    else ("prune_at", *_PRUNE_OPTIONS)
+    for name, p in REGISTRY.items()
 }
 
 

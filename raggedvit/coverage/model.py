@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raggedvit.policies import get_policy
+
 __all__ = ["MATCH_RTOL", "CHECKED_POLICIES", "check_model", "classify_names", "first_line", "reduced_model"]
 
 MATCH_RTOL = 1e-4  # max |Δ| allowed, relative to max |reference|
@@ -339,7 +341,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
             entry.update(ok=False, error=f"ort run: {first_line(e)}")
             failures.append(f"{policy}: {entry['error']}")
             continue
-        if policy == "none":
+        if not get_policy(policy).prunes:
             if isinstance(reference, Exception):
                 entry.update(ok=False, error=f"timm forward: {first_line(reference)}")
             else:
@@ -356,7 +358,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
         if not entry["ok"] and "token counts" not in entry.get("error", "") and "max_abs_diff" in entry:
             try:
                 rec.step(f"float64 {policy}")
-                noise = _fp32_noise(vit, None if policy == "none" else specs[policy], images, outs[0], ref32)
+                noise = _fp32_noise(vit, specs[policy] if get_policy(policy).prunes else None, images, outs[0], ref32)
             except Exception as e:  # noqa: BLE001 - the strict result stands
                 noise = {"ok": False, "error": first_line(e)}
             if noise is not None:

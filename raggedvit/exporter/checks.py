@@ -46,7 +46,7 @@ _MERGE_OPS = (("", "ArgMax"), ("", "TopK"), ("", "GatherElements"), ("", "MatMul
 
 def static_shapes(prune: dict, capacity: bool = False) -> bool:
     """True when the graph has static shapes for a given batch, no NonZero, and can run as a CUDA graph: every
-    policy in the capacity layout (the recipe's "capacity"), else when every stage keeps an export-time-known
+    pruning method in the capacity layout (the recipe's "capacity"), else when every stage keeps an export-time-known
     count (topk-l2, evit without fuse)."""
     prune = prune or {}
     return policies.static_shapes(str(prune.get("policy", "none")), bool(prune.get("fuse", False)), capacity)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from raggedvit.policies import COUNT_POLICIES
+from raggedvit.policies import get_policy
 from raggedvit.pruning.spec import CLS_MASS_EPS, PruneSpec, f32
 
 __all__ = [
@@ -107,10 +107,9 @@ def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: Prune
 
 def select_policy(policy: str) -> int:
     """The SELECT_POLICIES code of a pruning policy: "count" for topk-l2 / evit, "mass" for cls-mass."""
-    if policy in COUNT_POLICIES:
-        return SELECT_POLICIES["count"]
-    if policy == "cls-mass":
-        return SELECT_POLICIES["mass"]
+    cut = get_policy(policy).cut
+    if cut in ("count", "mass"):
+        return SELECT_POLICIES[cut]
     raise ValueError(f"policy {policy!r} has no selection stage")
 
 

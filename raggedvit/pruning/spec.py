@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from raggedvit.policies import CLS_ATTN_POLICIES, MERGE_POLICIES, POLICIES, static_shapes
+from raggedvit.policies import POLICIES, Policy, get_policy, static_shapes
 
 __all__ = ["CLS_MASS_EPS", "EVIT_FUSE_EPS", "POLICIES", "PruneSpec", "f32", "merged_count", "uniform_keep"]
 
@@ -66,13 +66,12 @@ class PruneSpec:
     r: int = 0
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown pruning policy {self.policy!r}; expected one of {', '.join(POLICIES)}")
-        if self.policy == "none":
+        desc = get_policy(self.policy)  # ValueError naming the known policies
+        if not desc.prunes:
             object.__setattr__(self, "prune_at", ())
         object.__setattr__(self, "prune_at", tuple(int(i) for i in self.prune_at))
-        merging = self.policy in MERGE_POLICIES
-        if self.policy != "none" and not self.prune_at and not merging:
+        merging = desc.merges
+        if desc.prunes and not self.prune_at and desc.default_at != "every":
             raise ValueError(f"policy {self.policy!r} needs at least one prune index (prune_at)")
         if any(b <= a for a, b in zip(self.prune_at, self.prune_at[1:])):
             raise ValueError(f"prune indices must be strictly increasing, got {list(self.prune_at)}")
@@ -93,7 +92,7 @@ class PruneSpec:
             raise ValueError(f"keep must be in (0, 1], got {self.keep}")
         if not (math.isfinite(self.mass) and 0.0 < self.mass <= 1.0):
             raise ValueError(f"mass must be in (0, 1], got {self.mass}")
-        if self.fuse and self.policy != "evit":
+        if self.fuse and "fuse" not in desc.params:
             raise ValueError(f"fuse is only defined for policy 'evit', not {self.policy!r}")
 
     @property
@@ -102,9 +101,14 @@ class PruneSpec:
         return len(self.prune_at)
 
     @property
+    def descriptor(self) -> Policy:
+        """The policy's descriptor (raggedvit.policies): what it scores, how it cuts, where its stages run."""
+        return get_policy(self.policy)
+
+    @property
     def merges(self) -> bool:
         """Token merging (tome): each stage merges inside its block instead of selecting rows before it."""
-        return self.policy in MERGE_POLICIES
+        return get_policy(self.policy).merges
 
     def resolve(self, depth: int) -> PruneSpec:
         """This spec for a model of `depth` blocks: tome's prune_at () (every block) becomes (0, ..., depth-1); any
@@ -115,7 +119,7 @@ class PruneSpec:
 
     @property
     def needs_cls_attn(self) -> bool:
-        return self.policy in CLS_ATTN_POLICIES
+        return get_policy(self.policy).needs_cls_attn
 
     @property
     def static_shapes(self) -> bool:
@@ -145,7 +149,8 @@ class PruneSpec:
         before block 4), every block for tome.
         """
         if prune_at is None:
-            prune_at = "" if policy in MERGE_POLICIES else "4"
+            default = get_policy(policy).default_at
+            prune_at = "" if default == "every" else default
         if isinstance(prune_at, str):
             parts = [p.strip() for p in prune_at.replace(";", ",").split(",") if p.strip()]
             try:

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from raggedvit.policies import POLICIES, POLICY_PARAMS
+from raggedvit.policies import POLICIES, get_policy
 from raggedvit.pruning.spec import PruneSpec
 
 __all__ = ["SweepInputError", "grid_keys", "grid_points", "parse_grid", "point_key", "point_label", "point_params"]
@@ -31,9 +31,11 @@ class SweepInputError(ValueError):
 
 def grid_keys(policy: str) -> tuple[str, ...]:
     """The keys a grid of `policy` takes: the PruneSpec fields the policy reads, then `at` (none for "none")."""
-    if policy not in POLICY_PARAMS:
-        raise SweepInputError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-    return () if policy == "none" else (*POLICY_PARAMS[policy], AT)
+    try:
+        desc = get_policy(policy)
+    except ValueError:
+        raise SweepInputError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}") from None
+    return (*desc.params, AT) if desc.prunes else ()
 
 
 def _field_type(key: str) -> Any:
@@ -94,7 +96,7 @@ def _spec(policy: str, values: Mapping[str, Any]) -> PruneSpec:
 def grid_points(policy: str, grid: str | Mapping[str, Sequence[Any]]) -> list[PruneSpec]:
     """Every point of the grid of `policy` (text as parse_grid takes, or {key: [values]}), in order, without
     repeats. SweepInputError for a bad grid or a point PruneSpec refuses (the message names the point)."""
-    if policy == "none":
+    if not grid_keys(policy):  # a policy without stages: one point
         return [PruneSpec()]
     if isinstance(grid, str):
         values = parse_grid(policy, grid)
@@ -133,17 +135,9 @@ def point_params(spec: PruneSpec) -> dict[str, Any]:
 
 
 def point_label(spec: PruneSpec) -> str:
-    """A point's name in tables and charts: "topk-l2 keep=0.5 at=4", "evit keep=0.7 fuse at=3,6,9", "tome r=8"
-    (every block), "none"."""
-    words = [spec.policy]
-    for key, value in point_params(spec).items():
-        if key == AT and not value:  # a merging policy's default: every block
-            continue
-        if isinstance(value, bool):
-            words += [key] if value else []
-        else:
-            words.append(f"{key}={_show(value)}")
-    return " ".join(words)
+    """A point's name in tables and charts: the policy's label ("topk-l2 keep=0.5 at=4", "evit keep=0.7 fuse
+    at=3,6,9", "tome r=8" (every block), "none"), as the validation report prints a spec."""
+    return spec.descriptor.label(spec.to_dict())
 
 
 def point_key(spec: PruneSpec) -> str:

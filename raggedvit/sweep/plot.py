@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from raggedvit.policies import get_policy
 from raggedvit.sweep.report import SweepResult
 
 __all__ = ["plot_png"]
@@ -24,11 +25,12 @@ def plot_png(result: SweepResult) -> bytes:
     fig = Figure(figsize=(8, 5.5), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    policies = list(dict.fromkeys(p.policy for p in result.points))
-    colors = {pol: f"C{i}" for i, pol in enumerate(policies)}
-    for pol in policies:
-        pts = [p for p in result.points if p.policy == pol]
-        marker = "s" if pol == "none" else "o"
+    groups: dict[str, list] = {}  # the points of each policy, in first-seen order
+    for p in result.points:
+        groups.setdefault(p.policy, []).append(p)
+    colors = {pol: f"C{i}" for i, pol in enumerate(groups)}
+    for pol, pts in groups.items():
+        marker = "o" if get_policy(pol).prunes else "s"
         ax.scatter(
             [p.img_per_s for p in pts],
             [100 * result.quality(p) for p in pts],
@@ -91,7 +93,7 @@ def _label_points(fig, ax, result: SweepResult, colors: dict[str, str]) -> None:
 
     scale = fig.dpi / 72.0  # points -> display pixels
     for p in pts:
-        text = p.label if p.policy == "none" or " " not in p.label else p.label.split(" ", 1)[1]
+        text = p.label if not get_policy(p.policy).prunes or " " not in p.label else p.label.split(" ", 1)[1]
         probe = ax.annotate(text, xy[p.key], fontsize=6.5)
         size = probe.get_window_extent(renderer)
         w, h = size.width, size.height

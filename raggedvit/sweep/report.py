@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from raggedvit.policies import get_policy
+
 __all__ = ["FILES", "PointResult", "SweepResult"]
 
 FILES = ("sweep.json", "sweep.csv", "sweep.md", "sweep.png")
@@ -69,7 +71,7 @@ class SweepResult:
 
     @property
     def baseline(self) -> PointResult | None:
-        return next((p for p in self.points if p.policy == "none"), None)
+        return next((p for p in self.points if not get_policy(p.policy).prunes), None)
 
     def speedup(self, point: PointResult) -> float | None:
         """img/s over the unpruned baseline's."""

@@ -288,7 +288,7 @@ def _moved_cut_note(margins: list[NearTie], stage: int, moved_by: int, spec: Pru
     where = f"stage {stage} (block {block}) by {moved_by:+d} token{'' if abs(moved_by) == 1 else 's'}"
     if spec.merges:
         return f"{where}: tome merges min(r, P // 2) tokens whatever the similarities, so no rounding moves a count"
-    if spec.policy != "cls-mass":
+    if spec.descriptor.cut != "mass":
         return f"{where}: {spec.policy} keeps ceil(P x keep) tokens whatever the scores, so no rounding moves a count"
     mass = [t.gap for t in margins if t.stage == stage and t.kind == "mass"]
     gap = f"{min(mass):.2e}" if mass else "inf"

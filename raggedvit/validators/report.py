@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from raggedvit.exporter._io import atomic_write_all
+from raggedvit.policies import get_policy
 from raggedvit.validators.rules import Thresholds
 
 if TYPE_CHECKING:  # structure.py reads torch modules; the report needs none
@@ -403,10 +404,5 @@ def _counts(c: list[int]) -> str:
 
 
 def _prune_text(prune: dict[str, Any]) -> str:
-    policy = prune.get("policy", "none")
-    if policy == "none":
-        return "none"
-    at = ",".join(str(i) for i in prune.get("prune_at", []))
-    amounts = {"cls-mass": f"mass {prune.get('mass')}", "tome": f"r {prune.get('r')} (merged per block)"}
-    amount = amounts.get(policy, f"keep {prune.get('keep')}")
-    return f"{policy} at blocks {at}, {amount}" + (", fuse" if prune.get("fuse") else "")
+    """The recipe's pruning spec as the policy's label (raggedvit.policies: the sweep prints the same)."""
+    return get_policy(str(prune.get("policy", "none"))).label(prune)

@@ -44,7 +44,7 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
     """
     B, W = S.shape
     vals = torch.sort(S, dim=1, descending=True, stable=True).values.double()
-    if spec.policy == "topk-l2":
+    if spec.descriptor.scorer == "l2":
         vals = vals.clamp_min(0).sqrt()
     P = n - num_prefix
     score_gap = torch.full((B,), float("inf"), dtype=torch.float64)
@@ -54,7 +54,7 @@ def cut_gaps(S: torch.Tensor, n: torch.Tensor, k: torch.Tensor, num_prefix: int,
         if kb < pb:
             last = vals[b, kb - 1]
             score_gap[b] = (last - vals[b, kb]) / max(abs(float(last)), 1e-30)
-    if spec.policy == "cls-mass":
+    if spec.descriptor.cut == "mass":
         idx = torch.arange(W)
         valid = idx.unsqueeze(0) < P.unsqueeze(1)
         a = torch.where(valid, vals.float(), 0.0)
@@ -73,7 +73,7 @@ def find_near_ties(vit: torch.nn.Module, spec: PruneSpec, images: torch.Tensor, 
     """Near-ties (< eps) of every image at every stage; images [B, 3, S, S] float32 on CPU.
 
     The scores, counts and cuts are the ones PrunedViT's own forward decided on (PrunedOutput.stages)."""
-    if spec.policy == "none":
+    if not spec.descriptor.prunes:
         return []
     model = PrunedViT(vit, spec)
     return stage_margins(model(images), spec, model.num_prefix, eps)
@@ -110,7 +110,7 @@ def precision_tie(
     ceil(P x keep) tokens whatever the scores: a moved count there is never precision. `margins`: the image's
     NearTies at every cut (find_near_ties with eps = inf); `eps`: Thresholds.precision_eps (None: no precision ties).
     """
-    if eps is None or spec.policy != "cls-mass" or abs(moved_by) != 1:
+    if eps is None or spec.descriptor.cut != "mass" or abs(moved_by) != 1:
         return None
     at = [t for t in margins if t.stage == stage and t.kind == "mass" and t.gap < eps]
     return min(at, key=lambda t: t.gap, default=None)
@@ -160,7 +160,7 @@ def _swap_gap(
         cu = out.cu_seqlens[stage - 1]
         tokens = out.token_index[stage - 1][int(cu[image]) : int(cu[image + 1])].numpy()
     scores = trace.scores[image, : len(tokens)].double()
-    if spec.policy == "topk-l2":
+    if spec.descriptor.scorer == "l2":
         scores = scores.clamp_min(0).sqrt()
     by_token = {int(t): float(v) for t, v in zip(tokens, scores)}
     s_removed = [by_token.get(int(t), -math.inf) for t in removed]

@@ -1,7 +1,13 @@
 """The CUDA placement check on the CPU: every export kind's nodes have a CUDA EP kernel in the placement table, and
-a node without one is named, with its op, types and why, by the check and by create_session's error."""
+a node without one is named, with its op, types and why, by the check and by create_session's error. The same
+exports keep their node and op counts (tests/data/export_counts.json: written before the policy registry replaced
+the name tests, unchanged by it)."""
 
 from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
 
 import onnx
 import pytest
@@ -13,13 +19,18 @@ from raggedvit.exporter.placement import PlacementTable, cuda_unplaced, node_sig
 from tests.support.export_kinds import DTYPES, KINDS, export_kind
 
 pytestmark = pytest.mark.slow
+COUNTS = Path(__file__).resolve().parents[1] / "data" / "export_counts.json"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_every_export_kind_has_cuda_kernels(kind: str, dtype: str, tmp_path) -> None:
+def test_every_export_kind_has_cuda_kernels_and_its_node_counts(kind: str, dtype: str, tmp_path) -> None:
     path = export_kind(kind, dtype, tmp_path)
     assert [str(u) for u in cuda_unplaced(path)] == []
+    model = onnx.load(str(path), load_external_data=False)
+    ops = Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.node)
+    want = json.loads(COUNTS.read_text())[f"{kind} {dtype}"]
+    assert {"nodes": len(model.graph.node), "ops": dict(sorted(ops.items()))} == want
 
 
 def test_the_table_names_its_source_and_covers_every_op_of_the_exports() -> None:

@@ -1,5 +1,5 @@
-"""One small export of every export kind the CUDA placement check covers: tome, evit+fuse, cls-mass (compact and
-capacity), topk-l2 and a relative-position family, each in fp32, fp16 and fp16-all (scripts/ort_cuda_signatures.py
+"""One small export of every export kind: tome, evit, evit+fuse, cls-mass (compact and capacity), topk-l2 and a
+relative-position family, each in fp32, fp16 and fp16-all (scripts/ort_cuda_signatures.py
 collects their node signatures; tests/exporter/test_placement.py checks them)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ DTYPES = ("fp32", "fp16", "fp16-all")
 # name: (model key, spec, capacity); depth-3 models: every stage kind runs, the signatures are those of a full model
 KINDS = {
     "tome": ("deit_tiny_d3", PruneSpec("tome", r=8), False),
+    "evit": ("deit_tiny_d3", PruneSpec("evit", (1, 2), keep=0.6), False),
     "evit-fuse": ("deit_tiny_d3", PruneSpec("evit", (1, 2), keep=0.6, fuse=True), False),
     "cls-mass": ("deit_tiny_d3", PruneSpec("cls-mass", (1, 2), mass=0.8), False),
     "cls-mass-capacity": ("deit_tiny_d3", PruneSpec("cls-mass", (1, 2), mass=0.8), True),

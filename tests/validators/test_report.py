@@ -41,7 +41,7 @@ def test_passing_report_json_and_markdown(tmp_path):
     assert data["rows"][0]["counts_onnx"] == [99] and data["rows"][0]["top1_agree"] is True
     text = md.read_text()
     assert text.startswith("## raggedvit validation: PASS") and "| img1 |" in text
-    assert "topk-l2 at blocks 4, keep 0.5" in text
+    assert "- pruning: topk-l2 keep=0.5 at=4" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep.json", "rep.md"]
 
 
