@@ -1,4 +1,5 @@
-"""The packed pruned ViT on CUDA (Triton ragged attention) against the padded reference."""
+"""The packed pruned ViT on CUDA (Triton ragged attention) against the padded reference; the reference comparison's
+body also runs on the CPU with a strict default device (tests/support/devices.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import torch
 from _pruning_models import get_images, get_model
 
 from raggedvit.pruning import PrunedViT, PruneSpec
+from tests.support.devices import DEVICES, strict_device
 from tests.support.padded import padded_reference_forward
 from tests.support.testing import assert_close
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 SPECS = [
     PruneSpec("topk-l2", prune_at=(3, 6, 9), keep=0.7),
@@ -37,16 +36,20 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.policy + ("-fuse" if s.fuse else ""))
-def test_cuda_fp32_matches_padded_reference(spec: PruneSpec) -> None:
-    vit = _cuda_model("deit_tiny")
-    images = get_images("deit_tiny", ("chelsea", "coffee", "rocket", "astronaut")).cuda()
-    packed = PrunedViT(vit, spec)(images)
-    padded = padded_reference_forward(vit, spec, images)
+def test_fp32_matches_padded_reference(spec: PruneSpec, device: str) -> None:
+    vit = copy.deepcopy(get_model("deit_tiny")).to(device)  # the cached CPU model stays as it is
+    images = get_images("deit_tiny", ("chelsea", "coffee", "rocket", "astronaut")).to(device)
+    with strict_device(device):
+        packed = PrunedViT(vit, spec)(images)
+        padded = padded_reference_forward(vit, spec, images)
     assert torch.equal(packed.token_counts.cpu(), padded.token_counts.cpu())
     assert_close(packed.logits, padded.logits, rtol=1e-4, atol=1e-4, name="cuda fp32 logits")
 
 
+@GPU[0]
+@GPU[1]
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_cuda_half_runs_and_tracks_fp32(dtype: torch.dtype) -> None:
     spec = PruneSpec("topk-l2", prune_at=(3, 6, 9), keep=0.7)  # counts fixed by keep, not by scores
@@ -61,6 +64,8 @@ def test_cuda_half_runs_and_tracks_fp32(dtype: torch.dtype) -> None:
     assert rel < 5e-2, rel
 
 
+@GPU[0]
+@GPU[1]
 def test_cuda_export_runs() -> None:
     vit = _cuda_model("deit_tiny_d4")
     spec = PruneSpec("cls-mass", prune_at=(1, 3), mass=0.7)
