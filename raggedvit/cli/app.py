@@ -33,7 +33,7 @@ from raggedvit.cli.contract import (
     require_onnxruntime_cli,
     warn_nonfinite,
 )
-from raggedvit.exporter._io import undo_on_interrupt
+from raggedvit.outputs import undo_on_interrupt
 from raggedvit.policies import POLICIES
 
 __all__ = ["main"]

@@ -19,13 +19,13 @@ from torch import nn
 
 import raggedvit
 from raggedvit.describe import PRODUCER_NAME, doc_string, scrub_paths
-from raggedvit.exporter._io import check_target, commit, open_file_mode, staging_dir
 from raggedvit.exporter._registry import reused_torchlib_registry
 from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.files import external_data_name
 from raggedvit.exporter.metadata import RAGGED_DOMAIN, write_recipe_ir
 from raggedvit.exporter.rules import fuse_for_ort
 from raggedvit.exporter.translations import TRANSLATIONS
+from raggedvit.outputs import check_target, commit, open_file_mode, staging_dir
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.pruning.packed import ragged_linear_mode
 from raggedvit.pruning.precision import DTYPES, apply_dtype

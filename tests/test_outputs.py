@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raggedvit.exporter._io import atomic_write, atomic_write_all, staging_dir
+from raggedvit.outputs import atomic_write, atomic_write_all, staging_dir
 
 
 def test_atomic_write_content_and_mode(tmp_path):
@@ -73,12 +73,12 @@ def test_two_exports_to_one_path_leave_one_consistent_pair(tmp_path, monkeypatch
     import numpy as np
     import onnx
 
-    from raggedvit.exporter import _io
+    from raggedvit import outputs
     from raggedvit.exporter import export as export_module
 
     monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1024)
     if not locked:
-        monkeypatch.setattr(_io, "_folder_lock", lambda folder: contextlib.nullcontext())
+        monkeypatch.setattr(outputs, "_folder_lock", lambda folder: contextlib.nullcontext())
     a_renamed_data, b_renamed_onnx = threading.Event(), threading.Event()
     real_replace = os.replace
 
@@ -117,8 +117,8 @@ def test_names_up_to_the_limit_are_written(tmp_path, monkeypatch):
     import onnx
 
     from raggedvit.exporter import export as export_module
-    from raggedvit.exporter._io import check_target, name_max
     from raggedvit.exporter.files import external_data_name, model_files
+    from raggedvit.outputs import check_target, name_max
 
     limit = name_max(tmp_path)
     assert atomic_write(tmp_path / ("j" * (limit - 5) + ".json"), "{}").read_text() == "{}"
@@ -141,7 +141,7 @@ def test_check_target_tries_the_folder(tmp_path):
     """os.access says yes to root in /proc; check_target creates (and removes) the staging folder to know."""
     import errno
 
-    from raggedvit.exporter._io import check_target
+    from raggedvit.outputs import check_target
 
     check_target(tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
@@ -155,7 +155,7 @@ def test_check_target_tries_the_folder(tmp_path):
 
 
 def test_undo_on_interrupt_removes_what_the_block_committed(tmp_path):
-    from raggedvit.exporter._io import undo_on_interrupt
+    from raggedvit.outputs import undo_on_interrupt
 
     with undo_on_interrupt():
         atomic_write(tmp_path / "kept.json", "1")
@@ -178,7 +178,7 @@ def test_a_signal_lost_in_a_finalizer_is_raised_again() -> None:
     import gc
     import signal
 
-    from raggedvit.exporter._io import Interrupted, interrupts_raise, raise_pending_interrupt
+    from raggedvit.outputs import Interrupted, interrupts_raise, raise_pending_interrupt
 
     class Finalized:
         def __del__(self) -> None:
