@@ -53,7 +53,7 @@ def _targets(scratch: Path):
     def export(folder: Path) -> None:
         import onnx_ir as ir
 
-        from raggedvit.exporter.export import save_model
+        from raggedvit.exporter.saving import save_model
 
         save_model(ir.from_proto(__import__("onnx").load_from_string(_tiny_onnx())), folder / "m.onnx")
 

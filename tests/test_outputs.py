@@ -74,9 +74,9 @@ def test_two_exports_to_one_path_leave_one_consistent_pair(tmp_path, monkeypatch
     import onnx
 
     from raggedvit import outputs
-    from raggedvit.exporter import export as export_module
+    from raggedvit.exporter import saving
 
-    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1024)
+    monkeypatch.setattr(saving, "EXTERNAL_DATA_BYTES", 1024)
     if not locked:
         monkeypatch.setattr(outputs, "_folder_lock", lambda folder: contextlib.nullcontext())
     a_renamed_data, b_renamed_onnx = threading.Event(), threading.Event()
@@ -94,8 +94,8 @@ def test_two_exports_to_one_path_leave_one_consistent_pair(tmp_path, monkeypatch
 
     monkeypatch.setattr(os, "replace", slowed)
     path = tmp_path / "m.onnx"
-    a = threading.Thread(target=export_module.save_model, args=(_weights_model(1.0), path), name="A")
-    b = threading.Thread(target=export_module.save_model, args=(_weights_model(2.0), path), name="B")
+    a = threading.Thread(target=saving.save_model, args=(_weights_model(1.0), path), name="A")
+    b = threading.Thread(target=saving.save_model, args=(_weights_model(2.0), path), name="B")
     a.start()
     assert a_renamed_data.wait(10)
     b.start()
@@ -116,16 +116,16 @@ def test_names_up_to_the_limit_are_written(tmp_path, monkeypatch):
 
     import onnx
 
-    from raggedvit.exporter import export as export_module
+    from raggedvit.exporter import saving
     from raggedvit.exporter.files import external_data_name, model_files
     from raggedvit.outputs import check_target, name_max
 
     limit = name_max(tmp_path)
     assert atomic_write(tmp_path / ("j" * (limit - 5) + ".json"), "{}").read_text() == "{}"
-    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1024)
+    monkeypatch.setattr(saving, "EXTERNAL_DATA_BYTES", 1024)
     long_a, long_b = tmp_path / ("m" * (limit - 6) + "a.onnx"), tmp_path / ("m" * (limit - 6) + "b.onnx")
     for path in (long_a, long_b):
-        export_module.save_model(_weights_model(3.0), path)
+        saving.save_model(_weights_model(3.0), path)
     data_a, data_b = external_data_name(long_a), external_data_name(long_b)
     assert len(data_a) == limit - 10 and data_a.endswith(".data") and data_a != data_b
     assert [p.name for p in model_files(long_a)] == [long_a.name, data_a]

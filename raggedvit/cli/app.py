@@ -190,7 +190,7 @@ def export(
     if not ragged_linear and blocks_source not in (click.core.ParameterSource.DEFAULT, None):
         raise CliError("--ragged-linear-blocks applies with --ragged-linear only; add it or leave this out")
     if ragged_linear:
-        from raggedvit.exporter.export import check_ragged_linear
+        from raggedvit.exporter.ragged_linear import check_ragged_linear
 
         try:
             check_ragged_linear(vit, dtype)
