@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown policies {unknown} (known: {', '.join(SCHEDULES)})")
     result = run_study(cfg)
-    from raggedvit.exporter._io import atomic_write
+    from raggedvit.outputs import atomic_write
 
     path = result_path(args.out, "validate_study", result["device"])
     atomic_write(path, json.dumps(result, indent=1) + "\n")

@@ -26,9 +26,9 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
 from raggedvit.custom_ops import LIBRARY_NAME, library_path
-from raggedvit.exporter._io import commit, staging_dir
 from raggedvit.exporter.files import external_data_files
 from raggedvit.exporter.metadata import RAGGED_DOMAIN
+from raggedvit.outputs import commit, staging_dir
 
 __all__ = ["ModelRepository", "TensorConfig", "model_config", "tensor_configs", "write_model_repository"]
 

@@ -33,7 +33,7 @@ from raggedvit.cli.contract import (
     require_onnxruntime_cli,
     warn_nonfinite,
 )
-from raggedvit.exporter._io import undo_on_interrupt
+from raggedvit.outputs import undo_on_interrupt
 from raggedvit.policies import POLICIES, get_policy
 
 __all__ = ["main"]
@@ -191,7 +191,7 @@ def export(
     if not ragged_linear and blocks_source not in (click.core.ParameterSource.DEFAULT, None):
         raise CliError("--ragged-linear-blocks applies with --ragged-linear only; add it or leave this out")
     if ragged_linear:
-        from raggedvit.exporter.export import check_ragged_linear
+        from raggedvit.exporter.ragged_linear import check_ragged_linear
 
         try:
             check_ragged_linear(vit, dtype)

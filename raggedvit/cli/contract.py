@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from raggedvit.exporter._io import Interrupted, check_target, interrupts_raise, name_max
+from raggedvit.outputs import Interrupted, check_target, interrupts_raise, name_max
 from raggedvit.policies import REGISTRY
 from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
 
@@ -92,7 +92,7 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
         return 2, _one_line(exc.format_message())
     if isinstance(exc, (Interrupted, KeyboardInterrupt, click.Abort)):
         by = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
-        kept = getattr(exc, "kept", None)  # resumable progress (exporter._io.undo_on_interrupt)
+        kept = getattr(exc, "kept", None)  # resumable progress (raggedvit.outputs.undo_on_interrupt)
         left = f"kept {', '.join(str(p) for p in kept)} to resume from" if kept else "nothing it wrote is left"
         return 130, f"interrupted{by}; {left}"
     if isinstance(exc, INPUT_ERRORS):
@@ -112,7 +112,7 @@ def exit_status(exc: BaseException) -> tuple[int, str]:
 
 def check_writable(path: Path, what: str) -> None:
     """CliError unless `path` can be created or replaced: a name the file system takes, a regular file (or nothing)
-    in a folder that takes a new entry now (tried: exporter._io.check_target), with no symlink loop on the way.
+    in a folder that takes a new entry now (tried: raggedvit.outputs.check_target), with no symlink loop on the way.
     Called before any work, so a bad output fails in a moment, not after an export."""
     limit = name_max(path.parent if path.parent.is_dir() else Path("."))
     size = len(os.fsencode(path.name))

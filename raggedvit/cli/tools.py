@@ -105,7 +105,7 @@ def bench(
     for r in results:
         click.echo(f"{r.batch:>5} {r.latency_ms:>11.3f} {r.img_per_s:>9.1f}  {[round(t, 1) for t in r.mean_tokens]}")
     if json_path is not None:
-        from raggedvit.exporter._io import atomic_write
+        from raggedvit.outputs import atomic_write
 
         payload = {
             "model": str(onnx_file),

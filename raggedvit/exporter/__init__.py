@@ -13,8 +13,8 @@ _EXPORTS = {
     "OPSET": "export",
     "build_model": "export",
     "export_onnx": "export",
-    "output_names": "export",
-    "save_model": "export",
+    "output_names": "naming",
+    "save_model": "saving",
     "RECIPE_KEY": "metadata",
     "read_recipe": "metadata",
 }

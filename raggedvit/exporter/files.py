@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 import onnx
 from onnx import TensorProto
 
-from raggedvit.exporter._io import name_max
+from raggedvit.outputs import name_max
 
 __all__ = ["DATA_SUFFIX", "external_data_files", "external_data_name", "model_files"]
 

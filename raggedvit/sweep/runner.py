@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from raggedvit.exporter._io import raise_pending_interrupt
+from raggedvit.outputs import raise_pending_interrupt
 from raggedvit.pruning import PruneSpec
 from raggedvit.pruning.backbone import Backbone
 from raggedvit.pruning.families import backbone_for
@@ -147,7 +147,7 @@ def write_outputs(result: SweepResult, out: Path) -> list[Path]:
     command keeps them (--resume starts from them)."""
     import json
 
-    from raggedvit.exporter._io import atomic_write_all
+    from raggedvit.outputs import atomic_write_all
     from raggedvit.sweep.plot import plot_png
 
     data = [json.dumps(result.to_dict(), indent=1) + "\n", result.to_csv(), result.to_markdown(), plot_png(result)]
@@ -253,7 +253,7 @@ def _workdir(out: Path | None) -> Iterator[Path]:
         with tempfile.TemporaryDirectory(prefix="raggedvit-sweep-") as tmp:
             yield Path(tmp)
         return
-    from raggedvit.exporter._io import staging_dir
+    from raggedvit.outputs import staging_dir
 
     with staging_dir(out, "sweep-exports") as tmp:
         yield tmp

@@ -142,7 +142,7 @@ def plot_results(results: list[BenchResult], path: str | Path, *, title: str = "
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no global figure state or backend
     from matplotlib.figure import Figure
 
-    from raggedvit.exporter._io import atomic_write
+    from raggedvit.outputs import atomic_write
 
     if not results:
         raise ValueError("no results to plot")

@@ -6,7 +6,7 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from raggedvit.exporter._io import atomic_write
+from raggedvit.outputs import atomic_write
 from raggedvit.validators.report import ValidationReport
 
 __all__ = ["append_step_summary", "junit_xml", "write_junit"]

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from raggedvit.exporter._io import atomic_write_all
+from raggedvit.outputs import atomic_write_all
 from raggedvit.policies import get_policy
 from raggedvit.validators.rules import Thresholds
 

@@ -42,12 +42,12 @@ def exported(tmp_path_factory) -> Path:
     """The export every validate test reads, with a name of 255 bytes (the file system's limit: the temp names used
     to add 10 and fail after the export) and, the external-data threshold lowered to 1 MiB, its weights in a data file
     beside it (the size line names both files and gives their total)."""
-    from raggedvit.exporter import export as export_module
+    from raggedvit.exporter import saving
     from raggedvit.exporter.files import external_data_name
 
     out = tmp_path_factory.mktemp("cli") / ("m" * 250 + ".onnx")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(export_module, "EXTERNAL_DATA_BYTES", 1 << 20)
+        mp.setattr(saving, "EXTERNAL_DATA_BYTES", 1 << 20)
         res = run_cli("export", MODEL, "--seed", "0", "--policy", "topk-l2", "--prune-at", "4", "-o", str(out))
     assert res.returncode == 0, res.stderr
     data = out.parent / external_data_name(out)

@@ -10,9 +10,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from raggedvit.exporter import build_model, check_graph, export_onnx, read_recipe
-from raggedvit.exporter import export as export_module
-from raggedvit.exporter.export import output_names
+from raggedvit.exporter import build_model, check_graph, export_onnx, read_recipe, saving
+from raggedvit.exporter.naming import output_names
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.pruning.packed import kept_token_index
 from raggedvit.weights import load_vit
@@ -154,7 +153,7 @@ def test_export_writes_atomically(deit_tiny_d6, tmp_path, monkeypatch):
 
 
 def test_large_models_use_external_data(deit_tiny_d6, images, ort_session, tmp_path, monkeypatch):
-    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1 << 20)
+    monkeypatch.setattr(saving, "EXTERNAL_DATA_BYTES", 1 << 20)
     spec = PruneSpec("topk-l2", (2,))
     path = export_onnx(deit_tiny_d6, spec, tmp_path / "m.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]

@@ -12,7 +12,7 @@ import torch
 from timm.models.eva import Eva
 
 from raggedvit.exporter import build_model, check_graph, read_recipe
-from raggedvit.exporter.export import check_ragged_linear
+from raggedvit.exporter.ragged_linear import check_ragged_linear
 from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.weights import load_vit
 

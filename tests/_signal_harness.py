@@ -1,7 +1,7 @@
 """Kills writers of raggedvit's atomic outputs the moment their temp entry appears, or the moment an output is
-renamed into place (run as a script by tests/exporter/test_io_signals.py).
+renamed into place (run as a script by tests/test_outputs_signals.py).
 
-    python3 tests/exporter/_signal_harness.py TARGET ATTEMPTS ROOT [temp|rename]
+    python3 tests/_signal_harness.py TARGET ATTEMPTS ROOT [temp|rename]
 
 For each attempt it forks a child that, like the CLI, turns SIGINT / SIGTERM into Interrupted and, inside
 undo_on_interrupt (the CLI's), writes TARGET into the empty folder ROOT/<attempt> through the library call the
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 IN_CREATE, IN_MOVED_TO, IN_NONBLOCK = 0x100, 0x80, 0o4000
@@ -53,7 +53,7 @@ def _targets(scratch: Path):
     def export(folder: Path) -> None:
         import onnx_ir as ir
 
-        from raggedvit.exporter.export import save_model
+        from raggedvit.exporter.saving import save_model
 
         save_model(ir.from_proto(__import__("onnx").load_from_string(_tiny_onnx())), folder / "m.onnx")
 
@@ -74,7 +74,7 @@ def _targets(scratch: Path):
                          rows=rows).write(folder / "rep.json")  # fmt: skip
 
     def bench_json(folder: Path) -> None:
-        from raggedvit.exporter._io import atomic_write
+        from raggedvit.outputs import atomic_write
 
         atomic_write(folder / "b.json", json.dumps({"results": [{"batch": b} for b in range(1000)]}))
 
@@ -88,7 +88,7 @@ def _targets(scratch: Path):
 
 def _child(write, folder: Path) -> int:
     from raggedvit.cli.contract import exit_status, interrupts_raise
-    from raggedvit.exporter._io import undo_on_interrupt
+    from raggedvit.outputs import undo_on_interrupt
 
     interrupts_raise()
     try:

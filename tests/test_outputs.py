@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raggedvit.exporter._io import atomic_write, atomic_write_all, staging_dir
+from raggedvit.outputs import atomic_write, atomic_write_all, staging_dir
 
 
 def test_atomic_write_content_and_mode(tmp_path):
@@ -73,12 +73,12 @@ def test_two_exports_to_one_path_leave_one_consistent_pair(tmp_path, monkeypatch
     import numpy as np
     import onnx
 
-    from raggedvit.exporter import _io
-    from raggedvit.exporter import export as export_module
+    from raggedvit import outputs
+    from raggedvit.exporter import saving
 
-    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1024)
+    monkeypatch.setattr(saving, "EXTERNAL_DATA_BYTES", 1024)
     if not locked:
-        monkeypatch.setattr(_io, "_folder_lock", lambda folder: contextlib.nullcontext())
+        monkeypatch.setattr(outputs, "_folder_lock", lambda folder: contextlib.nullcontext())
     a_renamed_data, b_renamed_onnx = threading.Event(), threading.Event()
     real_replace = os.replace
 
@@ -94,8 +94,8 @@ def test_two_exports_to_one_path_leave_one_consistent_pair(tmp_path, monkeypatch
 
     monkeypatch.setattr(os, "replace", slowed)
     path = tmp_path / "m.onnx"
-    a = threading.Thread(target=export_module.save_model, args=(_weights_model(1.0), path), name="A")
-    b = threading.Thread(target=export_module.save_model, args=(_weights_model(2.0), path), name="B")
+    a = threading.Thread(target=saving.save_model, args=(_weights_model(1.0), path), name="A")
+    b = threading.Thread(target=saving.save_model, args=(_weights_model(2.0), path), name="B")
     a.start()
     assert a_renamed_data.wait(10)
     b.start()
@@ -116,16 +116,16 @@ def test_names_up_to_the_limit_are_written(tmp_path, monkeypatch):
 
     import onnx
 
-    from raggedvit.exporter import export as export_module
-    from raggedvit.exporter._io import check_target, name_max
+    from raggedvit.exporter import saving
     from raggedvit.exporter.files import external_data_name, model_files
+    from raggedvit.outputs import check_target, name_max
 
     limit = name_max(tmp_path)
     assert atomic_write(tmp_path / ("j" * (limit - 5) + ".json"), "{}").read_text() == "{}"
-    monkeypatch.setattr(export_module, "EXTERNAL_DATA_BYTES", 1024)
+    monkeypatch.setattr(saving, "EXTERNAL_DATA_BYTES", 1024)
     long_a, long_b = tmp_path / ("m" * (limit - 6) + "a.onnx"), tmp_path / ("m" * (limit - 6) + "b.onnx")
     for path in (long_a, long_b):
-        export_module.save_model(_weights_model(3.0), path)
+        saving.save_model(_weights_model(3.0), path)
     data_a, data_b = external_data_name(long_a), external_data_name(long_b)
     assert len(data_a) == limit - 10 and data_a.endswith(".data") and data_a != data_b
     assert [p.name for p in model_files(long_a)] == [long_a.name, data_a]
@@ -141,7 +141,7 @@ def test_check_target_tries_the_folder(tmp_path):
     """os.access says yes to root in /proc; check_target creates (and removes) the staging folder to know."""
     import errno
 
-    from raggedvit.exporter._io import check_target
+    from raggedvit.outputs import check_target
 
     check_target(tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
@@ -155,7 +155,7 @@ def test_check_target_tries_the_folder(tmp_path):
 
 
 def test_undo_on_interrupt_removes_what_the_block_committed(tmp_path):
-    from raggedvit.exporter._io import undo_on_interrupt
+    from raggedvit.outputs import undo_on_interrupt
 
     with undo_on_interrupt():
         atomic_write(tmp_path / "kept.json", "1")
@@ -178,7 +178,7 @@ def test_a_signal_lost_in_a_finalizer_is_raised_again() -> None:
     import gc
     import signal
 
-    from raggedvit.exporter._io import Interrupted, interrupts_raise, raise_pending_interrupt
+    from raggedvit.outputs import Interrupted, interrupts_raise, raise_pending_interrupt
 
     class Finalized:
         def __del__(self) -> None:
