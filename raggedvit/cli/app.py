@@ -22,6 +22,7 @@ from raggedvit.cli.contract import (
     check_memory,
     check_range,
     check_readable_file,
+    check_weight_source,
     check_writable,
     exit_status,
     interrupts_raise,
@@ -32,6 +33,7 @@ from raggedvit.cli.contract import (
     refuse_unused_checkpoint,
     require_onnxruntime_cli,
     warn_nonfinite,
+    weight_source_options,
 )
 from raggedvit.outputs import undo_on_interrupt
 from raggedvit.policies import POLICIES, get_policy
@@ -74,9 +76,7 @@ def main() -> None:
 @main.command()
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="ONNX file.")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="State dict (.pth/.safetensors).")
-@click.option("--pretrained", is_flag=True, default=False, help="timm's pretrained weights (needs network).")
-@click.option("--seed", type=int, default=None, help="Seeded random weights (default 0 without other weights).")
+@weight_source_options
 @click.option("--img-size", type=int, default=None, help="Input resolution (default: the model's).")
 @click.option("--policy", type=click.Choice(POLICY_CHOICES), default="topk-l2", help="Token pruning policy.")
 @click.option("--keep", type=float, default=0.5, help="Fraction of patch tokens kept per stage (topk-l2, evit).")
@@ -146,10 +146,7 @@ def export(
     from tqdm import tqdm
 
     refuse_ignored_options(click.get_current_context(), policy)
-    if sum([checkpoint is not None, pretrained, seed is not None]) > 1:
-        raise CliError("give at most one of --checkpoint, --pretrained, --seed")
-    if checkpoint is not None:
-        check_readable_file(Path(checkpoint), "checkpoint")
+    check_weight_source(checkpoint, pretrained, seed)
     if img_size is not None and img_size <= 0:
         raise CliError(f"--img-size must be positive, got {img_size}")
     check_writable(output, "output")

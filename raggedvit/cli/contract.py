@@ -17,17 +17,19 @@ import math
 import os
 import stat
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
 
+from raggedvit import InputError
 from raggedvit.outputs import Interrupted, check_target, interrupts_raise, name_max
 from raggedvit.policies import REGISTRY
-from raggedvit.validators.errors import OpLibraryMissing, ValidationInputError
+from raggedvit.validators.errors import OpLibraryMissing
 
 __all__ = [
     "EXPORT_DTYPES",
+    "INPUT_ERRORS",
     "IGNORED_BY_POLICY",
     "CliError",
     "Interrupted",
@@ -36,7 +38,9 @@ __all__ = [
     "check_memory",
     "check_range",
     "check_readable_file",
+    "check_weight_source",
     "check_writable",
+    "weight_source_options",
     "exit_status",
     "interrupts_raise",
     "is_ort_error",
@@ -51,7 +55,7 @@ __all__ = [
 
 EXPORT_DTYPES = ("fp32", "fp16", "fp16-all")  # raggedvit.pruning.precision.DTYPES without importing torch (tested)
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2: a group called without a command
-INPUT_ERRORS = (ValidationInputError, OpLibraryMissing)  # typed library errors about the user's inputs
+INPUT_ERRORS = (InputError, OpLibraryMissing)  # the library's errors about the user's inputs and setup
 _ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's RuntimeError when an allocation fails
 
 # Pruning options each policy ignores: the PruneSpec fields the others read (raggedvit.policies.POLICY_PARAMS), all
@@ -63,6 +67,29 @@ IGNORED_BY_POLICY = {
     else ("prune_at", *_PRUNE_OPTIONS)
     for name, p in REGISTRY.items()
 }
+
+
+def weight_source_options(command: Callable) -> Callable:
+    """The weight-source options of every command that builds a model: --checkpoint, --pretrained, --seed (at most
+    one of them: check_weight_source)."""
+    options = [
+        click.option(
+            "--checkpoint", type=click.Path(path_type=Path), default=None, help="State dict (.pth/.safetensors)."
+        ),
+        click.option("--pretrained", is_flag=True, default=False, help="timm's pretrained weights (needs network)."),
+        click.option("--seed", type=int, default=None, help="Seeded random weights (default 0 without other weights)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def check_weight_source(checkpoint: Path | None, pretrained: bool, seed: int | None) -> None:
+    """CliError for more than one weight source, or a checkpoint that cannot be read."""
+    if sum([checkpoint is not None, pretrained, seed is not None]) > 1:
+        raise CliError("give at most one of --checkpoint, --pretrained, --seed")
+    if checkpoint is not None:
+        check_readable_file(Path(checkpoint), "checkpoint")
 
 
 class CliError(Exception):

@@ -1,5 +1,6 @@
 """The `raggedvit sweep` command: accuracy against speed over grids of pruning settings, thin over
-raggedvit.sweep.run_sweep. Same contract as every command: input errors (SweepInputError included) as CliError."""
+raggedvit.sweep.run_sweep. Same contract as every command: the library's InputErrors (SweepInputError among them)
+exit 2 through cli/contract.py's one mapping."""
 
 from __future__ import annotations
 
@@ -14,26 +15,26 @@ from raggedvit.cli.contract import (
     check_img_size,
     check_range,
     check_readable_file,
+    check_weight_source,
     load_model,
     require_device,
     require_onnxruntime_cli,
+    weight_source_options,
 )
-from raggedvit.policies import POLICIES
+from raggedvit.policies import REGISTRY
 
 __all__ = ["sweep"]
 
 
 @click.command()
 @click.argument("model")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="State dict (.pth/.safetensors).")
-@click.option("--pretrained", is_flag=True, default=False, help="timm's pretrained weights (needs network).")
-@click.option("--seed", type=int, default=None, help="Seeded random weights (default 0 without other weights).")
+@weight_source_options
 @click.option("--img-size", type=int, default=None, help="Input resolution (default: the model's).")
 @click.option(
     "--policy",
     "policies",
     multiple=True,
-    type=click.Choice([p for p in POLICIES if p != "none"]),
+    type=click.Choice([name for name, p in REGISTRY.items() if p.prunes]),
     help="A policy to sweep, with its --grid (repeat both for more policies; the unpruned model is always measured).",
 )
 @click.option(
@@ -101,8 +102,7 @@ def sweep(
 
     Each point: PrunedViT in PyTorch against the unpruned model (agreement, top-1/top-5 with class folders, KL,
     tokens, FLOPs) and its export timed in ONNX Runtime (img/s at --batch, GPU time on cuda)."""
-    if sum([checkpoint is not None, pretrained, seed is not None]) > 1:
-        raise CliError("give at most one of --checkpoint, --pretrained, --seed")
+    check_weight_source(checkpoint, pretrained, seed)
     if image_dir is not None and sample_images:
         raise CliError("give at most one of --images, --sample-images")
     if not policies:
@@ -114,8 +114,6 @@ def sweep(
     if img_size is not None and img_size <= 0:
         raise CliError(f"--img-size must be positive, got {img_size}")
     check_range("--seconds", seconds, 0.0, lo_open=True)
-    if checkpoint is not None:
-        check_readable_file(Path(checkpoint), "checkpoint")
     if labels is not None:
         check_readable_file(Path(labels), "labels file")
     if image_dir is not None and not Path(image_dir).is_dir():
@@ -123,31 +121,25 @@ def sweep(
     check_folder(out, "--out")
     require_onnxruntime_cli()
     require_device(device)
-    from raggedvit.sweep import FILES, SweepInputError, grid_points, run_sweep
+    from raggedvit.sweep import FILES, grid_points, run_sweep
 
-    try:
-        points = [spec for policy, grid in zip(policies, grids) for spec in grid_points(policy, grid)]
-    except SweepInputError as e:
-        raise CliError(str(e)) from None
+    points = [spec for policy, grid in zip(policies, grids) for spec in grid_points(policy, grid)]  # InputError: 2
     vit, info = load_model(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
     check_img_size(model, vit, img_size)
-    try:
-        result = run_sweep(
-            vit,
-            info,
-            points,
-            images=image_dir,
-            labels=labels,
-            device=device,
-            batch=batch,
-            dtype=dtype,
-            capacity=capacity,
-            seconds=seconds,
-            out=out,
-            resume=resume,
-            progress=True,
-        )
-    except SweepInputError as e:
-        raise CliError(str(e)) from None
+    result = run_sweep(
+        vit,
+        info,
+        points,
+        images=image_dir,
+        labels=labels,
+        device=device,
+        batch=batch,
+        dtype=dtype,
+        capacity=capacity,
+        seconds=seconds,
+        out=out,
+        resume=resume,
+        progress=True,
+    )
     click.echo(result.to_markdown(), nl=False)
     click.echo(f"wrote {', '.join(str(out / name) for name in FILES)}", err=True)

@@ -15,6 +15,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from raggedvit import InputError
 from raggedvit.policies import POLICIES, get_policy
 from raggedvit.pruning.spec import PruneSpec
 
@@ -24,7 +25,7 @@ AT = "at"  # the grid's name of PruneSpec.prune_at
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-class SweepInputError(ValueError):
+class SweepInputError(InputError):
     """A sweep's input cannot be used (grid, images, labels, batch, settings of a resumed run): one line that says
     what and how to fix it."""
 

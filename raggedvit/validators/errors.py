@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from raggedvit import InputError
+
 __all__ = ["OpLibraryMissing", "ValidationInputError"]
 
 
-class ValidationInputError(ValueError):
+class ValidationInputError(InputError):
     """The model file, its recipe, the checkpoint or the images cannot be used (message says which)."""
 
 

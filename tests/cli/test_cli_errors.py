@@ -395,3 +395,14 @@ def test_interrupt_during_export_write_exits_130(nan_checkpoint, tmp_path, sig):
     warnings = [ln for ln in stderr.splitlines() if ln.startswith("warning: ")]
     assert len(warnings) == 1 and "NaN or Inf values in blocks.0.mlp.fc1.weight:" in warnings[0], stderr
     assert list(out.iterdir()) == []
+
+
+def test_every_library_input_error_maps_once_to_exit_2() -> None:
+    from raggedvit import InputError
+    from raggedvit.cli.contract import exit_status
+    from raggedvit.sweep import SweepInputError
+    from raggedvit.validators.errors import ValidationInputError
+
+    assert issubclass(SweepInputError, InputError) and issubclass(ValidationInputError, InputError)
+    for err in (InputError("bad  input\nhere"), SweepInputError("bad grid"), ValidationInputError("bad model")):
+        assert exit_status(err) == (2, " ".join(str(err).split()))
