@@ -15,10 +15,17 @@ import os
 
 import pytest
 
+_worker = False  # this process is a pytest-xdist worker of the run that loaded the plugin
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _worker
+    _worker = hasattr(config, "workerinput")  # not the environment: a run started from inside a worker inherits it
+
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("RAGGEDVIT_TEST_LOG")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path or _worker:
         return
     line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "duration": report.duration}
     with open(path, "a") as f:

@@ -244,7 +244,8 @@ def run_chunk(
     log.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "benchmarks._pytest_log", f"--junitxml={out / name}.xml"]
     cmd += [f"-n{workers}"] if workers > 1 else []
-    env = {**os.environ, "RAGGEDVIT_TEST_LOG": str(log.resolve()), "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
+    env |= {"RAGGEDVIT_TEST_LOG": str(log.resolve()), "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     status = "complete"
     with subprocess.Popen([*cmd, *ids], cwd=root, env=env, start_new_session=True) as proc:
