@@ -18,6 +18,7 @@ import click
 from raggedvit.cli.contract import (
     EXPORT_DTYPES,
     CliError,
+    check_image_folder,
     check_img_size,
     check_memory,
     check_range,
@@ -320,8 +321,7 @@ def validate(
     require_onnxruntime_cli()
     if sum([image_dir is not None, sample_images, random_n is not None]) > 1:
         raise CliError("give at most one of --images, --sample-images, --random")
-    if image_dir is not None and not Path(image_dir).is_dir():
-        raise CliError(f"image directory {str(image_dir)!r} does not exist")
+    check_image_folder(image_dir)
     if random_n is not None and random_n <= 0:
         raise CliError(f"--random must be positive, got {random_n}")
     if batch_size <= 0:

@@ -38,6 +38,7 @@ __all__ = [
     "check_memory",
     "check_range",
     "check_readable_file",
+    "check_image_folder",
     "check_weight_source",
     "check_writable",
     "weight_source_options",
@@ -82,6 +83,15 @@ def weight_source_options(command: Callable) -> Callable:
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def check_image_folder(image_dir: Path | str | None) -> None:
+    """CliError unless --images (when given) names a folder: a file, or nothing there, is named as such."""
+    if image_dir is None or Path(image_dir).is_dir():
+        return
+    if Path(image_dir).exists():
+        raise CliError(f"--images {str(image_dir)!r} is a file, not a folder: give the folder that holds the images")
+    raise CliError(f"image directory {str(image_dir)!r} does not exist")
 
 
 def check_weight_source(checkpoint: Path | None, pretrained: bool, seed: int | None) -> None:

@@ -12,6 +12,7 @@ from raggedvit.cli.contract import (
     EXPORT_DTYPES,
     CliError,
     check_folder,
+    check_image_folder,
     check_img_size,
     check_range,
     check_readable_file,
@@ -116,8 +117,7 @@ def sweep(
     check_range("--seconds", seconds, 0.0, lo_open=True)
     if labels is not None:
         check_readable_file(Path(labels), "labels file")
-    if image_dir is not None and not Path(image_dir).is_dir():
-        raise CliError(f"image directory {str(image_dir)!r} does not exist")
+    check_image_folder(image_dir)
     check_folder(out, "--out")
     require_onnxruntime_cli()
     require_device(device)

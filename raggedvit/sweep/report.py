@@ -126,7 +126,7 @@ class SweepResult:
             out.writerow(
                 [p.label, p.policy, *params, f"{p.img_per_s:.6g}", _cell(self.speedup(p)), f"{p.latency_ms:.6g}"]
                 + [f"{p.p10_ms:.6g}", f"{p.p90_ms:.6g}", _cell(p.gpu_ms), int(p.cuda_graph), f"{p.agreement:.6g}"]
-                + [_cell(p.top1), _cell(p.top5), f"{p.kl:.6g}", " ".join(f"{t:.6g}" for t in p.tokens)]
+                + [_cell(p.top1), _cell(p.top5), f"{_kl(p.kl):.6g}", " ".join(f"{t:.6g}" for t in p.tokens)]
                 + [f"{p.gflops:.6g}", f"{p.flops_ratio:.6g}", int(p.key in front)]
             )
         return buf.getvalue()
@@ -167,7 +167,7 @@ class SweepResult:
             tokens = ", ".join(f"{t:.1f}" for t in p.tokens) or "-"
             if len(p.tokens) > 4:  # a stage per block (tome): the first and the last
                 tokens = f"{p.tokens[0]:.1f} … {p.tokens[-1]:.1f} ({len(p.tokens)} stages)"
-            row += [f"{p.kl:.4f}", tokens, f"{p.flops_ratio:.2f}x"]
+            row += [f"{_kl(p.kl):.4f}", tokens, f"{p.flops_ratio:.2f}x"]
             lines.append("| " + " | ".join(row) + " |")
         return lines
 
@@ -185,3 +185,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
     return str(value)
+
+
+def _kl(kl: float) -> float:
+    """KL as printed: a divergence is >= 0, so float rounding's tiny negatives (and -0.0) print as 0."""
+    return max(kl, 0.0) + 0.0

@@ -30,7 +30,7 @@ def junit_xml(report: ValidationReport) -> str:
         if mine:
             failed += 1
             node = ET.SubElement(case, "failure", message=mine[0].message, type=mine[0].kind)
-            node.text = "\n".join(f"{f.kind}: {f.message}" for f in mine)
+            node.text = "\n".join(f.line() for f in mine)
         elif row.near_tie or row.precision_tie:
             skipped += 1
             what = "a near-tie at a pruning cut" if row.near_tie else "a precision tie (a moved cut within precision)"
@@ -53,7 +53,7 @@ def junit_xml(report: ValidationReport) -> str:
         summary = report.block_summary()
         message = first.message + (f" ({summary})" if summary and first.kind == "block_drift" else "")
         node = ET.SubElement(rule, "failure", message=message, type=first.kind)
-        node.text = "\n".join(f"{f.kind}: {f.message}" for f in report.failures)
+        node.text = "\n".join(f.line() for f in report.failures)
     out = ET.SubElement(rule, "system-out")
     out.text = report.to_markdown()
     suite.set("tests", str(cases))

@@ -44,6 +44,10 @@ class Failure:
     image: int | None
     message: str
 
+    def line(self) -> str:
+        """ "kind: message", the kind once where the message already begins with it ("structure: block 3: ...")."""
+        return self.message if self.message.startswith(f"{self.kind}:") else f"{self.kind}: {self.message}"
+
 
 @dataclass(frozen=True)
 class TokenSwap:
@@ -337,7 +341,7 @@ class ValidationReport:
             ]
         if self.failures:
             lines += ["", "Failures:", ""]
-            lines += [f"- {f.kind}: {f.message}" for f in self.failures]
+            lines += [f"- {f.line()}" for f in self.failures]
         return "\n".join(lines) + "\n"
 
     def write(self, base: str | Path) -> tuple[Path, Path]:

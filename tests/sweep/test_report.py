@@ -70,3 +70,10 @@ def test_chart_is_a_png_that_decodes() -> None:
     with Image.open(io.BytesIO(png)) as im:
         im.load()
         assert im.format == "PNG" and im.size[0] > 500
+
+
+def test_kl_never_prints_negative() -> None:
+    """float rounding leaves KL(unpruned || unpruned) a hair below 0: printed 0.0000, not -0.0000."""
+    r = _result()
+    r.points[0] = PointResult(**{**r.points[0].__dict__, "kl": -3e-9})
+    assert "-0.0000" not in r.to_markdown() and "-3e-09" not in r.to_csv()

@@ -152,3 +152,11 @@ def test_a_precision_tie_is_judged_on_the_blocks_before_its_deviation():
     assert "block 1 drifts 1e+04x its fp32 floor" in fails[0].message
     rep = ValidationReport("m.onnx", {}, "cpu", [], Thresholds(), rows=rows, block_floor=floor)
     assert [t["images_over"] for t in rep.block_table()] == [0, 1, 0]  # the near-tie is not read
+
+
+def test_a_structure_failure_names_its_kind_once():
+    rep = _report([_row(0)])
+    rep.failures.append(Failure("structure", None, "structure: block 3: norm epsilon 0.0001 in the export, ..."))
+    md = rep.to_markdown()
+    assert "- structure: block 3: norm epsilon" in md and "structure: structure:" not in md
+    assert Failure("top1", None, "agreement 0.5").line() == "top1: agreement 0.5"
