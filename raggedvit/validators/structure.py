@@ -26,6 +26,7 @@ RaggedAttention, a norm it decomposed otherwise) checks nothing of that kind, wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -198,10 +199,22 @@ def _gelu(node: onnx.NodeProto, attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def _default_scale(widths: dict[str, int], node: onnx.NodeProto, heads: int) -> float:
+    """RaggedAttention's scale when the node omits it: the op's default 1/sqrt(D), D = qkv width / (3 heads) (DESIGN
+    section 3); NaN when the qkv width is not recorded."""
+    width = widths.get(node.input[0], 0)
+    return 1.0 / math.sqrt(width // (3 * heads)) if width and heads and width % (3 * heads) == 0 else float("nan")
+
+
 def graph_facts(model: onnx.ModelProto, block_outputs: list[str]) -> tuple[dict[int | None, _Facts], _Patch]:
     """The export's attributes per group (see `_groups`) and its patch embedding."""
     consts = _constants(model)
     producers = {o: n for n in model.graph.node for o in n.output}
+    widths = {  # the static last dimension of every value the model records a shape for
+        v.name: v.type.tensor_type.shape.dim[-1].dim_value
+        for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)
+        if v.type.tensor_type.shape.dim and v.type.tensor_type.shape.dim[-1].HasField("dim_value")
+    }
     facts: dict[int | None, _Facts] = {}
     patch = _Patch()
     for n, g in zip(model.graph.node, _groups(model, block_outputs)):
@@ -212,7 +225,8 @@ def graph_facts(model: onnx.ModelProto, block_outputs: list[str]) -> tuple[dict[
         elif (rms := _rms_eps(n, producers, consts)) is not None:
             f.eps.append(rms)
         elif n.op_type == "RaggedAttention":
-            f.attention.append((int(attrs["num_heads"]), float(attrs.get("scale", float("nan")))))
+            heads = int(attrs["num_heads"])
+            f.attention.append((heads, float(attrs["scale"]) if "scale" in attrs else _default_scale(widths, n, heads)))
         elif n.op_type == "Mul":
             for i in n.input:
                 c = consts.get(i)

@@ -113,3 +113,19 @@ def test_without_block_outputs_the_whole_model_is_compared(rich):
         "the model: norm epsilon 1e-05 in the export, 1e-06 in the reference"
     ]
     assert "the recipe names no block outputs" in report.notes[0]
+
+
+def test_an_omitted_attention_scale_is_the_ops_default(rich):
+    """RaggedAttention's scale is optional (default 1/sqrt(D), D from the qkv width): an export without it matches
+    a model whose attention scale is that default, and not one whose scale is another."""
+    model = ir.to_proto(build_model(rich, SPEC))
+    for node in model.graph.node:
+        if node.op_type == "RaggedAttention":
+            kept = [a for a in node.attribute if a.name != "scale"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    names = read_recipe(model)["block_outputs"]
+    assert not check_structure(model, rich, names).mismatches
+    other = copy.deepcopy(rich)
+    _scale(other)
+    assert [c.text()[:24] for c in check_structure(model, other, names).mismatches] == ["block 1: attention scale"]
