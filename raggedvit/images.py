@@ -201,10 +201,15 @@ def scan_image_folder(path: str | Path) -> ImageFolder:
 
 def read_labels(path: str | Path) -> dict[str, int]:
     """A labels file -> {class folder name: class index}: one class per line in class-index order, its first word
-    the folder name (the form of ImageNet's LOC_synset_mapping.txt: "n01440764 tench, Tinca tinca"). ValueError on
-    an empty line, a name given twice, or no lines."""
+    the folder name (the form of ImageNet's LOC_synset_mapping.txt: "n01440764 tench, Tinca tinca"), UTF-8 (a
+    byte-order mark is skipped). ValueError on another encoding, an empty line, a name given twice, or no lines."""
     out: dict[str, int] = {}
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    try:  # UTF-8, with or without a byte-order mark
+        lines = Path(path).read_bytes().decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"labels file {str(path)!r} is not UTF-8 text (byte {e.start}: 0x{e.object[e.start]:02x}); save it as UTF-8"
+        ) from None
     while lines and not lines[-1].strip():
         lines.pop()
     for i, line in enumerate(lines):

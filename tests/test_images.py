@@ -159,3 +159,14 @@ def test_class_indices_from_names_synsets_and_labels_file(tmp_path: Path) -> Non
     labels.write_text("cats\ncats\n")
     with pytest.raises(ValueError, match="'cats' on lines 1 and 2"):
         read_labels(labels)
+
+
+def test_labels_file_encodings(tmp_path):
+    """UTF-8 with a byte-order mark reads as without; another encoding is refused naming the file and UTF-8."""
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes("\ufeffcats\ndogs\n".encode())
+    assert read_labels(bom) == {"cats": 0, "dogs": 1}
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("chats\nlévriers\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"labels file '.*latin.txt' is not UTF-8 text \(byte 8: 0xe9\); save it"):
+        read_labels(latin)
