@@ -168,5 +168,5 @@ def test_labels_file_encodings(tmp_path):
     assert read_labels(bom) == {"cats": 0, "dogs": 1}
     latin = tmp_path / "latin.txt"
     latin.write_bytes("chats\nlévriers\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"labels file '.*latin.txt' is not UTF-8 text \(byte 8: 0xe9\); save it"):
+    with pytest.raises(ValueError, match=r"labels file '.*latin.txt' is not UTF-8 text \(byte 7: 0xe9\); save it"):
         read_labels(latin)
