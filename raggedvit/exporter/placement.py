@@ -25,10 +25,11 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
+from raggedvit.exporter.metadata import RAGGED_DOMAIN
+
 __all__ = ["RAGGED_CUDA", "PlacementTable", "Unplaced", "cuda_unplaced", "node_signatures", "placement_table"]
 
 DATA = Path(__file__).resolve().parent / "data" / "ort_cuda_placement.json"
-RAGGED_DOMAIN = "com.raggedvit"
 _HALF = frozenset({"float16", "bfloat16"})
 _INDEX = frozenset({"int32", "int64"})
 # com.raggedvit ops with a CUDA kernel: {op: {input index: allowed types}}; an input not named takes what the CPU

@@ -11,7 +11,6 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from raggedvit.policies import get_policy
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState
 from raggedvit.pruning.families import backbone_for
 from raggedvit.pruning.merge import bipartite_soft_matching, carry_rows, merge_rows, merge_sets
@@ -98,7 +97,7 @@ def ragged_linear_mode(value: bool | str | None) -> str | None:
 def stage_scores(x: torch.Tensor, cls_attn: torch.Tensor | None, spec: PruneSpec) -> torch.Tensor:
     """scores [T] float32 of the rows x [T, C]: topk-l2 ranks the squared L2 norm (the norm's order, no sqrt);
     evit and cls-mass the previous block's cls_attn."""
-    if get_policy(spec.policy).scorer == "l2":
+    if spec.descriptor.scorer == "l2":
         xf = x.float()
         return (xf * xf).sum(dim=-1)
     assert cls_attn is not None
@@ -444,7 +443,7 @@ class PrunedViT(nn.Module):
                     uniform = width = p + uniform_keep(uniform, p, spec.keep)
                 elif self.capacity:
                     # counts known before the data (evit with fuse on a uniform state): the capacity is exact
-                    known = uniform is not None and get_policy(spec.policy).cut == "count"
+                    known = uniform is not None and spec.descriptor.cut == "count"
                     bound = (p + uniform_keep(uniform, p, spec.keep) if known else width) + int(spec.fuse)
                     state, trace = capacity_prune_stage(state, scores, cls_attn, width, bound, p, spec)
                     uniform = bound if known else None

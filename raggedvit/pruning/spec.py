@@ -108,7 +108,7 @@ class PruneSpec:
     @property
     def merges(self) -> bool:
         """Token merging (tome): each stage merges inside its block instead of selecting rows before it."""
-        return get_policy(self.policy).merges
+        return self.descriptor.merges
 
     def resolve(self, depth: int) -> PruneSpec:
         """This spec for a model of `depth` blocks: tome's prune_at () (every block) becomes (0, ..., depth-1); any
@@ -119,7 +119,7 @@ class PruneSpec:
 
     @property
     def needs_cls_attn(self) -> bool:
-        return get_policy(self.policy).needs_cls_attn
+        return self.descriptor.needs_cls_attn
 
     @property
     def static_shapes(self) -> bool:
