@@ -3,11 +3,13 @@
 `staging_dir` is the one mechanism (export, triton-repo, validate's report and bench's JSON use it): SIGINT and
 SIGTERM raise `Interrupted` from before the temp folder exists, its name is fixed before it is created (so the
 cleanup knows it at every moment) and fits the file system's name limit whatever the target's name, and it is
-removed however the block ends, a second signal included. `commit` renames staged entries onto their targets as a
-set, holding an exclusive lock on the target folder (writers of one folder take turns: two exports to one `-o` leave
-one run's `.onnx` and `.data`, never a mix): a failed rename or a signal before the last one undoes the earlier ones
-(a report is both its files or neither). `undo_on_interrupt` extends that to a whole command: what it committed is
-removed again when a signal ends it, so an interrupted command leaves nothing (but progress written `resumable`).
+removed however the block ends, a second signal included. The handler takes one signal: a cleanup that signal cut
+short is finished by running its idempotent removal again, and one it skipped (it landed as a block's exit began) is
+done by the enclosing undo_on_interrupt. `commit` renames staged entries onto their targets as a set, holding an
+exclusive lock on the target folder (writers of one folder take turns: two exports to one `-o` leave one run's
+`.onnx` and `.data`, never a mix): a failed rename or a signal before the last one undoes the earlier ones (a report
+is both its files or neither). `undo_on_interrupt` extends that to a whole command: what it committed is removed
+again when a signal ends it, so an interrupted command leaves nothing (but progress written `resumable`).
 `check_target` refuses a target that cannot be written before any work is done.
 """
 
@@ -18,7 +20,6 @@ import errno
 import fcntl
 import os
 import secrets
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -106,10 +107,19 @@ def _finish(step: Callable[[], None]) -> None:
 
 
 def _remove(entry: Path) -> None:
-    if entry.is_dir() and not entry.is_symlink():
-        shutil.rmtree(entry, ignore_errors=True)
-    else:
-        entry.unlink(missing_ok=True)
+    """Remove `entry`, a folder with everything in it, if it is there. Idempotent, so a cleanup that a signal cut short
+    is finished by running it again (shutil.rmtree is not: cut between its close() and its bookkeeping, it closes the
+    descriptor a second time, and the OSError replaces the interrupt). Other errors are ignored, as with rmtree's
+    ignore_errors. Links are removed, never followed."""
+    try:
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            for child in os.listdir(entry):  # a list at once: no directory descriptor is left open by a signal
+                _remove(Path(entry) / child)
+            os.rmdir(entry)
+        else:
+            os.unlink(entry)
+    except OSError:
+        pass
 
 
 _NAME_MAX = 255  # POSIX file systems' usual limit, where pathconf cannot tell
@@ -132,22 +142,52 @@ def _staging_name(parent: Path, name: str) -> str:
     return f".{cut or 'out'}{suffix}"
 
 
-@contextmanager
-def staging_dir(parent: str | Path, name: str) -> Iterator[Path]:
+# Staging folders that exist now. Each is removed when its block ends; one whose cleanup a signal skipped (it landed as
+# the block's exit began) is removed by the enclosing undo_on_interrupt, which runs undisturbed: the handler takes one
+# signal.
+_live: list[Path] = []
+
+
+def _sweep(entries: list[Path]) -> None:
+    """Remove `entries` (staging folders or committed targets) and forget them in _live, to the end even if a signal
+    lands meanwhile (re-raised after: see _finish)."""
+
+    def step() -> None:
+        for entry in list(entries):
+            _remove(entry)
+            if entry in _live:
+                _live.remove(entry)
+
+    _finish(step)
+
+
+class staging_dir:  # noqa: N801 - used as a function: `with staging_dir(parent, name) as tmp:`
     """A new empty folder `parent/.NAME.<random>` for outputs to be committed beside it (same file system, so the
     renames are atomic); removed with everything left in it when the block ends, normally or not. NAME is shortened
-    where the target's name leaves no room for the suffix."""
-    parent = Path(parent)
-    tmp = parent / _staging_name(parent, name)  # named before it exists: the cleanup always knows it
-    restore = interrupts_raise(only_defaults=True)  # installed before the folder can exist
-    try:
+    where the target's name leaves no room for the suffix.
+
+    A class, not a generator: contextlib's __exit__ runs several Python lines before the generator's `finally`, and a
+    signal landing there skipped the cleanup."""
+
+    def __init__(self, parent: str | Path, name: str) -> None:
+        self._parent, self._name = Path(parent), name
+
+    def __enter__(self) -> Path:
+        self._restore = interrupts_raise(only_defaults=True)  # installed before the folder can exist
+        self._tmp = tmp = self._parent / _staging_name(self._parent, self._name)
+        _live.append(tmp)  # known before it exists: every later cleanup finds it
         try:
             os.mkdir(tmp, 0o700)
-            yield tmp
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return tmp
+
+    def __exit__(self, typ, exc, tb) -> None:
+        try:
+            _sweep([self._tmp])
         finally:
-            _finish(lambda: _remove(tmp))
-    finally:
-        restore()
+            self._restore()
 
 
 @contextmanager
@@ -171,8 +211,7 @@ def _folder_lock(folder: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-# one pair per open undo_on_interrupt block: the targets committed in it (removed on an interrupt), the resumable ones
-_committed: list[tuple[list[Path], list[Path]]] = []
+_open: list[undo_on_interrupt] = []  # the open blocks: each records the targets committed while it is open
 
 
 def commit(moves: Mapping[Path, Path], *, resumable: bool = False) -> None:
@@ -190,30 +229,64 @@ def commit(moves: Mapping[Path, Path], *, resumable: bool = False) -> None:
             for src, dst in moves.items():
                 started.append((src, dst))  # recorded first: a signal right after the rename still undoes it
                 os.replace(src, dst)
-            if _committed:
-                _committed[-1][1 if resumable else 0].extend(Path(dst) for _, dst in started)
+                for (
+                    block
+                ) in _open:  # at once: if an OSError and then a signal cut the undo below, the block's undoes it
+                    (block._kept if resumable else block._done).append(Path(dst))
     except BaseException:
         _finish(lambda: [_remove(dst) for src, dst in started if not os.path.lexists(src)])
         raise
 
 
-@contextmanager
-def undo_on_interrupt(also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+class undo_on_interrupt:  # noqa: N801 - used as a function: `with undo_on_interrupt():`
     """Outputs committed inside the block are removed again if it ends by SIGINT or SIGTERM (Interrupted,
     KeyboardInterrupt, or the exception types `also`: what a framework turns them into), a signal that lands after
     the last rename included: an interrupted command leaves nothing (exit 130), a command that was not interrupted
-    leaves all of its outputs. Resumable outputs stay; the exception then names them in its `kept` attribute."""
-    _committed.append(([], []))
-    try:
-        yield
-    except (Interrupted, *_UNWIND, *also) as e:
-        done, kept = _committed[-1]
-        _finish(lambda: [_remove(p) for p in done])
-        if kept:
-            e.kept = sorted(set(kept))  # type: ignore[attr-defined]
-        raise
-    finally:
-        _committed.pop()
+    leaves all of its outputs. Resumable outputs stay; the exception then names them in its `kept` attribute. Staging
+    folders whose own cleanup a signal skipped are removed too.
+
+    A signal counts when its exception ends the block, and also when the handler took one during the block while
+    another exception ends it (the signal landed in a cleanup that then failed: Interrupted is raised from it) or none
+    does (a finalizer swallowed it: it is raised here). The outermost handler of a command calls `undo(exc)` again
+    with the exception that ended it: a signal can land as the block's exit begins, before any of it runs, or after
+    the block (the handler takes one signal, so that call runs undisturbed)."""
+
+    def __init__(self, also: tuple[type[BaseException], ...] = ()) -> None:
+        self._signals = (Interrupted, *_UNWIND, *also)
+        self._done: list[Path] = []  # committed in the block: removed on an interrupt
+        self._kept: list[Path] = []  # committed `resumable`: they stay
+        self._live_before: set[Path] = set()
+        self._received_from = 0
+
+    def __enter__(self) -> undo_on_interrupt:
+        self._live_before, self._received_from = set(_live), len(_received)
+        _open.append(self)
+        return self
+
+    def __exit__(self, typ, exc, tb) -> bool:
+        try:
+            self.undo(exc)
+        except self._signals as e:  # the signal landed as the block ended: undo what it wrote, then raise it
+            self.undo(e)
+            raise
+        return False
+
+    def undo(self, exc: BaseException | None) -> None:
+        """End the block (idempotent): remove the staging folders a skipped cleanup left, and, if `exc` is a signal's
+        exception or a signal arrived meanwhile, the outputs committed in the block (raising Interrupted if `exc` is
+        not one: the command ends as interrupted)."""
+        if self in _open:
+            _open.remove(self)
+        _sweep([p for p in _live if p not in self._live_before])
+        late = len(_received) > self._received_from
+        if not (isinstance(exc, self._signals) or late):
+            return
+        _sweep(self._done)
+        self._done.clear()
+        if not isinstance(exc, self._signals):  # swallowed by a finalizer, or replaced by a cleanup's error
+            raise Interrupted(_received[-1]) from exc
+        if self._kept:
+            exc.kept = sorted(set(self._kept))  # type: ignore[attr-defined]
 
 
 def check_target(path: str | Path) -> None:

@@ -49,14 +49,16 @@ class _Group(click.Group):
 
     def main(self, args=None, prog_name=None, **kwargs):  # type: ignore[override]
         restore = interrupts_raise()
+        guard = undo_on_interrupt(also=(click.Abort,))  # click turns a KeyboardInterrupt into Abort
         try:
-            with undo_on_interrupt(also=(click.Abort,)):  # click turns a KeyboardInterrupt into Abort
+            with guard:
                 rv = super().main(args=args, prog_name=prog_name or "raggedvit", standalone_mode=False, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - the one error contract of every command
+            guard.undo(e)  # again: a signal that landed as the block's exit began, or after it
             code, message = exit_status(e)
             if code == 3 and os.environ.get("RAGGEDVIT_DEBUG"):
                 raise
