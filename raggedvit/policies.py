@@ -30,24 +30,29 @@ class Policy:
 
     name: the policy's name (`--policy`, PruneSpec.policy, the recipe).
     params: the PruneSpec fields it reads besides prune_at: the keys of a sweep grid and the CLI options it takes.
-    default_at: its stages' blocks when none are given: "4" (one stage before block 4), "every" (every block: a
-        merging policy's stages run inside the blocks), "" (a policy with no stages).
+    default_at: its stages' blocks when none are given: "4" (one stage before block 4), "3,6,9" (EViT's and
+        DynamicViT's published locations), "every" (every block: a merging policy's stages run inside the blocks), ""
+        (a policy with no stages).
     where: "between" blocks (a stage before block i selects rows), "inside" a block (after its attention residual,
         before its MLP), or "none".
-    scorer: what ranks the tokens: "l2" (the squared L2 norm of each row), "cls" (the class token's attention in the
-        block before), "similarity" (ToMe's key similarity), or "none".
+    scorer: what ranks the tokens: "l2" (the squared L2 norm of each row), "cls" (the class token's attention: in
+        the block before a "between" stage, in the stage's own block for an "inside" one), "similarity" (ToMe's key
+        similarity), "predictor" (a learned module's log-probability of keeping each token), or "none".
     cut: how many tokens a stage keeps: "count" (ceil(keep * patches), known before the data), "mass" (the fewest
-        reaching a cumulative cls-attention mass: data-dependent), "merge" (r fewer per block), or "none".
-    learned: the policy has parameters of its own (a predictor loaded with the checkpoint).
+        reaching a cumulative cls-attention mass: data-dependent), "schedule" (int(P * keep^(s+1)) at stage s, P the
+        patch tokens before any stage: DynamicViT's), "merge" (r fewer per block), or "none".
+    learned: the policy has parameters of its own (a predictor loaded with the checkpoint: `state_prefix` names its
+        keys there).
     """
 
     name: str
     params: tuple[str, ...]
     default_at: str
     where: Literal["between", "inside", "none"]
-    scorer: Literal["l2", "cls", "similarity", "none"]
-    cut: Literal["count", "mass", "merge", "none"]
+    scorer: Literal["l2", "cls", "similarity", "predictor", "none"]
+    cut: Literal["count", "mass", "schedule", "merge", "none"]
     learned: bool = False
+    state_prefix: str = ""
 
     @property
     def prunes(self) -> bool:
@@ -67,7 +72,7 @@ class Policy:
     def counts_known(self, fuse: bool = False) -> bool:
         """Every stage keeps a count known before the data (a fused token depends on the data's drops only in the
         compact layout: evit with fuse is not counted)."""
-        return self.cut in ("none", "merge") or (self.cut == "count" and not (fuse and "fuse" in self.params))
+        return self.cut in ("none", "merge", "schedule") or (self.cut == "count" and not (fuse and "fuse" in self.params))
 
     def label(self, values: Mapping[str, Any]) -> str:
         """One line for a spec of this policy (its PruneSpec fields as a dict, prune_at resolved or not), as the
@@ -95,9 +100,10 @@ REGISTRY: dict[str, Policy] = {
     for p in (
         Policy("none", (), "", "none", "none", "none"),
         Policy("topk-l2", ("keep",), "4", "between", "l2", "count"),
-        Policy("evit", ("keep", "fuse"), "4", "between", "cls", "count"),
+        Policy("evit", ("keep", "fuse"), "3,6,9", "inside", "cls", "count"),
         Policy("cls-mass", ("mass",), "4", "between", "cls", "mass"),
         Policy("tome", ("r",), "every", "inside", "similarity", "merge"),
+        Policy("dynamicvit", ("keep",), "3,6,9", "between", "predictor", "schedule", True, "score_predictor."),
     )
 }
 

@@ -39,13 +39,15 @@ def test_the_pattern_sees_the_forms_it_counts() -> None:
 
 
 def test_descriptors() -> None:
-    assert policies.POLICIES == ("none", "topk-l2", "evit", "cls-mass", "tome")
+    assert policies.POLICIES == ("none", "topk-l2", "evit", "cls-mass", "tome", "dynamicvit")
     assert [n for n, p in REGISTRY.items() if p.needs_cls_attn] == ["evit", "cls-mass"]
-    assert [n for n, p in REGISTRY.items() if p.merges] == ["tome"] and get_policy("tome").where == "inside"
+    assert [n for n, p in REGISTRY.items() if p.merges] == ["tome"]
+    assert [n for n, p in REGISTRY.items() if p.where == "inside"] == ["evit", "tome"]  # EViT prunes in its block
     assert not get_policy("none").prunes and all(p.prunes for n, p in REGISTRY.items() if n != "none")
-    assert not any(p.learned for p in REGISTRY.values())
+    assert [(n, p.state_prefix) for n, p in REGISTRY.items() if p.learned] == [("dynamicvit", "score_predictor.")]
+    assert get_policy("evit").default_at == get_policy("dynamicvit").default_at == "3,6,9"  # the papers' blocks
     assert {n: p.counts_known(False) for n, p in REGISTRY.items()} == {
-        "none": True, "topk-l2": True, "evit": True, "cls-mass": False, "tome": True
+        "none": True, "topk-l2": True, "evit": True, "cls-mass": False, "tome": True, "dynamicvit": True
     }  # fmt: skip
     assert not get_policy("evit").counts_known(fuse=True) and get_policy("topk-l2").counts_known(fuse=True)
     with pytest.raises(ValueError, match="unknown pruning policy 'nope'; expected one of none, topk-l2"):
@@ -61,6 +63,7 @@ def test_one_label_for_the_sweep_and_the_report() -> None:
         (PruneSpec("evit", (4,), keep=0.7, fuse=True), "evit keep=0.7 fuse at=4"),
         (PruneSpec("cls-mass", (3,), mass=0.9), "cls-mass mass=0.9 at=3"),
         (PruneSpec("tome", r=8), "tome r=8"),
+        (PruneSpec("dynamicvit", (3, 6, 9), keep=0.7), "dynamicvit keep=0.7 at=3,6,9"),
         (PruneSpec(), "none"),
     ]:
         assert point_label(spec) == _prune_text(spec.to_dict()) == label
@@ -68,4 +71,5 @@ def test_one_label_for_the_sweep_and_the_report() -> None:
 
 def test_default_blocks_come_from_the_descriptor() -> None:
     assert PruneSpec.from_strings("topk-l2").prune_at == (4,)
+    assert PruneSpec.from_strings("evit").prune_at == PruneSpec.from_strings("dynamicvit").prune_at == (3, 6, 9)
     assert PruneSpec.from_strings("tome", r=8).prune_at == () and PruneSpec.from_strings("none").prune_at == ()

@@ -10,9 +10,9 @@ from raggedvit.pruning.packed import (
     StageTrace,
     capacity_prune_stage,
     packed_prune_stage,
-    stage_scores,
     uniform_prune_stage,
 )
+from raggedvit.pruning.factory import PolicyStateError, build_pruned_vit, policy_state
 from raggedvit.pruning.packed_block import packed_block_forward
 from raggedvit.pruning.select import Selection, pad_scores, select_tokens
 from raggedvit.pruning.spec import POLICIES, PruneSpec
@@ -23,16 +23,18 @@ __all__ = [
     "backbone_for",
     "check_supported",
     "PackedState",
+    "PolicyStateError",
     "PruneSpec",
     "PrunedOutput",
     "PrunedViT",
     "Selection",
     "StageTrace",
+    "build_pruned_vit",
     "capacity_prune_stage",
     "packed_block_forward",
     "packed_prune_stage",
+    "policy_state",
     "pad_scores",
     "select_tokens",
-    "stage_scores",
     "uniform_prune_stage",
 ]

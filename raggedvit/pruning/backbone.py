@@ -16,7 +16,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import nn
 
-__all__ = ["AttentionFn", "Backbone", "PackedState", "module_dtype"]
+__all__ = ["AttentionFn", "Attended", "Backbone", "PackedState", "module_dtype"]
 
 # Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
 # (qkv [T, 3*H*D], cu_seqlens [B+1], num_heads, *, scale, max_seqlen, return_cls_attn)
@@ -47,6 +47,17 @@ class PackedState(NamedTuple):
     token_index: torch.Tensor
 
 
+class Attended(NamedTuple):
+    """The first half of a block on packed rows: x [T, C] the residual stream after the attention (x +
+    ls1(proj(attention))); cls_attn [T] float32 (each sequence's first row's attention to each row, mean over heads)
+    or None; metric [T, D] float32 (the keys, after q/k norm and with the qkv bias, averaged over heads: ToMe's
+    similarity) or None."""
+
+    x: torch.Tensor
+    cls_attn: torch.Tensor | None = None
+    metric: torch.Tensor | None = None
+
+
 class Backbone:
     """A timm model seen as: embed -> blocks on packed rows -> head. Subclasses set the class attributes below
     and implement the methods; `__init__` raises ValueError (one line) for models the family cannot run.
@@ -62,9 +73,10 @@ class Backbone:
     # whether `block(..., ragged_linear=True)` can run the block GEMMs with raggedvit.kernels.ragged_linear
     # (PrunedViT asks for it per block, see its `ragged_linear`; backbones without support refuse it)
     supports_ragged_linear: ClassVar[bool] = False
-    # whether `block(..., merge=step, key_bias=...)` runs token merging (policy tome): the merge between the
-    # attention and the MLP, log(size) added to each key's scores; backbones without it refuse tome, saying why
-    supports_merge: ClassVar[bool] = False
+    # whether the backbone runs a block in two halves, `attend` then `feed_forward`, with an in-block stage between
+    # them (tome's merge, evit's pruning: policies whose stages run "inside" a block) and takes `key_bias` (ToMe's
+    # proportional attention, log(size)); backbones without it refuse those policies, saying why
+    supports_halves: ClassVar[bool] = False
     merge_refusal: ClassVar[str] = "this model family has no token merging path"
 
     def __init__(self, model: nn.Module) -> None:
@@ -80,6 +92,11 @@ class Backbone:
     @property
     def depth(self) -> int:
         return len(self.blocks)
+
+    @property
+    def width(self) -> int:
+        """C, the residual stream's width (a learned scorer's input size)."""
+        return int(getattr(self.model, "embed_dim", None) or self.model.num_features)
 
     def tokens_per_image(self) -> int:
         """N: tokens per image entering the blocks at the model's own image size (prefix included)."""
@@ -108,10 +125,32 @@ class Backbone:
         backbones with supports_ragged_linear). Backbones whose `head_rows` gives rows also take `out_rows=(rows
         [R] int64, cu [B+1] int64)` (the last block only, never with return_cls_attn): every row attends as usual,
         the rest of the block runs on `rows` alone, and x' is [R, C] (cu: its images' rows).
-        Backbones with supports_merge also take `key_bias` ([T] float32 added to every score of its key: ToMe's
-        proportional attention, log(size)) and `merge` (a callable (x [T, C] the residual stream after the
-        attention, metric [T, D] float32 the keys averaged over heads) -> x' [T', C], called between the attention
-        and the MLP, which then runs on x'; x' is returned)."""
+        Backbones with supports_halves also take `key_bias` ([T] float32 added to every score of its key: ToMe's
+        proportional attention, log(size))."""
+        raise NotImplementedError
+
+    def attend(
+        self,
+        index: int,
+        state: PackedState,
+        *,
+        max_seqlen: int,
+        return_cls_attn: bool,
+        metric: bool,
+        attention: AttentionFn | None,
+        ragged_linear: bool = False,
+        key_bias: torch.Tensor | None = None,
+    ) -> Attended:
+        """The first half of blocks[index] (backbones with supports_halves): state.x [T, C] -> Attended: the residual
+        stream after the attention [T, C], the block's cls_attn [T] float32 (return_cls_attn) and its keys averaged
+        over heads [T, D] float32 (metric). Every row is live."""
+        raise NotImplementedError
+
+    def feed_forward(
+        self, index: int, state: PackedState, *, ragged_linear: bool = False, dead_rows: bool = False
+    ) -> torch.Tensor:
+        """The second half of blocks[index]: state.x [T, C] (what an in-block stage left) -> x + MLP(x) [T, C].
+        dead_rows: rows past state.cu[B] are dead (the ragged linear op does not compute them)."""
         raise NotImplementedError
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:

@@ -23,7 +23,8 @@ from raggedvit.pruning.select import (
     select_tokens,
 )
 from raggedvit.pruning.select_op import select_rows
-from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec, merged_count, uniform_keep
+from raggedvit.pruning.scorers import scorer_for
+from raggedvit.pruning.spec import PruneSpec, count_as_keep, merged_count
 
 __all__ = [
     "RAGGED_LINEAR_MODES",
@@ -31,14 +32,12 @@ __all__ = [
     "PrunedOutput",
     "PrunedViT",
     "StageTrace",
-    "MergeStep",
     "capacity_prune_stage",
     "kept_token_index",
     "merge_stage",
     "next_token_index",
     "packed_prune_stage",
     "ragged_linear_mode",
-    "stage_scores",
     "uniform_prune_stage",
 ]
 
@@ -94,16 +93,6 @@ def ragged_linear_mode(value: bool | str | None) -> str | None:
     raise ValueError(f"ragged_linear must be False, True or one of {', '.join(RAGGED_LINEAR_MODES)}; got {value!r}")
 
 
-def stage_scores(x: torch.Tensor, cls_attn: torch.Tensor | None, spec: PruneSpec) -> torch.Tensor:
-    """scores [T] float32 of the rows x [T, C]: topk-l2 ranks the squared L2 norm (the norm's order, no sqrt);
-    evit and cls-mass the previous block's cls_attn."""
-    if spec.descriptor.scorer == "l2":
-        xf = x.float()
-        return (xf * xf).sum(dim=-1)
-    assert cls_attn is not None
-    return cls_attn
-
-
 def next_token_index(token_index: torch.Tensor, src: torch.Tensor, batch: int, fuse: bool) -> torch.Tensor:
     """The original token index [T'] of the rows after a stage: token_index [T] of the rows before it, gathered by
     the stage's src [T'] (StageTrace.src); with `fuse`, source row T + b is image b's fused token (index -1)."""
@@ -148,9 +137,8 @@ def _decide(
         idx = torch.arange(width, device=x.device)
         dropped = (~keep) & valid & (idx >= num_prefix)  # [B, W]
         w = torch.where(dropped, torch.take(cls_attn.to(torch.float32), rows), 0.0)  # [B, W]
-        num = torch.bmm(w.unsqueeze(1), pad_rows(x, rows).float()).squeeze(1)  # [B, C]
-        den = w.sum(dim=1, keepdim=True)
-        fused = (num / den.clamp_min(EVIT_FUSE_EPS)).to(x.dtype)  # [B, C]
+        # EViT's fused token: the sum of the dropped rows weighted by their class attention, not renormalised
+        fused = torch.bmm(w.unsqueeze(1), pad_rows(x, rows).float()).squeeze(1).to(x.dtype)  # [B, C]
         keep = torch.cat((keep, torch.ones(B, 1, dtype=torch.bool, device=x.device)), dim=1)  # slot W = fused
         x_src = torch.cat((x, fused), dim=0)
     return keep, x_src, StageTrace(S, n, sel.k, keep.sum(dim=1))
@@ -258,17 +246,20 @@ def _selected_stage(
 
 
 def uniform_prune_stage(
-    state: PackedState, scores: torch.Tensor, n: int, num_prefix: int, spec: PruneSpec, steps: torch.Tensor
+    state: PackedState, scores: torch.Tensor, n: int, num_prefix: int, k: int, spec: PruneSpec, steps: torch.Tensor
 ) -> tuple[PackedState, StageTrace]:
-    """topk-l2 / evit (no fuse) stage of a uniform state (every image has n rows): static shapes, no nonzero.
+    """A stage of a uniform state (every image has n rows) whose count k is known before the data: static shapes,
+    no nonzero.
 
-    spec: topk-l2 or evit without fuse. Keeps the same rows in the same order as `packed_prune_stage`: the
-    k = uniform_keep(n, p, spec.keep) best patch rows and the prefix of each image in position order, whose indices
-    come from one op (`select_rows` with bound = p + k: no dead rows); the new state is uniform again with m = p + k
-    rows per image. steps: [B+1] int64 = 0..B (its cu is steps * m, as are the op's cu; seq_id / pos of uniform
-    rows need no op either)."""
-    m = num_prefix + uniform_keep(n, num_prefix, spec.keep)
-    src = select_rows(scores.to(torch.float32), state.cu, n, m, num_prefix, spec).src
+    spec: a "count" or "schedule" policy without fuse. Keeps the same rows in the same order as
+    `packed_prune_stage`: the k best patch rows (PruneSpec.stage_keep) and the prefix of each image in position
+    order, whose indices come from one op (`select_rows` with bound = p + k: no dead rows); the new state is uniform
+    again with m = p + k rows per image. steps: [B+1] int64 = 0..B (its cu is steps * m, as are the op's cu; seq_id
+    / pos of uniform rows need no op either)."""
+    m = num_prefix + k
+    # a schedule's count as the fraction the op's count rule turns into k exactly (a count policy's is spec.keep)
+    keep = None if spec.descriptor.cut == "count" else count_as_keep(k, n - num_prefix)
+    src = select_rows(scores.to(torch.float32), state.cu, n, m, num_prefix, spec, keep=keep).src
     new = PackedState(
         state.x.index_select(0, src),
         steps * m,
@@ -327,25 +318,6 @@ def merge_stage(
     return new, new_size.reshape(-1), StageTrace(S, counts, counts * 0 + r_eff, counts * 0 + m, src)
 
 
-class MergeStep:
-    """The merge a block calls between its attention and its MLP (Backbone.block(..., merge=step)): step(x, metric)
-    -> x' runs `merge_stage` on the state the block ran on and keeps the results (state, size, trace)."""
-
-    def __init__(
-        self, state: PackedState, size: torch.Tensor | None, n: int, num_prefix: int, r: int, steps: torch.Tensor
-    ) -> None:
-        self._args = (state, size, n, num_prefix, r, steps)
-        self.state: PackedState | None = None
-        self.size: torch.Tensor | None = None
-        self.trace: StageTrace | None = None
-
-    def __call__(self, x: torch.Tensor, metric: torch.Tensor) -> torch.Tensor:
-        """x [B*n, C] the residual stream after the attention, metric [B*n, D] -> x' [B*m, C]."""
-        state, size, n, p, r, steps = self._args
-        self.state, self.size, self.trace = merge_stage(state._replace(x=x), size, metric, n, p, r, steps)
-        return self.state.x
-
-
 class PrunedViT(nn.Module):
     """A timm ViT with token pruning stages, run on packed variable-length rows.
 
@@ -387,12 +359,19 @@ class PrunedViT(nn.Module):
         capacity: bool = False,
         ragged_linear: bool | str = False,
         block_outputs: bool = False,
+        scorers: nn.ModuleList | None = None,
     ) -> None:
         super().__init__()
         backbone = backbone_for(vit)
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
-        if spec.merges and not backbone.supports_merge:
+        desc = spec.descriptor
+        if spec.merges and not backbone.supports_halves:
             raise ValueError(f"policy {spec.policy!r} cannot run {type(vit).__name__}: {backbone.merge_refusal}")
+        if spec.fuse and not backbone.supports_halves:
+            raise ValueError(
+                f"evit's fuse cannot run {type(vit).__name__}: EViT's fused token passes through the pruning block's "
+                f"MLP, and {type(backbone).__name__} runs its blocks whole; use evit without fuse"
+            )
         spec = spec.resolve(backbone.depth)
         mode = ragged_linear_mode(ragged_linear)
         if mode is not None and not backbone.supports_ragged_linear:
@@ -400,6 +379,15 @@ class PrunedViT(nn.Module):
                 f"ragged_linear={ragged_linear!r} needs a timm VisionTransformer; {type(vit).__name__} runs as "
                 f"{type(backbone).__name__}, which has no ragged linear path"
             )
+        if scorers is None:
+            if desc.learned:
+                raise ValueError(
+                    f"policy {spec.policy!r} has a learned predictor: build the model with "
+                    "raggedvit.pruning.build_pruned_vit, which loads it from the checkpoint"
+                )
+            scorers = nn.ModuleList(scorer_for(desc, backbone.width) for _ in spec.prune_at)
+        if len(scorers) != spec.num_stages:
+            raise ValueError(f"{spec.num_stages} stages need as many scorers, got {len(scorers)}")
         self.ragged_linear = mode  # None, "all" or "dead-rows"
         self.vit = vit.eval()
         self.backbone: Backbone = backbone
@@ -408,96 +396,140 @@ class PrunedViT(nn.Module):
         self.attention = attention
         self.capacity = bool(capacity)
         self.block_outputs = bool(block_outputs)
+        self.scorers = scorers.eval()  # one per stage (raggedvit.pruning.scorers)
 
     def forward(self, images: torch.Tensor) -> PrunedOutput:
         return self.forward_packed(images)
 
+    def _select(self, run: _Run, stage: int, cls_attn: torch.Tensor | None) -> None:
+        """A selecting stage on run.state (between blocks, or inside one after its attention): scores from the
+        stage's scorer, then the uniform, capacity or compact stage; updates run."""
+        spec, p = self.spec, self.num_prefix
+        scores = self.scorers[stage](run.state.x, cls_attn, run.uniform, p)
+        if run.uniform is not None and spec.static_shapes:
+            k = spec.stage_keep(stage, run.uniform, p, run.patches)
+            run.state, trace = uniform_prune_stage(run.state, scores, run.uniform, p, k, spec, run.steps)
+            run.uniform = run.width = p + k
+        elif self.capacity:
+            # counts known before the data (evit with fuse on a uniform state): the capacity is exact
+            known = run.uniform is not None and spec.descriptor.cut == "count"
+            k = spec.stage_keep(stage, run.uniform, p, run.patches) if known else 0
+            bound = (p + k if known else run.width) + int(spec.fuse)
+            run.state, trace = capacity_prune_stage(run.state, scores, cls_attn, run.width, bound, p, spec)
+            run.uniform = bound if known else None
+            run.width = bound
+        else:
+            run.state, trace = packed_prune_stage(run.state, scores, cls_attn, run.width, p, spec)
+            run.uniform = None
+            run.width += int(spec.fuse)
+        run.record(trace)
+
+    def _merge(self, run: _Run, metric: torch.Tensor) -> None:
+        """A tome stage on run.state (the rows after the block's attention): updates run."""
+        p, r = self.num_prefix, self.spec.r
+        assert run.uniform is not None
+        run.state, run.size, trace = merge_stage(run.state, run.size, metric, run.uniform, p, r, run.steps)
+        run.uniform = run.width = run.uniform - merged_count(run.uniform, p, r)
+        run.record(trace, run.size)
+
     def forward_packed(self, images: torch.Tensor) -> PrunedOutput:
         """images [B, 3, S, S] -> PrunedOutput (logits [B, classes], token_counts [B, stages], ...)."""
-        bb, spec, p = self.backbone, self.spec, self.num_prefix
+        bb, spec, desc = self.backbone, self.spec, self.spec.descriptor
         tokens = bb.embed(images)  # [B, N, C]
         B, N, C = tokens.shape
-        dev = tokens.device
-        stream = bb.stream_dtype(tokens.dtype)
-        rows = torch.arange(B * N, device=dev)
-        steps = torch.arange(B + 1, device=dev)  # uniform states have cu = steps * rows per image
-        state = PackedState(tokens.to(stream).reshape(B * N, C), steps * N, rows // N, rows % N, rows % N)
-        width, uniform = N, N  # static max rows per image; rows of every image while all are equal, else None
-        stages = set(spec.prune_at)
-        kept_index: list[torch.Tensor] = []
-        kept_cu: list[torch.Tensor] = []
-        traces: list[StageTrace] = []
+        run = _Run.start(tokens.to(bb.stream_dtype(tokens.dtype)), self.num_prefix)
+        stage_of = {bi: s for s, bi in enumerate(spec.prune_at)}
         blocks: list[torch.Tensor] = []
-        sizes: list[torch.Tensor] = []
-        cls_attn: torch.Tensor | None = None
-        size: torch.Tensor | None = None  # tome: [T] float32 tokens in each row, None before the first merge
+        cls_attn: torch.Tensor | None = None  # the class attention of the block before (between-stage policies)
         for bi in range(bb.depth):
-            merge = None
-            if spec.merges and bi in stages:  # a tome stage runs inside block bi (uniform states only)
-                assert uniform is not None
-                merge = MergeStep(state, size, uniform, p, spec.r, steps)
-            elif bi in stages:
-                scores = stage_scores(state.x, cls_attn, spec)
-                if uniform is not None and spec.static_shapes:
-                    state, trace = uniform_prune_stage(state, scores, uniform, p, spec, steps)
-                    uniform = width = p + uniform_keep(uniform, p, spec.keep)
-                elif self.capacity:
-                    # counts known before the data (evit with fuse on a uniform state): the capacity is exact
-                    known = uniform is not None and spec.descriptor.cut == "count"
-                    bound = (p + uniform_keep(uniform, p, spec.keep) if known else width) + int(spec.fuse)
-                    state, trace = capacity_prune_stage(state, scores, cls_attn, width, bound, p, spec)
-                    uniform = bound if known else None
-                    width = bound
-                else:
-                    state, trace = packed_prune_stage(state, scores, cls_attn, width, p, spec)
-                    uniform = None
-                    width += int(spec.fuse)
-                kept_index.append(state.token_index)
-                kept_cu.append(state.cu)
-                traces.append(trace)
-            need_cls = spec.needs_cls_attn and (bi + 1) in stages
-            dead_rows = self.capacity and uniform is None  # rows past cu[B] (a data-dependent capacity stage ran)
+            stage = stage_of.get(bi)
+            inside = stage is not None and desc.where == "inside"
+            if stage is not None and not inside:
+                self._select(run, stage, cls_attn)
+            dead_rows = self.capacity and run.uniform is None  # rows past cu[B] (a data-dependent stage ran)
             ragged = self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows)
+            key_bias = torch.log(run.size) if run.size is not None else None  # ToMe's proportional attention
+            if inside and bb.supports_halves:  # attention, the stage, then the MLP on the rows it left
+                att = bb.attend(
+                    bi, run.state, max_seqlen=run.width, return_cls_attn=desc.needs_cls_attn, metric=spec.merges,
+                    attention=self.attention, ragged_linear=ragged, key_bias=key_bias,
+                )  # fmt: skip
+                run.state = run.state._replace(x=att.x)
+                if spec.merges:
+                    assert att.metric is not None
+                    self._merge(run, att.metric)
+                else:
+                    self._select(run, stage, att.cls_attn)
+                dead_rows = self.capacity and run.uniform is None
+                ragged = self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows)
+                x = bb.feed_forward(bi, run.state, ragged_linear=ragged, dead_rows=dead_rows)
+                run.state = run.state._replace(x=x)
+                if self.block_outputs:
+                    blocks.append(x)
+                continue
+            # a whole block; an inside stage of a backbone without halves (evit without fuse) selects after it: its
+            # MLP is per row, so the rows kept are EViT's (the MLP also runs on the dropped ones)
+            need_cls = desc.needs_cls_attn and (inside or (desc.where == "between" and (bi + 1) in stage_of))
             # the last block past its attention runs on the rows the head reads (token pooling), no others
-            head = bb.head_rows(state) if bi == bb.depth - 1 and not need_cls and merge is None else None
-            kwargs = {} if head is None else {"out_rows": (head[0], steps * head[1])}
-            if merge is not None:
-                kwargs["merge"] = merge
-            if size is not None:  # proportional attention: log(size) added to each key's scores
-                kwargs["key_bias"] = torch.log(size)
+            head = bb.head_rows(run.state) if bi == bb.depth - 1 and not need_cls else None
+            kwargs = {} if head is None else {"out_rows": (head[0], run.steps * head[1])}
+            if key_bias is not None:
+                kwargs["key_bias"] = key_bias
             out = bb.block(
-                bi,
-                state,
-                max_seqlen=width,
-                return_cls_attn=need_cls,
-                attention=self.attention,
-                ragged_linear=ragged,
-                **kwargs,
-            )
-            if need_cls:
-                x, cls_attn = out
-            else:
-                x = out
+                bi, run.state, max_seqlen=run.width, return_cls_attn=need_cls, attention=self.attention,
+                ragged_linear=ragged, **kwargs,
+            )  # fmt: skip
+            x, cls_attn = out if need_cls else (out, None)
             if self.block_outputs:
                 blocks.append(x)
-            if merge is not None:
-                assert merge.state is not None and merge.trace is not None
-                state, size = merge.state._replace(x=x), merge.size
-                uniform = width = uniform - merged_count(uniform, p, spec.r)
-                kept_index.append(state.token_index)
-                kept_cu.append(state.cu)
-                traces.append(merge.trace)
-                sizes.append(size)
-            elif head is None:
-                state = state._replace(x=x)
+            if head is None:
+                run.state = run.state._replace(x=x)
             else:
                 rows, k = head
-                state = PackedState(x, steps * k, *(t.index_select(0, rows) for t in state[2:]))
-                width = k
-        logits = bb.head(state, width)
+                run.state = PackedState(x, run.steps * k, *(t.index_select(0, rows) for t in run.state[2:]))
+                run.width = k
+            if inside:
+                self._select(run, stage, cls_attn)
+        logits = bb.head(run.state, run.width)
+        traces = run.traces
         token_counts = (
-            torch.stack([t.kept for t in traces], dim=1) if traces else torch.zeros(B, 0, dtype=torch.int64, device=dev)
+            torch.stack([t.kept for t in traces], dim=1)
+            if traces
+            else torch.zeros(B, 0, dtype=torch.int64, device=tokens.device)
         )
         return PrunedOutput(
-            logits, token_counts, tuple(kept_index), tuple(kept_cu), tuple(traces), tuple(blocks), tuple(sizes)
+            logits, token_counts, tuple(run.index), tuple(run.cu), tuple(traces), tuple(blocks), tuple(run.sizes)
         )
+
+
+class _Run:
+    """The state of one forward between stages: the packed rows, their static bounds and what the stages recorded.
+
+    state: PackedState; width: static max rows per image; uniform: the rows of every image while all are equal, else
+    None; patches: P, patch tokens per image before any stage; steps [B+1] int64 = 0..B (uniform states have cu =
+    steps * rows); size: tome's [T] float32 tokens in each row (None before the first merge); per stage: index
+    (token_index), cu, traces, sizes (tome)."""
+
+    def __init__(self, state: PackedState, width: int, patches: int, steps: torch.Tensor) -> None:
+        self.state, self.width, self.uniform, self.patches, self.steps = state, width, width, patches, steps
+        self.size: torch.Tensor | None = None
+        self.index: list[torch.Tensor] = []
+        self.cu: list[torch.Tensor] = []
+        self.traces: list[StageTrace] = []
+        self.sizes: list[torch.Tensor] = []
+
+    @classmethod
+    def start(cls, tokens: torch.Tensor, num_prefix: int) -> _Run:
+        """tokens [B, N, C] (in the stream dtype) -> the run before the first block."""
+        B, N, C = tokens.shape
+        rows = torch.arange(B * N, device=tokens.device)
+        steps = torch.arange(B + 1, device=tokens.device)
+        state = PackedState(tokens.reshape(B * N, C), steps * N, rows // N, rows % N, rows % N)
+        return cls(state, N, N - num_prefix, steps)
+
+    def record(self, trace: StageTrace, size: torch.Tensor | None = None) -> None:
+        self.index.append(self.state.token_index)
+        self.cu.append(self.state.cu)
+        self.traces.append(trace)
+        if size is not None:
+            self.sizes.append(size)

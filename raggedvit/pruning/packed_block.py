@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, Mlp
@@ -12,23 +10,20 @@ from torch import nn
 
 from raggedvit.kernels import ragged_attention
 from raggedvit.kernels import ragged_linear as fused_linear
-from raggedvit.pruning.backbone import AttentionFn, module_dtype
+from raggedvit.pruning.backbone import Attended, AttentionFn, module_dtype
 
 __all__ = [
     "AttentionFn",
-    "MergeFn",
+    "Attended",
     "attn_residual",
     "block_tail",
     "key_metric",
     "mlp_residual",
+    "packed_attend",
     "packed_block_forward",
+    "packed_feed_forward",
     "ragged_tail",
 ]
-
-# A merge between a block's attention and its MLP (PrunedViT's tome stage, pruning/packed.py MergeStep):
-# (x [T, C] the residual stream after the attention, metric [T, D] float32 the keys averaged over heads) -> x' [T', C]
-MergeFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
 
 def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, heads: int, dim: int) -> torch.Tensor:
     """qkv [T, 3*H*D] -> same layout with q_norm / k_norm applied per head (timm's qk_norm)."""
@@ -48,6 +43,86 @@ def key_metric(qkv: torch.Tensor, num_heads: int, bias: torch.Tensor | None = No
     return k.reshape(T, num_heads, hd // num_heads).mean(dim=1)
 
 
+def _attention(
+    block: Block,
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    max_seqlen: int,
+    return_cls_attn: bool,
+    attention: AttentionFn | None,
+    ragged_linear: bool,
+    key_bias: torch.Tensor | None,
+    metric: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """norm1, qkv and the attention of `block` on packed rows: (h = norm1(x) [T, C], o [T, H*D] heads merged,
+    cls_attn [T] or None, metric [T, D] or None). Arguments as packed_block_forward."""
+    if type(block) is not Block:
+        raise TypeError(f"packed_block_forward supports timm's Block only, got {type(block).__name__}")
+    attn = block.attn
+    h = block.norm1(x)
+    hc = h.to(attn.qkv.weight.dtype)
+    qk_norm = not (isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity))
+    kwargs = {"scale": attn.scale, "max_seqlen": max_seqlen, "return_cls_attn": return_cls_attn}
+    if key_bias is not None:
+        kwargs["key_bias"] = key_bias
+    if attention is None and not qk_norm:
+        # the qkv bias rides into the op (added on load): one elementwise pass over [T, 3C] fewer
+        if ragged_linear:
+            qkv = fused_linear(hc, attn.qkv.weight, cu_seqlens=cu_seqlens)
+        else:
+            qkv = F.linear(hc, attn.qkv.weight)
+        res = ragged_attention(qkv, cu_seqlens, attn.num_heads, bias=attn.qkv.bias, **kwargs)
+        keys = key_metric(qkv, attn.num_heads, attn.qkv.bias) if metric else None
+    else:
+        if ragged_linear:
+            qkv = fused_linear(hc, attn.qkv.weight, attn.qkv.bias, cu_seqlens=cu_seqlens)
+        else:
+            qkv = attn.qkv(hc)
+        if qk_norm:
+            qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
+        res = (attention or ragged_attention)(qkv.contiguous(), cu_seqlens, attn.num_heads, **kwargs)
+        keys = key_metric(qkv, attn.num_heads) if metric else None
+    o, cls_attn = res if return_cls_attn else (res, None)
+    return h, o, cls_attn, keys
+
+
+def packed_attend(
+    block: Block,
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    max_seqlen: int,
+    return_cls_attn: bool = False,
+    attention: AttentionFn | None = None,
+    ragged_linear: bool = False,
+    key_bias: torch.Tensor | None = None,
+    metric: bool = False,
+) -> Attended:
+    """The first half of timm's Block on packed rows: x [T, C] -> Attended (x + ls1(proj(attention(norm1(x)))),
+    and the block's cls_attn and key metric when asked). An in-block stage (tome's merge, evit's pruning) runs on
+    it, then `packed_feed_forward` on the rows it leaves. Arguments as packed_block_forward; every row is live."""
+    h, o, cls_attn, keys = _attention(
+        block, x, cu_seqlens, max_seqlen=max_seqlen, return_cls_attn=return_cls_attn, attention=attention,
+        ragged_linear=ragged_linear, key_bias=key_bias, metric=metric,
+    )  # fmt: skip
+    if ragged_linear:
+        x = _ragged_attn_residual(block, x, h, o, cu_seqlens)
+    else:
+        x = attn_residual(block, x, h, o)
+    return Attended(x, cls_attn, keys)
+
+
+def packed_feed_forward(
+    block: Block, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, ragged_linear: bool = False
+) -> torch.Tensor:
+    """The second half of timm's Block on packed rows: x [T, C] -> x + ls2(mlp(norm2(x))). cu_seqlens (with
+    ragged_linear): rows past cu[B] are dead and not computed; None: every row is live."""
+    if ragged_linear:
+        return _ragged_mlp_residual(block, x, cu_seqlens)
+    return mlp_residual(block, x)
+
+
 def packed_block_forward(
     block: Block,
     x: torch.Tensor,
@@ -59,7 +134,6 @@ def packed_block_forward(
     ragged_linear: bool = False,
     out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     key_bias: torch.Tensor | None = None,
-    merge: MergeFn | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """timm Block.forward on packed sequences.
 
@@ -80,55 +154,20 @@ def packed_block_forward(
             head reads, after the last block). Not with return_cls_attn.
         key_bias: optional [T] float32 added to every attention score of its key (ToMe's proportional attention:
             log of each row's size).
-        merge: optional token merge (MergeFn) between the attention residual and the MLP, which runs on its rows
-            (every one live: no dead rows in a tome state). Not with out_rows; the metric is the keys of this
-            block (after q/k norm, with the qkv bias) averaged over heads.
 
     Returns:
-        x' [T, C] ([R, C] with out_rows; [T', C] with merge) (and cls_attn [T] float32).
+        x' [T, C] ([R, C] with out_rows) (and cls_attn [T] float32).
     """
-    if type(block) is not Block:
-        raise TypeError(f"packed_block_forward supports timm's Block only, got {type(block).__name__}")
     if out_rows is not None and return_cls_attn:
         raise ValueError("out_rows and return_cls_attn exclude each other")
-    if out_rows is not None and merge is not None:
-        raise ValueError("out_rows and merge exclude each other")
-    attn = block.attn
-    h = block.norm1(x)
-    hc = h.to(attn.qkv.weight.dtype)
-    qk_norm = not (isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity))
-    kwargs = {"scale": attn.scale, "max_seqlen": max_seqlen, "return_cls_attn": return_cls_attn}
-    if key_bias is not None:
-        kwargs["key_bias"] = key_bias
-    if attention is None and not qk_norm:
-        # the qkv bias rides into the op (added on load): one elementwise pass over [T, 3C] fewer
-        if ragged_linear:
-            qkv = fused_linear(hc, attn.qkv.weight, cu_seqlens=cu_seqlens)
-        else:
-            qkv = F.linear(hc, attn.qkv.weight)
-        res = ragged_attention(qkv, cu_seqlens, attn.num_heads, bias=attn.qkv.bias, **kwargs)
-        metric = key_metric(qkv, attn.num_heads, attn.qkv.bias) if merge is not None else None
-    else:
-        if ragged_linear:
-            qkv = fused_linear(hc, attn.qkv.weight, attn.qkv.bias, cu_seqlens=cu_seqlens)
-        else:
-            qkv = attn.qkv(hc)
-        if qk_norm:
-            qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
-        res = (attention or ragged_attention)(qkv.contiguous(), cu_seqlens, attn.num_heads, **kwargs)
-        metric = key_metric(qkv, attn.num_heads) if merge is not None else None
-    o, cls_attn = res if return_cls_attn else (res, None)
+    h, o, cls_attn, _ = _attention(
+        block, x, cu_seqlens, max_seqlen=max_seqlen, return_cls_attn=return_cls_attn, attention=attention,
+        ragged_linear=ragged_linear, key_bias=key_bias, metric=False,
+    )  # fmt: skip
     if out_rows is not None:
-        if return_cls_attn:
-            raise ValueError("out_rows and return_cls_attn exclude each other")
         rows, cu_seqlens = out_rows
         x, h, o = x.index_select(0, rows), h.index_select(0, rows), o.index_select(0, rows)
-    if merge is None:
-        x = ragged_tail(block, x, h, o, cu_seqlens) if ragged_linear else block_tail(block, x, h, o)
-    elif ragged_linear:  # a tome state has no dead rows: the MLP's GEMMs run on every merged row
-        x = _ragged_mlp_residual(block, merge(_ragged_attn_residual(block, x, h, o, cu_seqlens), metric), None)
-    else:
-        x = mlp_residual(block, merge(attn_residual(block, x, h, o), metric))
+    x = ragged_tail(block, x, h, o, cu_seqlens) if ragged_linear else block_tail(block, x, h, o)
     return (x, cls_attn) if return_cls_attn else x
 
 

@@ -106,10 +106,11 @@ def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: Prune
 
 
 def select_policy(policy: str) -> int:
-    """The SELECT_POLICIES code of a pruning policy: "count" for topk-l2 / evit, "mass" for cls-mass."""
+    """The SELECT_POLICIES code of a pruning policy: "count" for topk-l2 / evit and dynamicvit's schedule (a count
+    per stage), "mass" for cls-mass."""
     cut = get_policy(policy).cut
-    if cut in ("count", "mass"):
-        return SELECT_POLICIES[cut]
+    if cut in ("count", "mass", "schedule"):
+        return SELECT_POLICIES["mass" if cut == "mass" else "count"]
     raise ValueError(f"policy {policy!r} has no selection stage")
 
 

@@ -68,7 +68,14 @@ def _fake(scores, cu, width, bound, num_prefix, policy, keep, mass):
 
 
 def select_rows(
-    scores: torch.Tensor, cu: torch.Tensor, width: int, bound: int, num_prefix: int, spec: PruneSpec
+    scores: torch.Tensor,
+    cu: torch.Tensor,
+    width: int,
+    bound: int,
+    num_prefix: int,
+    spec: PruneSpec,
+    *,
+    keep: float | None = None,
 ) -> SelectedRows:
     """Which rows a stage without evit's fuse keeps, in the capacity layout (DESIGN.md section 4).
 
@@ -78,7 +85,10 @@ def select_rows(
         width: static bound of the rows per image before the stage.
         bound: output rows per image (<= width; >= p + k_b: the width, or p + k when the counts are known).
         num_prefix: p.
-        spec: topk-l2 / evit (k = ceil(P_b * keep)) or cls-mass; spec.fuse is not supported here.
+        spec: topk-l2 / evit (k = ceil(P_b * keep)), dynamicvit (a count: `keep` given) or cls-mass; spec.fuse is
+            not supported here.
+        keep: the count rule's fraction instead of spec.keep (a stage whose count comes from elsewhere, as a
+            fraction that gives it exactly: raggedvit.pruning.spec.count_as_keep).
 
     Returns:
         SelectedRows: src, cu, seq_id, pos [B*bound] / [B+1] int64 and k [B] int64.
@@ -88,5 +98,6 @@ def select_rows(
     policy = select_policy(spec.policy)
     width, bound, num_prefix = int(width), int(bound), int(num_prefix)
     _check(scores, cu, width, bound, num_prefix, policy)
-    out = select_rows_op(scores, cu, width, bound, num_prefix, policy, float(spec.keep), float(spec.mass))
+    keep = spec.keep if keep is None else keep
+    out = select_rows_op(scores, cu, width, bound, num_prefix, policy, float(keep), float(spec.mass))
     return SelectedRows(*out)

@@ -8,10 +8,18 @@ from typing import Any
 
 from raggedvit.policies import POLICIES, Policy, get_policy, static_shapes
 
-__all__ = ["CLS_MASS_EPS", "EVIT_FUSE_EPS", "POLICIES", "PruneSpec", "f32", "merged_count", "uniform_keep"]
+__all__ = [
+    "CLS_MASS_EPS",
+    "POLICIES",
+    "PruneSpec",
+    "count_as_keep",
+    "f32",
+    "merged_count",
+    "schedule_keep",
+    "uniform_keep",
+]
 
 CLS_MASS_EPS = 1e-30  # floor of a row's patch-score sum before normalising (cls-mass)
-EVIT_FUSE_EPS = 1e-12  # floor of the dropped-attention sum in evit's fused token
 
 
 def f32(value: float) -> float:
@@ -36,6 +44,27 @@ def uniform_keep(n: int, num_prefix: int, keep: float) -> int:
     return min(max(k, 1), patches)
 
 
+def schedule_keep(patches: int, keep: float, stage: int, n_patches: int) -> int:
+    """Patch rows DynamicViT's stage `stage` keeps: int(patches * keep ** (stage + 1)) (its token_ratio schedule, in
+    double precision as its code computes it), patches = the patch tokens before any stage, clamped to
+    [1, n_patches] (the patch rows the stage sees)."""
+    return min(max(int(patches * keep ** (stage + 1)), 1), n_patches)
+
+
+def count_as_keep(k: int, n_patches: int) -> float:
+    """A keep fraction that `uniform_keep` (and RaggedSelect's count rule, which computes it the same way) turns into
+    exactly k of n_patches: the float32 nearest k / n_patches, stepped by one float32 ulp until the rule agrees."""
+    import numpy as np
+
+    value = np.float32(k / n_patches)
+    for _ in range(64):
+        got = uniform_keep(n_patches, 0, float(value))
+        if got == k:
+            return float(value)
+        value = np.nextafter(value, np.float32(0 if got > k else 2), dtype=np.float32)
+    raise AssertionError(f"no float32 keep gives {k} of {n_patches}")
+
+
 def merged_count(n: int, num_prefix: int, r: int) -> int:
     """Tokens merged away in a tome block of an image with n rows: min(r, (n - p) // 2) (ToMe: at most half of the
     patch tokens, the size of the smaller of the alternating sets A and B)."""
@@ -48,12 +77,15 @@ class PruneSpec:
 
     Attributes:
         policy: "none" (no stages), "topk-l2", "evit", "cls-mass" or "tome" (token merging).
-        prune_at: block indices, strictly increasing; a stage "at i" runs after blocks 0..i-1 (indices 1..depth-1).
-            tome: the blocks that merge, inside block i between its attention and its MLP (indices 0..depth-1);
-            () means every block (`resolve(depth)` makes that explicit). Always () for policy "none".
-        keep: fraction of patch tokens kept per stage (topk-l2, evit), in (0, 1].
+        prune_at: block indices, strictly increasing. A "between" policy's stage "at i" runs after blocks 0..i-1
+            (indices 1..depth-1: topk-l2, cls-mass, dynamicvit). An "inside" policy's stage at i runs inside block
+            i, between its attention and its MLP (indices 0..depth-1): evit (EViT's drop_loc) and tome (the blocks
+            that merge; () means every block, `resolve(depth)` makes that explicit). Always () for policy "none".
+        keep: fraction of patch tokens kept per stage (topk-l2, evit: ceil(keep * patches)), in (0, 1]; dynamicvit:
+            its rho (stage s keeps int(P * rho^(s+1)) of the P patch tokens before any stage).
         mass: cumulative normalised cls attention kept per stage (cls-mass), in (0, 1].
-        fuse: evit only: append one token per image fusing the dropped tokens.
+        fuse: evit only: append one token per image, the sum of the dropped tokens weighted by their class
+            attention (EViT's fuse_token).
         r: tome only (>= 1): tokens merged away per merging block and image (at most half of the patch tokens:
             `merged_count`); 0 for the other policies.
     """
@@ -71,15 +103,16 @@ class PruneSpec:
             object.__setattr__(self, "prune_at", ())
         object.__setattr__(self, "prune_at", tuple(int(i) for i in self.prune_at))
         merging = desc.merges
+        inside = desc.where == "inside"
         if desc.prunes and not self.prune_at and desc.default_at != "every":
             raise ValueError(f"policy {self.policy!r} needs at least one prune index (prune_at)")
         if any(b <= a for a, b in zip(self.prune_at, self.prune_at[1:])):
             raise ValueError(f"prune indices must be strictly increasing, got {list(self.prune_at)}")
-        if merging and any(i < 0 for i in self.prune_at):
+        if inside and any(i < 0 for i in self.prune_at):
             raise ValueError(
-                f"tome block indices must be >= 0 (a merge runs inside a block), got {list(self.prune_at)}"
+                f"{self.policy} block indices must be >= 0 (its stages run inside a block), got {list(self.prune_at)}"
             )
-        if not merging and any(i < 1 for i in self.prune_at):
+        if not inside and any(i < 1 for i in self.prune_at):
             raise ValueError(f"prune indices must be >= 1 (a stage runs after a block), got {list(self.prune_at)}")
         if isinstance(self.r, bool) or int(self.r) != self.r:
             raise ValueError(f"r must be an integer, got {self.r!r}")
@@ -116,6 +149,14 @@ class PruneSpec:
         if self.merges and not self.prune_at:
             return PruneSpec(self.policy, tuple(range(depth)), self.keep, self.mass, self.fuse, self.r)
         return self
+
+    def stage_keep(self, stage: int, n: int, num_prefix: int, patches: int) -> int:
+        """Patch rows stage `stage` keeps of an image with n rows, for a policy whose counts are known before the
+        data: ceil(keep * (n - p)) ("count"), or DynamicViT's int(patches * keep^(stage+1)) ("schedule", patches:
+        the patch tokens before any stage)."""
+        if self.descriptor.cut == "schedule":
+            return schedule_keep(patches, self.keep, stage, n - num_prefix)
+        return uniform_keep(n, num_prefix, self.keep)
 
     @property
     def needs_cls_attn(self) -> bool:
@@ -177,10 +218,11 @@ class PruneSpec:
     def check_model(self, *, depth: int | None, has_class_token: bool | None) -> None:
         """Raise ValueError if the spec cannot run on a model of `depth` blocks / without a class token."""
         if depth is not None:
-            lo = 0 if self.merges else 1
+            inside = self.descriptor.where == "inside"
+            lo = 0 if inside else 1
             bad = [i for i in self.prune_at if not lo <= i <= depth - 1]
             if bad:
-                what = "tome block index" if self.merges else "prune index"
+                what = f"{self.policy} block index" if inside else "prune index"
                 raise ValueError(f"{what} {bad[0]} out of range {lo}..{depth - 1} for a model with {depth} blocks")
         if has_class_token is False and self.needs_cls_attn:
             raise ValueError(

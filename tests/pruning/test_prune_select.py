@@ -73,8 +73,8 @@ def test_packed_stage_evit_fuse_token() -> None:
     assert trace.kept.tolist() == [4, 3]
     assert new.token_index.tolist() == [0, 2, 3, -1, 0, 1, -1]
     x = state.x
-    fused0 = (0.1 * x[1] + 0.05 * x[4]) / 0.15
+    fused0 = 0.1 * x[1] + 0.05 * x[4]  # EViT: the attention-weighted sum of the dropped rows, not renormalised
     torch.testing.assert_close(new.x[3], fused0)
-    torch.testing.assert_close(new.x[6], x[7])  # one dropped row: the fused token is that row
+    torch.testing.assert_close(new.x[6], 0.1 * x[7])  # one dropped row: that row times its attention
     S = pad_scores(cls_attn, state.cu, torch.tensor([5, 3]), 6, 1)
     assert S[0, 0] == -INF and S[1, 3:].eq(-INF).all() and S[1, 1] == 0.3

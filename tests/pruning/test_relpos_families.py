@@ -103,7 +103,7 @@ def _keep_mask(out, batch: int, n: int) -> torch.Tensor:
 SPECS = {
     "topk-l2": PruneSpec("topk-l2", (1,), keep=0.5),
     "cls-mass": PruneSpec("cls-mass", (1,), mass=0.8),
-    "evit": PruneSpec("evit", (1,), keep=0.4),
+    "evit": PruneSpec("evit", (0,), keep=0.4),  # inside block 0: its MLP is per row, so block 1 on sees the cut
 }
 
 

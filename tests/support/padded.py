@@ -12,9 +12,9 @@ from timm.models.vision_transformer import Block, VisionTransformer
 
 from raggedvit.pruning._model import check_vit, classify, embed_tokens, is_distilled
 from raggedvit.pruning.packed import PrunedOutput
-from raggedvit.pruning.packed_block import block_tail
+from raggedvit.pruning.packed_block import attn_residual, block_tail, mlp_residual
 from raggedvit.pruning.select import select_tokens
-from raggedvit.pruning.spec import EVIT_FUSE_EPS, PruneSpec
+from raggedvit.pruning.spec import PruneSpec
 
 __all__ = ["padded_block_forward", "padded_prune_stage", "padded_reference_forward"]
 
@@ -40,9 +40,17 @@ def _masked_attention(q, k, v, valid, scale, attention: str, need_cls: bool):
 
 
 def padded_block_forward(
-    block: Block, x: torch.Tensor, valid: torch.Tensor, *, attention: str = "eager", return_cls_attn: bool = False
+    block: Block,
+    x: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    attention: str = "eager",
+    return_cls_attn: bool = False,
+    halves: bool = False,
 ):
-    """timm Block on padded tokens x [B, W, C] with key-padding mask valid [B, W] -> x' (, cls_attn [B, W])."""
+    """timm Block on padded tokens x [B, W, C] with key-padding mask valid [B, W] -> x' (, cls_attn [B, W]).
+    halves: stop after the attention residual, returning (x after it, cls_attn): an in-block stage runs there, then
+    mlp_residual (EViT's block)."""
     attn = block.attn
     B, W, C = x.shape
     H, D = attn.num_heads, attn.head_dim
@@ -50,7 +58,10 @@ def padded_block_forward(
     q, k, v = attn.qkv(h).reshape(B, W, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, W, D]
     q, k = attn.q_norm(q), attn.k_norm(k)
     o, cls_attn = _masked_attention(q, k, v, valid, attn.scale, attention, return_cls_attn)
-    x = block_tail(block, x, h, o.transpose(1, 2).reshape(B, W, H * D))
+    o = o.transpose(1, 2).reshape(B, W, H * D)
+    if halves:
+        return attn_residual(block, x, h, o), cls_attn
+    x = block_tail(block, x, h, o)
     return (x, cls_attn) if return_cls_attn else x
 
 
@@ -75,7 +86,7 @@ def padded_prune_stage(x, n, scores, cls_attn, num_prefix: int, spec: PruneSpec,
     if spec.fuse:
         dropped = (~keep) & (idx < n.unsqueeze(1)) & (idx >= num_prefix)
         w = cls_attn.float() * dropped.float()  # [B, W]
-        fused = (w.unsqueeze(2) * x.float()).sum(1) / w.sum(1).clamp_min(EVIT_FUSE_EPS).unsqueeze(1)
+        fused = (w.unsqueeze(2) * x.float()).sum(1)  # EViT: the attention-weighted sum, not renormalised
         keep = torch.cat((keep, torch.ones(B, 1, dtype=torch.bool, device=x.device)), dim=1)
         x_src = torch.cat((x, fused.to(x.dtype).unsqueeze(1)), dim=1)
     n_new = keep.sum(dim=1)
@@ -141,18 +152,29 @@ def padded_reference_forward(
     stages = set(spec.prune_at)
     counts, kept_index, kept_cu = [], [], []
     cls_attn = None
-    for bi, blk in enumerate(vit.blocks):
-        if bi in stages:
-            scores = torch.linalg.vector_norm(x.float(), dim=-1) if spec.policy == "topk-l2" else cls_attn
-            x, n, slots = padded_prune_stage(x, n, scores, cls_attn, p, spec, shrink=shrink)
-            ext = torch.cat((token_index, torch.full((B, 1), -1, device=x.device, dtype=torch.int64)), dim=1)
-            token_index = torch.gather(ext, 1, slots.clamp_min(0))  # slot W (fused) -> -1
-            valid = torch.arange(x.shape[1], device=x.device).unsqueeze(0) < n.unsqueeze(1)
-            counts.append(n)
-            kept_index.append(token_index[valid])
-            kept_cu.append(torch.cat((n.new_zeros(1), torch.cumsum(n, 0))))
+    inside = spec.descriptor.where == "inside"  # evit: the stage runs in its block, after the attention residual
+
+    def stage(x, n, token_index, scores, cls_attn):
+        x, n, slots = padded_prune_stage(x, n, scores, cls_attn, p, spec, shrink=shrink)
+        ext = torch.cat((token_index, torch.full((B, 1), -1, device=x.device, dtype=torch.int64)), dim=1)
+        token_index = torch.gather(ext, 1, slots.clamp_min(0))  # slot W (fused) -> -1
         valid = torch.arange(x.shape[1], device=x.device).unsqueeze(0) < n.unsqueeze(1)
-        need_cls = spec.needs_cls_attn and (bi + 1) in stages
+        counts.append(n)
+        kept_index.append(token_index[valid])
+        kept_cu.append(torch.cat((n.new_zeros(1), torch.cumsum(n, 0))))
+        return x, n, token_index
+
+    for bi, blk in enumerate(vit.blocks):
+        if bi in stages and not inside:
+            scores = torch.linalg.vector_norm(x.float(), dim=-1) if spec.policy == "topk-l2" else cls_attn
+            x, n, token_index = stage(x, n, token_index, scores, cls_attn)
+        valid = torch.arange(x.shape[1], device=x.device).unsqueeze(0) < n.unsqueeze(1)
+        if bi in stages and inside:
+            x, cls_attn = padded_block_forward(blk, x, valid, attention=attention, return_cls_attn=True, halves=True)
+            x, n, token_index = stage(x, n, token_index, cls_attn, cls_attn)
+            x = mlp_residual(blk, x)
+            continue
+        need_cls = spec.needs_cls_attn and (bi + 1) in stages and not inside
         out = padded_block_forward(blk, x, valid, attention=attention, return_cls_attn=need_cls)
         x, cls_attn = out if need_cls else (out, None)
     logits = _padded_head(vit, x, n, p)

@@ -8,7 +8,7 @@ from timm.models.vision_transformer import VisionTransformer
 from raggedvit.pruning._model import check_vit, classify, embed_tokens, is_distilled
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.map_head import map_pool
-from raggedvit.pruning.packed_block import MergeFn, packed_block_forward
+from raggedvit.pruning.packed_block import Attended, packed_attend, packed_block_forward, packed_feed_forward
 from raggedvit.pruning.select import pad_rows, padded_slots
 
 __all__ = ["ViTBackbone", "padded_pool"]
@@ -20,7 +20,7 @@ class ViTBackbone(Backbone):
 
     model_classes = (VisionTransformer,)
     supports_ragged_linear = True
-    supports_merge = True
+    supports_halves = True
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__(model)
@@ -42,7 +42,6 @@ class ViTBackbone(Backbone):
         ragged_linear: bool = False,
         out_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
         key_bias: torch.Tensor | None = None,
-        merge: MergeFn | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return packed_block_forward(
             self.model.blocks[index],
@@ -54,7 +53,37 @@ class ViTBackbone(Backbone):
             ragged_linear=ragged_linear,
             out_rows=out_rows,
             key_bias=key_bias,
-            merge=merge,
+        )
+
+    def attend(
+        self,
+        index: int,
+        state: PackedState,
+        *,
+        max_seqlen: int,
+        return_cls_attn: bool,
+        metric: bool,
+        attention: AttentionFn | None,
+        ragged_linear: bool = False,
+        key_bias: torch.Tensor | None = None,
+    ) -> Attended:
+        return packed_attend(
+            self.model.blocks[index],
+            state.x,
+            state.cu,
+            max_seqlen=max_seqlen,
+            return_cls_attn=return_cls_attn,
+            attention=attention,
+            ragged_linear=ragged_linear,
+            key_bias=key_bias,
+            metric=metric,
+        )
+
+    def feed_forward(
+        self, index: int, state: PackedState, *, ragged_linear: bool = False, dead_rows: bool = False
+    ) -> torch.Tensor:
+        return packed_feed_forward(
+            self.model.blocks[index], state.x, state.cu if dead_rows else None, ragged_linear=ragged_linear
         )
 
     def head_rows(self, state: PackedState) -> tuple[torch.Tensor, int] | None:
