@@ -43,6 +43,8 @@ class Policy:
         patch tokens before any stage: DynamicViT's), "merge" (r fewer per block), or "none".
     learned: the policy has parameters of its own (a predictor loaded with the checkpoint: `state_prefix` names its
         keys there).
+    exact_count: a "count" cut is ceil(keep * patches) in double precision (EViT's code), not in float32.
+    defaults: its parameters' default values (EViT's and DynamicViT's published keep rate 0.7).
     """
 
     name: str
@@ -53,6 +55,12 @@ class Policy:
     cut: Literal["count", "mass", "schedule", "merge", "none"]
     learned: bool = False
     state_prefix: str = ""
+    exact_count: bool = False
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+    def default(self, param: str) -> Any:
+        """The policy's default value of one of its parameters (the CLI's, where the user gives none)."""
+        return dict(self.defaults)[param]
 
     @property
     def prunes(self) -> bool:
@@ -72,7 +80,8 @@ class Policy:
     def counts_known(self, fuse: bool = False) -> bool:
         """Every stage keeps a count known before the data (a fused token depends on the data's drops only in the
         compact layout: evit with fuse is not counted)."""
-        return self.cut in ("none", "merge", "schedule") or (self.cut == "count" and not (fuse and "fuse" in self.params))
+        fused = fuse and "fuse" in self.params
+        return self.cut in ("none", "merge", "schedule") or (self.cut == "count" and not fused)
 
     def label(self, values: Mapping[str, Any]) -> str:
         """One line for a spec of this policy (its PruneSpec fields as a dict, prune_at resolved or not), as the
@@ -99,11 +108,30 @@ REGISTRY: dict[str, Policy] = {
     p.name: p
     for p in (
         Policy("none", (), "", "none", "none", "none"),
-        Policy("topk-l2", ("keep",), "4", "between", "l2", "count"),
-        Policy("evit", ("keep", "fuse"), "3,6,9", "inside", "cls", "count"),
-        Policy("cls-mass", ("mass",), "4", "between", "cls", "mass"),
-        Policy("tome", ("r",), "every", "inside", "similarity", "merge"),
-        Policy("dynamicvit", ("keep",), "3,6,9", "between", "predictor", "schedule", True, "score_predictor."),
+        Policy("topk-l2", ("keep",), "4", "between", "l2", "count", defaults=(("keep", 0.5),)),
+        Policy(
+            "evit",
+            ("keep", "fuse"),
+            "3,6,9",
+            "inside",
+            "cls",
+            "count",
+            exact_count=True,
+            defaults=(("keep", 0.7), ("fuse", False)),
+        ),  # fmt: skip
+        Policy("cls-mass", ("mass",), "4", "between", "cls", "mass", defaults=(("mass", 0.9),)),
+        Policy("tome", ("r",), "every", "inside", "similarity", "merge", defaults=(("r", 8),)),
+        Policy(
+            "dynamicvit",
+            ("keep",),
+            "3,6,9",
+            "between",
+            "predictor",
+            "schedule",
+            learned=True,
+            state_prefix="score_predictor.",
+            defaults=(("keep", 0.7),),
+        ),  # fmt: skip
     )
 }
 

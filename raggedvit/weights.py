@@ -13,6 +13,8 @@ import torch
 from timm.models import vision_transformer
 from torch import nn
 
+from raggedvit.policies import REGISTRY
+
 __all__ = [
     "CHECKPOINT_SUFFIXES",
     "WeightsInfo",
@@ -72,7 +74,11 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
 
             state = load_file(str(path), device="cpu")
         else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            import argparse
+
+            # training scripts (DeiT's, EViT's, DynamicViT's) save their argparse Namespace beside the model
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                state = torch.load(str(path), map_location="cpu", weights_only=True)
     except (OSError, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - any parse failure (torch raises IndexError on some truncations)
@@ -184,7 +190,9 @@ def load_vit(
     Args:
         model_name: a timm model name PrunedViT runs (raggedvit.pruning.families.supported_classes()).
         checkpoint: .pth/.pt/.bin/.safetensors state dict, passed through timm's ViT checkpoint filter
-            (pos-embed resizing etc.) and loaded strictly.
+            (pos-embed resizing etc.) and loaded strictly. Keys of a learned pruning policy (DynamicViT's
+            `score_predictor.*`) are kept with the model for raggedvit.pruning.build_pruned_vit
+            (raggedvit.pruning.policy_state(model)).
         pretrained: download timm's weights (needs network).
         seed: random init seed (default 0 when neither checkpoint nor pretrained is given).
         img_size: input resolution override (timm resizes pos embeds of checkpoints).
@@ -204,6 +212,11 @@ def load_vit(
     if seed is not None:
         torch.manual_seed(seed)
     state = load_checkpoint(checkpoint) if checkpoint is not None else None  # a bad file fails before the build
+    policy_keys: dict[str, torch.Tensor] = {}
+    if state is not None:  # a learned pruning policy's weights (DynamicViT's predictors) stay with the model
+        prefixes = tuple(p.state_prefix for p in REGISTRY.values() if p.learned)
+        policy_keys = {k: v for k, v in state.items() if k.startswith(prefixes)}
+        state = {k: v for k, v in state.items() if k not in policy_keys}
     model = _create(model_name, pretrained, img_size, model_kwargs or {})
     ckpt_name = ckpt_sha = None
     if checkpoint is not None:
@@ -224,8 +237,10 @@ def load_vit(
         ckpt_name, ckpt_sha = Path(checkpoint).name, sha256_file(checkpoint)
     if sharpen_qk != 1.0:
         sharpen_qk_(model, sharpen_qk)
+    from raggedvit.pruning.factory import set_policy_state
     from raggedvit.pruning.families import backbone_for
 
+    set_policy_state(model, policy_keys)
     model.eval()
     info = WeightsInfo(
         model_name=model_name,

@@ -28,6 +28,7 @@ from raggedvit.cli.contract import (
     exit_status,
     interrupts_raise,
     load_model,
+    note_policy_state,
     parse_int_list,
     quiet_numerics,
     refuse_ignored_options,
@@ -82,16 +83,25 @@ def main() -> None:
 @weight_source_options
 @click.option("--img-size", type=int, default=None, help="Input resolution (default: the model's).")
 @click.option("--policy", type=click.Choice(POLICY_CHOICES), default="topk-l2", help="Token pruning policy.")
-@click.option("--keep", type=float, default=0.5, help="Fraction of patch tokens kept per stage (topk-l2, evit).")
-@click.option("--mass", type=float, default=0.9, help="Cumulative cls-attention mass kept per stage (cls-mass).")
+@click.option(
+    "--keep",
+    type=float,
+    default=None,
+    help="Fraction of patch tokens kept per stage: ceil(keep * patches) (topk-l2, default 0.5; evit, default 0.7); "
+    "dynamicvit: its rho, int(P * rho^(s+1)) at stage s (default 0.7).",
+)
+@click.option("--mass", type=float, default=None, help="Cumulative cls-attention mass kept per stage (cls-mass, 0.9).")
 @click.option(
     "--prune-at",
-    default="4",
-    help="Comma-separated block indices of the pruning stages (tome: the blocks that merge; every block when left "
-    "out).",
+    default=None,
+    help="Comma-separated block indices of the stages. topk-l2, cls-mass (default 4) and dynamicvit (default 3,6,9): "
+    "a stage before block i. evit (default 3,6,9, EViT's drop_loc): inside block i, after its attention, so evit's "
+    "i is the i+1 of the others. tome: the blocks that merge (default every block).",
 )
-@click.option("--fuse", is_flag=True, default=False, help="evit: fuse dropped tokens into one extra token.")
-@click.option("--r", "r", type=int, default=8, help="tome: tokens merged per block and image.")
+@click.option(
+    "--fuse", is_flag=True, default=False, help="evit: one extra token, the attention-weighted sum of the dropped."
+)
+@click.option("--r", "r", type=int, default=None, help="tome: tokens merged per block and image (default 8).")
 @click.option(
     "--dtype",
     type=click.Choice(EXPORT_DTYPES),
@@ -156,15 +166,16 @@ def export(
     from raggedvit.pruning import PruneSpec
 
     desc = get_policy(policy)
-    every_block = desc.default_at == "every" and click.get_current_context().get_parameter_source("prune_at") in (
-        click.core.ParameterSource.DEFAULT,
-        None,
-    )
+    prune_at = desc.default_at if prune_at is None else prune_at
+    keep, mass, r = (v if v is not None or k not in desc.params else desc.default(k)
+                     for k, v in (("keep", keep), ("mass", mass), ("r", r)))  # fmt: skip
     indices = ()
-    if desc.prunes and not every_block:
+    if desc.prunes and prune_at != "every":
         indices = parse_int_list("--prune-at", prune_at, lo=0, what="block indices")
     try:
-        spec = PruneSpec.from_strings(policy, indices, keep, mass, fuse, r=r if "r" in desc.params else 0)
+        spec = PruneSpec.from_strings(
+            policy, indices, 0.5 if keep is None else keep, 0.9 if mass is None else mass, fuse, r=r or 0
+        )
     except ValueError as e:
         raise CliError(f"bad pruning parameters: {e}") from None
 
@@ -176,6 +187,7 @@ def export(
     steps.update()
     from raggedvit.exporter import export_onnx
     from raggedvit.pruning.families import backbone_for
+    from raggedvit.pruning.packed import backbone_refusal
 
     try:
         backbone = backbone_for(vit)
@@ -185,8 +197,10 @@ def export(
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
     except ValueError as e:
         raise CliError(f"bad pruning parameters for {model}: {e}") from None
-    if spec.merges and not backbone.supports_merge:
-        raise CliError(f"--policy {spec.policy} cannot run {model}: {backbone.merge_refusal}")
+    refusal = backbone_refusal(spec, backbone)
+    if refusal:
+        raise CliError(f"--policy {spec.policy}{' --fuse' if spec.fuse else ''} cannot run {model}: {refusal}")
+    note_policy_state(vit, spec)
     blocks_source = click.get_current_context().get_parameter_source("ragged_linear_blocks")
     if not ragged_linear and blocks_source not in (click.core.ParameterSource.DEFAULT, None):
         raise CliError("--ragged-linear-blocks applies with --ragged-linear only; add it or leave this out")

@@ -46,6 +46,7 @@ __all__ = [
     "interrupts_raise",
     "is_ort_error",
     "load_model",
+    "note_policy_state",
     "parse_int_list",
     "quiet_numerics",
     "refuse_ignored_options",
@@ -315,6 +316,21 @@ def require_device(device: str) -> None:
 
     if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise CliError(f"--device cuda: onnxruntime {ort.__version__} has no CUDAExecutionProvider on this machine")
+
+
+def note_policy_state(model, spec) -> None:
+    """One 'note:' line on stderr when the checkpoint carried a learned policy's weights (DynamicViT's predictor)
+    that `spec`'s policy does not use: the backbone is loaded, the predictor ignored."""
+    from raggedvit.pruning.factory import ignored_policy_state
+
+    ignored = ignored_policy_state(model, spec)
+    if ignored:
+        learned = ", ".join(p.name for p in REGISTRY.values() if p.learned)
+        click.echo(
+            f"note: the checkpoint's {learned} predictor ({len(ignored)} keys: {ignored[0]}, ...) is ignored by "
+            f"--policy {spec.policy}; its backbone is loaded",
+            err=True,
+        )
 
 
 def warn_nonfinite(model) -> None:

@@ -195,7 +195,7 @@ def _fp32_noise(vit, spec, images, got, ref32) -> dict[str, Any] | None:
     import torch
 
     from raggedvit.kernels import ragged_attention_reference
-    from raggedvit.pruning import PrunedViT
+    from raggedvit.pruning import build_pruned_vit
 
     def attention64(qkv, cu, heads, *, scale=None, max_seqlen=None, return_cls_attn=False, **pos):
         # pos: pos_table / token_pos / grid / num_prefix of the relative-position families
@@ -206,8 +206,8 @@ def _fp32_noise(vit, spec, images, got, ref32) -> dict[str, Any] | None:
         if spec is None:
             ref64 = vit64(images.double())
         else:
-            out = PrunedViT(vit64, spec, attention=attention64)(images.double())
-            if out.token_counts.tolist() != PrunedViT(vit, spec)(images).token_counts.tolist():
+            out = build_pruned_vit(vit64, spec, attention=attention64)(images.double())
+            if out.token_counts.tolist() != build_pruned_vit(vit, spec)(images).token_counts.tolist():
                 return None
             ref64 = out.logits
     ref64 = ref64.numpy()
@@ -280,7 +280,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
     import torch
 
     from raggedvit.exporter import export_onnx
-    from raggedvit.pruning import PrunedViT
+    from raggedvit.pruning import build_pruned_vit
     from raggedvit.pruning.families import backbone_for
     from raggedvit.runtime import create_session
 
@@ -301,7 +301,7 @@ def _check_built(rec: _Record, vit, seed: int, threads: int) -> None:
         for policy, spec in specs.items():
             rec.step(f"pruned {policy}")
             with torch.no_grad():
-                pruned[policy] = PrunedViT(vit, spec)(images)
+                pruned[policy] = build_pruned_vit(vit, spec)(images)
         rec.data["runs"] = True
     except Exception as e:  # noqa: BLE001
         rec.fail("runs", rec.data["stage"], e)

@@ -25,7 +25,7 @@ from raggedvit.exporter.rules import fuse_for_ort
 from raggedvit.exporter.saving import save_model
 from raggedvit.exporter.translations import TRANSLATIONS
 from raggedvit.outputs import check_target
-from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning import PrunedViT, PruneSpec, build_pruned_vit
 from raggedvit.pruning.packed import ragged_linear_mode
 from raggedvit.pruning.precision import DTYPES, apply_dtype
 
@@ -85,7 +85,7 @@ def build_model(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if ragged_linear_mode(ragged_linear) is not None:
         check_ragged_linear(vit, dtype)
-    model = PrunedViT(  # checks model and spec
+    model = build_pruned_vit(  # checks model and spec
         apply_dtype(vit.float().eval(), dtype),
         spec,
         capacity=capacity,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from raggedvit.pruning.backbone import Backbone, PackedState
+from raggedvit.pruning.factory import PolicyStateError, build_pruned_vit, policy_state
 from raggedvit.pruning.families import backbone_for, check_supported
 from raggedvit.pruning.packed import (
     PrunedOutput,
@@ -12,7 +13,6 @@ from raggedvit.pruning.packed import (
     packed_prune_stage,
     uniform_prune_stage,
 )
-from raggedvit.pruning.factory import PolicyStateError, build_pruned_vit, policy_state
 from raggedvit.pruning.packed_block import packed_block_forward
 from raggedvit.pruning.select import Selection, pad_scores, select_tokens
 from raggedvit.pruning.spec import POLICIES, PruneSpec

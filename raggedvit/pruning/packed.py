@@ -6,6 +6,7 @@ the exporter traces it, the validator reads its stage diagnostics.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState
 from raggedvit.pruning.families import backbone_for
 from raggedvit.pruning.merge import bipartite_soft_matching, carry_rows, merge_rows, merge_sets
+from raggedvit.pruning.scorers import scorer_for
 from raggedvit.pruning.select import (
     capacity_order,
     cu_of,
@@ -23,8 +25,7 @@ from raggedvit.pruning.select import (
     select_tokens,
 )
 from raggedvit.pruning.select_op import select_rows
-from raggedvit.pruning.scorers import scorer_for
-from raggedvit.pruning.spec import PruneSpec, count_as_keep, merged_count
+from raggedvit.pruning.spec import PruneSpec, count_as_keep, merged_count, uniform_keep
 
 __all__ = [
     "RAGGED_LINEAR_MODES",
@@ -32,6 +33,7 @@ __all__ = [
     "PrunedOutput",
     "PrunedViT",
     "StageTrace",
+    "backbone_refusal",
     "capacity_prune_stage",
     "kept_token_index",
     "merge_stage",
@@ -120,6 +122,7 @@ def _decide(
     width: int,
     num_prefix: int,
     spec: PruneSpec,
+    keep: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, StageTrace]:
     """Steps 2-4 and 6 of a stage on the padded layout: (keep [B, W'] bool, source rows x [T (+B), C],
     StageTrace without src). W' = width, or width + 1 with evit's fuse: slot `width` of image b is its fused token,
@@ -128,7 +131,7 @@ def _decide(
     B = cu.shape[0] - 1
     n = cu[1:] - cu[:-1]
     S = pad_scores(scores, cu, n, width, num_prefix)
-    sel = select_tokens(S, n, num_prefix, spec)
+    sel = select_tokens(S, n, num_prefix, spec, keep)
     keep = sel.keep  # [B, W]
     x_src = x
     if spec.fuse:
@@ -151,6 +154,7 @@ def packed_prune_stage(
     width: int,
     num_prefix: int,
     spec: PruneSpec,
+    keep: float | None = None,
 ) -> tuple[PackedState, StageTrace]:
     """One prune stage (DESIGN.md section 4) on packed rows, any per-image counts (data-dependent: nonzero).
 
@@ -161,13 +165,14 @@ def packed_prune_stage(
         width: static Nmax >= every image's token count.
         num_prefix: p.
         spec: the policy.
+        keep: the count rule's fraction instead of spec.keep (a count from another rule: spec.count_as_keep).
 
     Returns:
         (new state with T' = the kept rows, the stage's StageTrace).
     """
     B = state.cu.shape[0] - 1
     T = state.x.shape[0]
-    keep, x_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
+    keep, x_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec, keep)
     nz = torch.nonzero(keep).t()  # [2, T'] row-major: image by image, position order kept (ONNX NonZero's layout)
     b, i = nz[0], nz[1]
     t_new = nz.shape[1]
@@ -190,6 +195,7 @@ def capacity_prune_stage(
     bound: int,
     num_prefix: int,
     spec: PruneSpec,
+    keep: float | None = None,
 ) -> tuple[PackedState, StageTrace]:
     """The same stage as `packed_prune_stage` into a static capacity of B * bound rows (DESIGN.md section 4,
     "Capacity layout"): no nonzero, no host read, every shape known from B, width and bound.
@@ -202,16 +208,16 @@ def capacity_prune_stage(
 
     Args:
         state: packed rows; only rows [0, cu[B]) are read (the padded layout of `width` slots per image).
-        scores, cls_attn, num_prefix, spec: as packed_prune_stage.
+        scores, cls_attn, num_prefix, spec, keep: as packed_prune_stage.
         width: static bound of every image's row count before the stage.
         bound: static bound of every image's row count after it (width + fuse, or p + k + fuse when the counts are
             known before the data); the new state has B * bound rows.
     """
     if not spec.fuse:
-        return _selected_stage(state, scores, width, bound, num_prefix, spec)
+        return _selected_stage(state, scores, width, bound, num_prefix, spec, keep)
     B = state.cu.shape[0] - 1
     T = state.x.shape[0]
-    keep, x_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec)
+    keep, x_src, trace = _decide(state, scores, cls_attn, width, num_prefix, spec, keep)
     slots = keep.shape[1]
     assert bound <= slots, f"capacity bound {bound} exceeds the {slots} slots per image"
     rows, _ = padded_slots(state.cu, trace.n, width)  # [B, W] source row of each slot (padding: row 0)
@@ -225,12 +231,18 @@ def capacity_prune_stage(
 
 
 def _selected_stage(
-    state: PackedState, scores: torch.Tensor, width: int, bound: int, num_prefix: int, spec: PruneSpec
+    state: PackedState,
+    scores: torch.Tensor,
+    width: int,
+    bound: int,
+    num_prefix: int,
+    spec: PruneSpec,
+    keep: float | None = None,
 ) -> tuple[PackedState, StageTrace]:
     """capacity_prune_stage without fuse: the indices from one op (`select_rows`), then the gathers of the rows.
     The trace's padded scores and counts are torch ops that only diagnostics read (dead code in an export)."""
     assert bound <= width, f"capacity bound {bound} exceeds the {width} slots per image"
-    sel = select_rows(scores, state.cu, width, bound, num_prefix, spec)
+    sel = select_rows(scores, state.cu, width, bound, num_prefix, spec, keep=keep)
     new = PackedState(
         state.x.index_select(0, sel.src),
         sel.cu,
@@ -257,8 +269,8 @@ def uniform_prune_stage(
     again with m = p + k rows per image. steps: [B+1] int64 = 0..B (its cu is steps * m, as are the op's cu; seq_id
     / pos of uniform rows need no op either)."""
     m = num_prefix + k
-    # a schedule's count as the fraction the op's count rule turns into k exactly (a count policy's is spec.keep)
-    keep = None if spec.descriptor.cut == "count" else count_as_keep(k, n - num_prefix)
+    # a count from another rule (a schedule, EViT's double-precision ceil) as the fraction the op turns into k exactly
+    keep = None if k == uniform_keep(n, num_prefix, spec.keep) else count_as_keep(k, n - num_prefix)
     src = select_rows(scores.to(torch.float32), state.cu, n, m, num_prefix, spec, keep=keep).src
     new = PackedState(
         state.x.index_select(0, src),
@@ -318,6 +330,20 @@ def merge_stage(
     return new, new_size.reshape(-1), StageTrace(S, counts, counts * 0 + r_eff, counts * 0 + m, src)
 
 
+def backbone_refusal(spec: PruneSpec, backbone: Backbone) -> str | None:
+    """Why `spec` cannot run on `backbone` (the reason alone, one line), or None: a stage inside a block needs a
+    backbone that runs its blocks in two halves, except EViT's without fuse (its MLP is per row: pruning after the
+    whole block keeps the same rows)."""
+    if spec.merges and not backbone.supports_halves:
+        return backbone.merge_refusal
+    if spec.fuse and not backbone.supports_halves:
+        return (
+            f"EViT's fused token passes through the pruning block's MLP, and {type(backbone).__name__} runs its "
+            "blocks whole; use evit without fuse"
+        )
+    return None
+
+
 class PrunedViT(nn.Module):
     """A timm ViT with token pruning stages, run on packed variable-length rows.
 
@@ -365,13 +391,10 @@ class PrunedViT(nn.Module):
         backbone = backbone_for(vit)
         spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
         desc = spec.descriptor
-        if spec.merges and not backbone.supports_halves:
-            raise ValueError(f"policy {spec.policy!r} cannot run {type(vit).__name__}: {backbone.merge_refusal}")
-        if spec.fuse and not backbone.supports_halves:
-            raise ValueError(
-                f"evit's fuse cannot run {type(vit).__name__}: EViT's fused token passes through the pruning block's "
-                f"MLP, and {type(backbone).__name__} runs its blocks whole; use evit without fuse"
-            )
+        refusal = backbone_refusal(spec, backbone)
+        if refusal:
+            what = f"policy {spec.policy!r}" + (" with fuse" if spec.fuse else "")
+            raise ValueError(f"{what} cannot run {type(vit).__name__}: {refusal}")
         spec = spec.resolve(backbone.depth)
         mode = ragged_linear_mode(ragged_linear)
         if mode is not None and not backbone.supports_ragged_linear:
@@ -406,6 +429,12 @@ class PrunedViT(nn.Module):
         stage's scorer, then the uniform, capacity or compact stage; updates run."""
         spec, p = self.spec, self.num_prefix
         scores = self.scorers[stage](run.state.x, cls_attn, run.uniform, p)
+        if (
+            spec.fuse
+            and run.uniform is not None
+            and spec.stage_keep(stage, run.uniform, p, run.patches) >= run.uniform - p
+        ):
+            spec = dataclasses.replace(spec, fuse=False)  # EViT drops nothing here, and fuses nothing either
         if run.uniform is not None and spec.static_shapes:
             k = spec.stage_keep(stage, run.uniform, p, run.patches)
             run.state, trace = uniform_prune_stage(run.state, scores, run.uniform, p, k, spec, run.steps)
@@ -414,15 +443,24 @@ class PrunedViT(nn.Module):
             # counts known before the data (evit with fuse on a uniform state): the capacity is exact
             known = run.uniform is not None and spec.descriptor.cut == "count"
             k = spec.stage_keep(stage, run.uniform, p, run.patches) if known else 0
+            keep = self._count_keep(k, run.uniform, p) if known else None
             bound = (p + k if known else run.width) + int(spec.fuse)
-            run.state, trace = capacity_prune_stage(run.state, scores, cls_attn, run.width, bound, p, spec)
+            run.state, trace = capacity_prune_stage(run.state, scores, cls_attn, run.width, bound, p, spec, keep)
             run.uniform = bound if known else None
             run.width = bound
         else:
-            run.state, trace = packed_prune_stage(run.state, scores, cls_attn, run.width, p, spec)
+            keep = None
+            if run.uniform is not None and spec.descriptor.cut == "count":
+                keep = self._count_keep(spec.stage_keep(stage, run.uniform, p, run.patches), run.uniform, p)
+            run.state, trace = packed_prune_stage(run.state, scores, cls_attn, run.width, p, spec, keep)
             run.uniform = None
             run.width += int(spec.fuse)
         run.record(trace)
+
+    def _count_keep(self, k: int, n: int, p: int) -> float | None:
+        """None where the spec's keep gives k of n - p patch rows by the float32 count rule, else the fraction that
+        does (EViT's double-precision ceil can differ by one where keep * patches is whole)."""
+        return None if k == uniform_keep(n, p, self.spec.keep) else count_as_keep(k, n - p)
 
     def _merge(self, run: _Run, metric: torch.Tensor) -> None:
         """A tome stage on run.state (the rows after the block's attention): updates run."""

@@ -25,6 +25,7 @@ __all__ = [
     "ragged_tail",
 ]
 
+
 def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, heads: int, dim: int) -> torch.Tensor:
     """qkv [T, 3*H*D] -> same layout with q_norm / k_norm applied per head (timm's qk_norm)."""
     T = qkv.shape[0]

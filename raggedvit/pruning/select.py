@@ -90,7 +90,9 @@ def pad_scores(scores: torch.Tensor, cu: torch.Tensor, n: torch.Tensor, width: i
     return torch.where(valid & (slot >= num_prefix), s, float("-inf"))
 
 
-def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: PruneSpec) -> Selection:
+def select_tokens(
+    S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: PruneSpec, keep: float | None = None
+) -> Selection:
     """Choose the tokens one stage keeps.
 
     Args:
@@ -98,11 +100,12 @@ def select_tokens(S: torch.Tensor, n: torch.Tensor, num_prefix: int, spec: Prune
         n: [B] int64 tokens per image (prefix included), n_b <= W.
         num_prefix: p, prefix tokens per image (never pruned).
         spec: the policy and its keep / mass.
+        keep: the count rule's fraction instead of spec.keep (raggedvit.pruning.spec.count_as_keep).
 
     Returns:
         Selection(keep [B, W] bool, rank [B, W] int64, k [B] int64).
     """
-    return _select(S, n, num_prefix, select_policy(spec.policy), spec.keep, spec.mass)
+    return _select(S, n, num_prefix, select_policy(spec.policy), spec.keep if keep is None else keep, spec.mass)
 
 
 def select_policy(policy: str) -> int:

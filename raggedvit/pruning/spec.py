@@ -152,10 +152,14 @@ class PruneSpec:
 
     def stage_keep(self, stage: int, n: int, num_prefix: int, patches: int) -> int:
         """Patch rows stage `stage` keeps of an image with n rows, for a policy whose counts are known before the
-        data: ceil(keep * (n - p)) ("count"), or DynamicViT's int(patches * keep^(stage+1)) ("schedule", patches:
-        the patch tokens before any stage)."""
-        if self.descriptor.cut == "schedule":
+        data: ceil(keep * (n - p)) ("count": in float32, `uniform_keep`, or in double precision for EViT's
+        exact_count), or DynamicViT's int(patches * keep^(stage+1)) ("schedule", patches: the patch tokens before
+        any stage)."""
+        desc = self.descriptor
+        if desc.cut == "schedule":
             return schedule_keep(patches, self.keep, stage, n - num_prefix)
+        if desc.exact_count:  # EViT: math.ceil(keep_rate * (N - 1)) on Python floats
+            return min(max(math.ceil(self.keep * (n - num_prefix)), 1), n - num_prefix)
         return uniform_keep(n, num_prefix, self.keep)
 
     @property

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from raggedvit.pruning import PrunedViT, PruneSpec
+from raggedvit.pruning import PruneSpec, build_pruned_vit
 from raggedvit.pruning.backbone import Backbone
 from raggedvit.pruning.flops import image_flops, unpruned_flops
 from raggedvit.sweep.inputs import SweepImages
@@ -32,7 +32,7 @@ class Reference:
 
 def _forward(vit: torch.nn.Module, spec: PruneSpec, images: SweepImages, batch: int, device: str):
     """(logits [N, classes] float32 CPU, token_counts [N, stages] int64 CPU) of PrunedViT(vit, spec)."""
-    model = PrunedViT(vit, spec).eval()
+    model = build_pruned_vit(vit, spec).eval()
     logits, counts = [], []
     with torch.inference_mode():
         for _, x in images.batches(vit, batch):

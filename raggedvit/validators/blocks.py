@@ -26,7 +26,7 @@ import onnx
 import torch
 from torch import nn
 
-from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
+from raggedvit.pruning import PrunedOutput, PruneSpec, build_pruned_vit
 from raggedvit.pruning.packed import kept_token_index
 from raggedvit.validators.errors import ValidationInputError
 
@@ -172,7 +172,7 @@ def run_blocks_reference(
     receives each batch's PrunedOutput (without its block rows)."""
     model_vit = vit if dtype == torch.float32 else copy.deepcopy(vit).to(dtype)
     attention = _attention64 if dtype == torch.float64 else None
-    model = PrunedViT(model_vit.eval(), spec, attention=attention, block_outputs=True)
+    model = build_pruned_vit(model_vit.eval(), spec, attention=attention, block_outputs=True)
     rows, counts, kept, logits = [], [], [], []
     head_k = None
     with torch.no_grad():

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec, backbone_for
+from raggedvit.pruning import PrunedOutput, PruneSpec, backbone_for, build_pruned_vit
 from raggedvit.validators.blocks import BlockReference, block_drift, block_reference, marked_model, run_blocks_onnx
 from raggedvit.validators.errors import ValidationInputError
 from raggedvit.validators.floor import FLOOR_DTYPES, precision_floor
@@ -139,7 +139,7 @@ def validate(
         lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     # one PrunedViT forward over all images for the stage decisions: every cut's margin (eps inf) and kept tokens
     # (the block reference's own when it ran in one batch)
-    pruned = PrunedViT(vit, spec)
+    pruned = build_pruned_vit(vit, spec)
     ref_out = rb.decisions if names_b and spec.prune_at else None
     if ref_out is None and spec.prune_at:
         with torch.no_grad():

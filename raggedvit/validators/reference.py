@@ -112,9 +112,9 @@ def run_reference(vit: nn.Module, spec: PruneSpec, images: torch.Tensor, batch_s
     import torch
     from tqdm import tqdm
 
-    from raggedvit.pruning import PrunedViT
+    from raggedvit.pruning import build_pruned_vit
 
-    model = PrunedViT(vit, spec)
+    model = build_pruned_vit(vit, spec)
     logits, counts = [], []
     chunks = range(0, images.shape[0], batch_size)
     with torch.no_grad():

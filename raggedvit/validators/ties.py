@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
+from raggedvit.pruning import PrunedOutput, PruneSpec, build_pruned_vit
 from raggedvit.pruning.spec import CLS_MASS_EPS
 from raggedvit.validators.report import NearTie, TokenSwap
 
@@ -75,7 +75,7 @@ def find_near_ties(vit: torch.nn.Module, spec: PruneSpec, images: torch.Tensor, 
     The scores, counts and cuts are the ones PrunedViT's own forward decided on (PrunedOutput.stages)."""
     if not spec.descriptor.prunes:
         return []
-    model = PrunedViT(vit, spec)
+    model = build_pruned_vit(vit, spec)
     return stage_margins(model(images), spec, model.num_prefix, eps)
 
 
