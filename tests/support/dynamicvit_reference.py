@@ -82,8 +82,11 @@ def dynamicvit_keep_counts(num_patches: int, rho: float, stages: int = 3) -> tup
 def dynamicvit_predictor_state(embed_dim: int, stages: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
     """A seeded PredictorLG state per stage under DynamicViT's checkpoint names -> {name: float32 tensor}.
 
-    Weights ~ N(0, 4 / fan_in) (far larger than DynamicViT's trunc_normal(0.02) init, so that keep scores spread
-    over nats instead of sitting at log 0.5 as an untrained predictor's do), biases and LayerNorm offsets small."""
+    Linear weights ~ N(0, (1.5^2 or, for the last, 1) / fan_in), far larger than DynamicViT's trunc_normal(0.02)
+    init, so keep scores spread (std ~0.5 nat) instead of sitting at log 0.5 as an untrained predictor's do; the
+    last bias leans to drop (keep -1, drop +1) so that no log-probability saturates at 0, where float32 would tie
+    them. Other biases and the LayerNorm offsets are small.
+    """
     if embed_dim % 4:
         raise ValueError(f"PredictorLG needs embed_dim divisible by 4, got {embed_dim}")
     gen = torch.Generator().manual_seed(seed)
@@ -95,8 +98,10 @@ def dynamicvit_predictor_state(embed_dim: int, stages: int = 3, seed: int = 0) -
         state[pre + "in_conv.0.weight"] = 1 + 0.1 * torch.randn(C, generator=gen)
         state[pre + "in_conv.0.bias"] = 0.1 * torch.randn(C, generator=gen)
         for name, (out_f, in_f) in widths.items():
-            state[pre + name + ".weight"] = torch.randn(out_f, in_f, generator=gen) * (2 / in_f**0.5)
+            gain = 1.0 if name == "out_conv.4" else 1.5
+            state[pre + name + ".weight"] = torch.randn(out_f, in_f, generator=gen) * (gain / in_f**0.5)
             state[pre + name + ".bias"] = 0.1 * torch.randn(out_f, generator=gen)
+        state[pre + "out_conv.4.bias"] += torch.tensor([-1.0, 1.0])  # keep log-probabilities well below 0
     return state
 
 
