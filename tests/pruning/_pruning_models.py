@@ -14,6 +14,7 @@ from raggedvit.weights import load_vit
 MODELS = {
     "deit_tiny": ("deit_tiny_patch16_224", {}),
     "deit_tiny_d3": ("deit_tiny_patch16_224", {"model_kwargs": {"depth": 3}}),
+    "deit_small": ("deit_small_patch16_224", {}),
     "deit_tiny_d4": ("deit_tiny_patch16_224", {"model_kwargs": {"depth": 4}}),
     "vit_small": ("vit_small_patch16_224", {"model_kwargs": {"depth": 6}}),
     "deit_tiny_384": ("deit_tiny_patch16_224", {"img_size": 384, "model_kwargs": {"depth": 4}}),
