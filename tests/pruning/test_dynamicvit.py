@@ -78,8 +78,11 @@ def test_the_predictor_sees_patch_rows_and_averages_their_global_half(ckpt_dir) 
 
 def test_a_checkpoint_without_predictor_keys_is_an_input_error() -> None:
     vit = get_model("deit_tiny")
-    with pytest.raises(PolicyStateError, match=r"policy 'dynamicvit' needs its predictor weights in the checkpoint "
-                       r"\(3 stages under 'score_predictor.<stage>.'\); missing: score_predictor.0.in_conv.0.weight"):
+    with pytest.raises(
+        PolicyStateError,
+        match=r"policy 'dynamicvit' needs its predictor weights in the checkpoint "
+        r"\(3 stages under 'score_predictor.<stage>.'\); missing: score_predictor.0.in_conv.0.weight",
+    ):
         build_pruned_vit(vit, PruneSpec("dynamicvit", (3, 6, 9)))  # fmt: skip
     with pytest.raises(ValueError, match="build the model with raggedvit.pruning.build_pruned_vit"):
         PrunedViT(vit, PruneSpec("dynamicvit", (3, 6, 9)))
@@ -87,8 +90,11 @@ def test_a_checkpoint_without_predictor_keys_is_an_input_error() -> None:
 
 def test_predictors_for_other_stages_are_refused(ckpt_dir) -> None:
     vit = _load("deit_tiny", _checkpoint("deit_tiny", ckpt_dir))
-    with pytest.raises(PolicyStateError, match=r"runs 2 stages \(prune_at \[3, 6\]\); the checkpoint has predictor "
-                       r"keys of no stage: score_predictor.2.in_conv.0.bias"):
+    with pytest.raises(
+        PolicyStateError,
+        match=r"runs 2 stages \(prune_at \[3, 6\]\); the checkpoint has predictor "
+        r"keys of no stage: score_predictor.2.in_conv.0.bias",
+    ):
         build_pruned_vit(vit, PruneSpec("dynamicvit", (3, 6)))  # fmt: skip
 
 

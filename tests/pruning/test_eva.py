@@ -91,7 +91,7 @@ def test_evit_fuse_is_refused_and_evit_runs_after_the_whole_block(no_grad) -> No
     """EViT's fused token passes through its block's MLP: Eva runs its blocks whole, so fuse is refused in one line;
     evit without fuse keeps EViT's rows (the MLP is per row) and prunes after block i."""
     model, x = eva_model("eva02"), eva_images("eva02")
-    with pytest.raises(ValueError, match="policy 'evit' with fuse cannot run Eva: EViT's fused token passes through") as info:
+    with pytest.raises(ValueError, match="policy 'evit' with fuse cannot run Eva: EViT's fused token passes") as info:
         PrunedViT(model, PruneSpec("evit", (0,), keep=0.5, fuse=True))
     assert "\n" not in str(info.value)
     out = PrunedViT(model, PruneSpec("evit", (0,), keep=0.5))(x)
