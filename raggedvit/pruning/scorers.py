@@ -15,6 +15,7 @@ see it as any submodule. `scorer_for` builds a policy's scorer from its descript
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from raggedvit.policies import Policy
@@ -51,11 +52,18 @@ class DynamicVitPredictor(nn.Module):
     """DynamicViT's score predictor (Rao et al., NeurIPS 2021: `PredictorLG`) on a uniform packed state.
 
     in_conv = LayerNorm(C), Linear(C, C), GELU on each patch row; the first C/2 channels stay per token, the last
-    C/2 are averaged over the image's current patch rows (the prefix rows are not the predictor's input); out_conv =
-    Linear(C, C/2), GELU, Linear(C/2, C/4), GELU, Linear(C/4, 2), LogSoftmax. The score of a patch row is its
-    log-probability of "keep" (channel 0); prefix rows score 0 (never read). Submodule names follow DynamicViT's
-    checkpoints (`in_conv.0`, `in_conv.1`, `out_conv.0`, `out_conv.2`, `out_conv.4`), so its stage's state dict loads
-    as saved."""
+    C/2 are averaged over the image's current patch rows (prefix rows excluded); out_conv = Linear(C, C/2), GELU,
+    Linear(C/2, C/4), GELU, Linear(C/4, 2), LogSoftmax, and DynamicViT keeps the rows with the highest log p(keep)
+    (channel 0). Submodule names follow DynamicViT's checkpoints (`in_conv.0`, `in_conv.1`, `out_conv.0`,
+    `out_conv.2`, `out_conv.4`), so a stage's state dict loads as saved.
+
+    The forward computes the same ranking in fewer graph nodes (each a kernel in a CUDA graph): log p(keep) =
+    -softplus(z_drop - z_keep) increases strictly with z_keep - z_drop, so the score is that difference without the
+    constant last bias (one output row, the last Linear's two rows subtracted; no LogSoftmax); the first out_conv
+    Linear on [local, mean of global] is the sum of two Linears whose weights have the other half zeroed, the second
+    on the mean over the patch rows, so neither half nor the broadcast mean is materialised. The folded weights are
+    buffers derived from the parameters whenever a state dict is loaded (`refold`). Prefix rows get scores too (never
+    read)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -70,20 +78,41 @@ class DynamicVitPredictor(nn.Module):
             nn.Linear(dim // 4, 2),
             nn.LogSoftmax(dim=-1),
         )
+        for name in ("w_local", "w_global", "w_keep"):
+            self.register_buffer(name, torch.empty(0), persistent=False)
+        self.refold()
+        self.register_load_state_dict_post_hook(lambda module, keys: module.refold())
+
+    @torch.no_grad()
+    def refold(self) -> None:
+        """Derive the folded weights from the parameters: w_local / w_global [C/2, C] (out_conv.0's weight with the
+        global / local half of its input columns zeroed), w_keep [1, C/4] (out_conv.4's keep row minus its drop
+        row)."""
+        w = self.out_conv[0].weight
+        local = (torch.arange(w.shape[1], device=w.device) < w.shape[1] // 2).to(w.dtype)
+        self.w_local, self.w_global = w * local, w * (1 - local)
+        last = self.out_conv[4].weight
+        self.w_keep = (last[0] - last[1]).unsqueeze(0)
 
     def forward(self, x: torch.Tensor, cls_attn: torch.Tensor | None, n: int | None, num_prefix: int) -> torch.Tensor:
-        """x [B*n, C] (n rows per image, the first p the prefix) -> scores [B*n] float32."""
+        """x [B*n, C] (n rows per image, the first p the prefix) -> scores [B*n] float32 (z_keep - z_drop up to a
+        constant)."""
         if n is None:
             raise ValueError("DynamicViT's predictor runs on a uniform state (every image with the same rows)")
         T, C = x.shape
-        dtype = self.in_conv[1].weight.dtype
-        patches = x.reshape(T // n, n, C)[:, num_prefix:].to(dtype)  # [B, P, C]
-        h = self.in_conv(patches)
-        local, glob = h[..., : C // 2], h[..., C // 2 :]
-        glob = glob.mean(dim=1, keepdim=True).expand_as(glob)  # over the image's current patch rows
-        logp = self.out_conv(torch.cat((local, glob), dim=-1))[..., 0].float()  # [B, P]
-        prefix = logp.new_zeros(T // n, num_prefix)
-        return torch.cat((prefix, logp), dim=1).reshape(T)
+        h = self.in_conv(x.reshape(T // n, n, C).to(self.w_local.dtype))  # [B, n, C]
+        glob = h[:, num_prefix:].mean(dim=1, keepdim=True)  # [B, 1, C] the mean over the patch rows
+        y = F.linear(h, self.w_local, self.out_conv[0].bias) + F.linear(glob, self.w_global)  # [B, n, C/2]
+        a = self.out_conv[3](self.out_conv[2](self.out_conv[1](y)))  # [B, n, C/4]
+        return F.linear(a, self.w_keep).reshape(T).float()
+
+    def log_keep(self, x: torch.Tensor, n: int, num_prefix: int) -> torch.Tensor:
+        """DynamicViT's own score, log p(keep) [B, P] of the patch rows (as published: halves, broadcast mean,
+        LogSoftmax): what `forward`'s ranking equals."""
+        T, C = x.shape
+        h = self.in_conv(x.reshape(T // n, n, C)[:, num_prefix:].to(self.out_conv[0].weight.dtype))
+        glob = h[..., C // 2 :].mean(dim=1, keepdim=True).expand(-1, h.shape[1], -1)
+        return self.out_conv(torch.cat((h[..., : C // 2], glob), dim=-1))[..., 0]
 
 
 def scorer_for(policy: Policy, dim: int) -> nn.Module:

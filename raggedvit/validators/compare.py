@@ -129,7 +129,9 @@ def validate(
     names_b = list(recipe.get("block_outputs") or []) if blocks else []
     names_s = _stage_outputs(recipe, spec)
     graph = onnx.load(str(model_path)) if structure or names_b or names_s else None
-    struct = check_structure(graph, vit, recipe.get("block_outputs")) if structure else None
+    pruned = build_pruned_vit(vit, spec)
+    stage_modules = {b: pruned.scorers[s] for s, b in enumerate(spec.prune_at)}  # a learned scorer's norms and GELUs
+    struct = check_structure(graph, vit, recipe.get("block_outputs"), stage_modules) if structure else None
     if names_b:  # the reference with its block outputs (the same forward; its logits are run_reference's)
         rb = reference_blocks or block_reference(vit, spec, images, dtype, batch_size)
         if len(rb.run.rows) != images.shape[0]:
@@ -139,7 +141,6 @@ def validate(
         lg_r, tc_r = run_reference(vit, spec, images, batch_size, progress)
     # one PrunedViT forward over all images for the stage decisions: every cut's margin (eps inf) and kept tokens
     # (the block reference's own when it ran in one batch)
-    pruned = build_pruned_vit(vit, spec)
     ref_out = rb.decisions if names_b and spec.prune_at else None
     if ref_out is None and spec.prune_at:
         with torch.no_grad():

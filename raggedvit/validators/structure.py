@@ -292,10 +292,13 @@ def _collect(modules: Iterable[tuple[str, nn.Module]], facts: _Facts, *, kinds: 
             facts.attention.append((heads, scale))
 
 
-def reference_facts(vit: nn.Module, by_block: bool) -> tuple[dict[int | None, _Facts], _Patch]:
+def reference_facts(
+    vit: nn.Module, by_block: bool, stage_modules: dict[int, nn.Module] | None = None
+) -> tuple[dict[int | None, _Facts], _Patch]:
     """The reference's attributes per group: block b's modules for block b (block 0 also gets the norm epsilons and
     GELU flavours of the modules outside the blocks, which holds the ones that run before them, as norm_pre), every
-    module outside the blocks for the head; one group None of every module when not `by_block`."""
+    module outside the blocks for the head; one group None of every module when not `by_block`. stage_modules: per
+    block b, a pruning stage's module that runs in b's group (its norms and GELUs join b's)."""
     from torch import nn
 
     from raggedvit.pruning import backbone_for
@@ -311,8 +314,12 @@ def reference_facts(vit: nn.Module, by_block: bool) -> tuple[dict[int | None, _F
         if blocks:
             _collect(outside, facts[0], kinds="norms")
         _collect(outside, facts.setdefault(len(blocks), _Facts()))
+        for b, module in (stage_modules or {}).items():
+            _collect(module.named_modules(), facts.setdefault(b, _Facts()), kinds="norms")
     else:
         _collect(vit.named_modules(), facts.setdefault(None, _Facts()))
+        for module in (stage_modules or {}).values():
+            _collect(module.named_modules(), facts[None], kinds="norms")
     pe = getattr(vit, "patch_embed", None)
     proj = getattr(pe, "proj", None)
     patch = _Patch()
@@ -339,12 +346,19 @@ def _eps_match(value: float, dtype: Any, ref: list[tuple[float, Any]]) -> bool:
     return any(np.asarray(r, dtype=dt) == np.asarray(value, dtype=dt) for r, _ in ref)
 
 
-def check_structure(model: onnx.ModelProto, vit: nn.Module, block_outputs: list[str] | None) -> StructureReport:
+def check_structure(
+    model: onnx.ModelProto,
+    vit: nn.Module,
+    block_outputs: list[str] | None,
+    stage_modules: dict[int, nn.Module] | None = None,
+) -> StructureReport:
     """Compare the export `model` (with its initializers) with the reference `vit`; block_outputs: the recipe's
-    "block_outputs" (per block, its output tensor's name), None or [] for exports without them."""
+    "block_outputs" (per block, its output tensor's name), None or [] for exports without them; stage_modules: per
+    block, the module of the pruning stage that runs in its group (PrunedViT.scorers: DynamicViT's predictor before
+    block b has its own LayerNorm and GELUs)."""
     names = list(block_outputs or [])
     got, got_patch = graph_facts(model, names)
-    ref, ref_patch = reference_facts(vit, by_block=bool(names))
+    ref, ref_patch = reference_facts(vit, by_block=bool(names), stage_modules=stage_modules)
     depth = len(names)
     report = StructureReport()
     if not names:
