@@ -74,9 +74,12 @@ class Backbone:
     # (PrunedViT asks for it per block, see its `ragged_linear`; backbones without support refuse it)
     supports_ragged_linear: ClassVar[bool] = False
     # whether the backbone runs a block in two halves, `attend` then `feed_forward`, with an in-block stage between
-    # them (tome's merge, evit's pruning: policies whose stages run "inside" a block) and takes `key_bias` (ToMe's
-    # proportional attention, log(size)); backbones without it refuse those policies, saying why
+    # them (evit's pruning: a policy whose stages run "inside" a block); backbones without them run evit without
+    # fuse after the whole block and refuse fuse, saying why
     supports_halves: ClassVar[bool] = False
+    # whether `attend` takes `metric` and `key_bias` (policy tome: ToMe's key similarity and proportional attention,
+    # log(size)); backbones without it refuse tome, saying why
+    supports_merge: ClassVar[bool] = False
     merge_refusal: ClassVar[str] = "this model family has no token merging path"
 
     def __init__(self, model: nn.Module) -> None:
@@ -125,9 +128,15 @@ class Backbone:
         backbones with supports_ragged_linear). Backbones whose `head_rows` gives rows also take `out_rows=(rows
         [R] int64, cu [B+1] int64)` (the last block only, never with return_cls_attn): every row attends as usual,
         the rest of the block runs on `rows` alone, and x' is [R, C] (cu: its images' rows).
-        Backbones with supports_halves also take `key_bias` ([T] float32 added to every score of its key: ToMe's
-        proportional attention, log(size))."""
-        raise NotImplementedError
+        Backbones with supports_merge also take `key_bias` ([T] float32 added to every score of its key: ToMe's
+        proportional attention, log(size)). The default runs the two halves (backbones with supports_halves)."""
+        if ragged_linear:
+            raise ValueError(f"{type(self).__name__} has no ragged linear path")
+        att = self.attend(
+            index, state, max_seqlen=max_seqlen, return_cls_attn=return_cls_attn, metric=False, attention=attention
+        )
+        x = self.feed_forward(index, state._replace(x=att.x))
+        return (x, att.cls_attn) if return_cls_attn else x
 
     def attend(
         self,
@@ -142,8 +151,8 @@ class Backbone:
         key_bias: torch.Tensor | None = None,
     ) -> Attended:
         """The first half of blocks[index] (backbones with supports_halves): state.x [T, C] -> Attended: the residual
-        stream after the attention [T, C], the block's cls_attn [T] float32 (return_cls_attn) and its keys averaged
-        over heads [T, D] float32 (metric). Every row is live."""
+        stream after the attention [T, C], the block's cls_attn [T] float32 (return_cls_attn) and, with
+        supports_merge, its keys averaged over heads [T, D] float32 (metric). Every row is live."""
         raise NotImplementedError
 
     def feed_forward(

@@ -334,7 +334,7 @@ def backbone_refusal(spec: PruneSpec, backbone: Backbone) -> str | None:
     """Why `spec` cannot run on `backbone` (the reason alone, one line), or None: a stage inside a block needs a
     backbone that runs its blocks in two halves, except EViT's without fuse (its MLP is per row: pruning after the
     whole block keeps the same rows)."""
-    if spec.merges and not backbone.supports_halves:
+    if spec.merges and not backbone.supports_merge:
         return backbone.merge_refusal
     if spec.fuse and not backbone.supports_halves:
         return (

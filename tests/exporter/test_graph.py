@@ -44,9 +44,10 @@ def test_graph_structure(deit_tiny_d6, spec):
     assert all(len(producers[a.input[0]].input) == 2 for a in attn)
     attrs = {a.name: helper.get_attribute_value(a) for a in attn[0].attribute}
     assert attrs["num_heads"] == 3 and attrs["scale"] == pytest.approx(deit_tiny_d6.blocks[0].attn.scale)
-    # cls_attn is requested exactly from the blocks before a stage of evit / cls-mass
+    # cls_attn is requested exactly from the blocks that rank a stage: the block before it (cls-mass), its own (evit)
     with_cls = [i for i, a in enumerate(attn) if len(a.output) == 2 and a.output[1]]
-    assert with_cls == ([i - 1 for i in spec.prune_at] if spec.needs_cls_attn else [])
+    shift = 0 if spec.descriptor.where == "inside" else 1
+    assert with_cls == ([i - shift for i in spec.prune_at] if spec.needs_cls_attn else [])
     # the fusions: one BiasGelu per block; proj + res1 + norm2 always, fc2 + res2 + the next norm1 unless a stage
     # (which gathers rows first) or the head follows
     assert ops["BiasGelu"] == depth and "Gelu" not in ops

@@ -87,15 +87,11 @@ def test_two_stages_and_mixed_rope_per_block(no_grad) -> None:
         _assert_rel(out.logits[b : b + 1], _kept_timm(model, x[b : b + 1], stages))
 
 
-def test_evit_fuse_is_refused_and_evit_runs_after_the_whole_block(no_grad) -> None:
-    """EViT's fused token passes through its block's MLP: Eva runs its blocks whole, so fuse is refused in one line;
-    evit without fuse keeps EViT's rows (the MLP is per row) and prunes after block i."""
+def test_evit_fuse_runs_and_leaves_the_fused_row_unrotated(no_grad) -> None:
     model, x = eva_model("eva02"), eva_images("eva02")
-    with pytest.raises(ValueError, match="policy 'evit' with fuse cannot run Eva: EViT's fused token passes") as info:
-        PrunedViT(model, PruneSpec("evit", (0,), keep=0.5, fuse=True))
-    assert "\n" not in str(info.value)
-    out = PrunedViT(model, PruneSpec("evit", (0,), keep=0.5))(x)
-    assert out.token_counts[:, 0].tolist() == [1 + 8] * x.shape[0] and torch.isfinite(out.logits).all()
+    out = PrunedViT(model, PruneSpec("evit", (1,), keep=0.5, fuse=True))(x)
+    (token_index,) = out.token_index
+    assert int((token_index == -1).sum()) == x.shape[0] and torch.isfinite(out.logits).all()
 
 
 def test_backbone_attributes() -> None:

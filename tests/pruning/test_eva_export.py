@@ -13,7 +13,7 @@ from raggedvit.pruning import PrunedViT, PruneSpec
 from raggedvit.runtime import create_session
 
 CASES = [
-    ("post_norm", PruneSpec("evit", (0,), keep=0.5)),  # qkv bias into the op, post-norm; evit after block 0
+    ("post_norm", PruneSpec("evit", (1,), keep=0.5, fuse=True)),  # qkv bias into the op, post-norm
     ("eva02_clip", PruneSpec("cls-mass", (1,), mass=0.7)),  # separate q/k/v, sub-LN, rope
     ("sapiens2", PruneSpec("topk-l2", (1,), keep=0.5)),  # grouped k/v, qk norm, RmsNorm, registers
     ("reg1_gap_gated", PruneSpec("topk-l2", (1,), keep=0.4)),  # no class token, gate

@@ -102,6 +102,25 @@ def eva_block_forward(
     Returns:
         x' [T, C] (and cls_attn [T] float32).
     """
+    x, cls_attn = eva_attend(
+        block, x, cu_seqlens, rope, max_seqlen=max_seqlen, return_cls_attn=return_cls_attn, attention=attention
+    )
+    x = eva_feed_forward(block, x)
+    return (x, cls_attn) if return_cls_attn else x
+
+
+def eva_attend(
+    block: nn.Module,
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    rope: torch.Tensor | None,
+    *,
+    max_seqlen: int,
+    return_cls_attn: bool = False,
+    attention: AttentionFn | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention half of eva_block_forward: (x + gamma_1 * attn(norm1(x)), or x + norm1(attn(x)) post-norm,
+    [T, C]; cls_attn [T] float32 or None). Arguments as eva_block_forward."""
     attn = block.attn
     post = isinstance(block, EvaBlockPostNorm)
     h = x if post else block.norm1(x)
@@ -112,18 +131,21 @@ def eva_block_forward(
     if attn.gate is not None:
         o = o * attn.gate(h.to(o.dtype)).sigmoid()
     o = attn.proj_drop(attn.proj(o))
-    if post:  # x + norm1(attn(x)), x + norm2(mlp(x))
-        x = x + block.drop_path1(block.norm1(o.to(module_dtype(block.norm1, x.dtype))).to(x.dtype))
+    if post:
+        return x + block.drop_path1(block.norm1(o.to(module_dtype(block.norm1, x.dtype))).to(x.dtype)), cls_attn
+    o = o.to(x.dtype)
+    if block.gamma_1 is not None:
+        o = block.gamma_1 * o
+    return x + block.drop_path1(o), cls_attn
+
+
+def eva_feed_forward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The MLP half of eva_block_forward: x + gamma_2 * mlp(norm2(x)), or x + norm2(mlp(x)) post-norm."""
+    if isinstance(block, EvaBlockPostNorm):
         m = block.mlp(x.to(module_dtype(block.mlp, x.dtype)))
-        x = x + block.drop_path2(block.norm2(m.to(module_dtype(block.norm2, x.dtype))).to(x.dtype))
-    else:
-        o = o.to(x.dtype)
-        if block.gamma_1 is not None:
-            o = block.gamma_1 * o
-        x = x + block.drop_path1(o)
-        h2 = block.norm2(x)
-        m = block.mlp(h2.to(module_dtype(block.mlp, h2.dtype))).to(x.dtype)
-        if block.gamma_2 is not None:
-            m = block.gamma_2 * m
-        x = x + block.drop_path2(m)
-    return (x, cls_attn) if return_cls_attn else x
+        return x + block.drop_path2(block.norm2(m.to(module_dtype(block.norm2, x.dtype))).to(x.dtype))
+    h2 = block.norm2(x)
+    m = block.mlp(h2.to(module_dtype(block.mlp, h2.dtype))).to(x.dtype)
+    if block.gamma_2 is not None:
+        m = block.gamma_2 * m
+    return x + block.drop_path2(m)

@@ -16,7 +16,7 @@ from torch import nn
 
 from raggedvit.kernels import ragged_attention
 from raggedvit.pruning._model import patch_embed
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
+from raggedvit.pruning.backbone import Attended, AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.families.vit import padded_pool
 from raggedvit.pruning.relpos import beit_table
 from raggedvit.pruning.select import pad_rows, padded_slots
@@ -83,6 +83,7 @@ class BeitBackbone(Backbone):
     layer scale, per-block and/or shared relative position bias), 'avg' (with fc_norm) or 'token' pooling."""
 
     model_classes = (Beit,)
+    supports_halves = True
     merge_refusal = (
         "BEiT's relative position bias is looked up by each token's grid cell, and a merged token (several cells) "
         "has none; use topk-l2, evit or cls-mass"
@@ -108,17 +109,21 @@ class BeitBackbone(Backbone):
             x = x + m.pos_embed.to(x.dtype)
         return m.pos_drop(x)
 
-    def block(
+    def attend(
         self,
         index: int,
         state: PackedState,
         *,
         max_seqlen: int,
         return_cls_attn: bool,
+        metric: bool,
         attention: AttentionFn | None,
         ragged_linear: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """timm.models.beit.Block.forward on packed rows: x [T, C] -> x' [T, C] (, cls_attn [T] f32)."""
+        key_bias: torch.Tensor | None = None,
+    ) -> Attended:
+        """The attention half of timm.models.beit.Block on packed rows: x + gamma_1 * attn(norm1(x))."""
+        if metric or key_bias is not None or ragged_linear:
+            raise ValueError(f"{type(self).__name__}: {self.merge_refusal}")
         blk = self.model.blocks[index]
         attn = blk.attn
         x = state.x
@@ -140,10 +145,16 @@ class BeitBackbone(Backbone):
         )
         o, cls_attn = res if return_cls_attn else (res, None)
         o = attn.proj_drop(attn.proj(o)).to(x.dtype)
-        x = x + blk.drop_path1(o if blk.gamma_1 is None else blk.gamma_1.to(x.dtype) * o)
+        return Attended(x + blk.drop_path1(o if blk.gamma_1 is None else blk.gamma_1.to(x.dtype) * o), cls_attn)
+
+    def feed_forward(
+        self, index: int, state: PackedState, *, ragged_linear: bool = False, dead_rows: bool = False
+    ) -> torch.Tensor:
+        """The MLP half: x + gamma_2 * mlp(norm2(x))."""
+        blk = self.model.blocks[index]
+        x = state.x
         m = blk.mlp(blk.norm2(x).to(module_dtype(blk.mlp, x.dtype))).to(x.dtype)
-        x = x + blk.drop_path2(m if blk.gamma_2 is None else blk.gamma_2.to(x.dtype) * m)
-        return (x, cls_attn) if return_cls_attn else x
+        return x + blk.drop_path2(m if blk.gamma_2 is None else blk.gamma_2.to(x.dtype) * m)
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:
         return token_or_avg_head(self.model, state, width, self.num_prefix)

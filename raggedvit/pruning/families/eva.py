@@ -19,8 +19,8 @@ from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddi
 from timm.models.eva import Eva
 
 from raggedvit.pruning._model import POOLS, patch_embed
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
-from raggedvit.pruning.families._eva_block import ATTENTIONS, BLOCKS, eva_block_forward
+from raggedvit.pruning.backbone import Attended, AttentionFn, Backbone, PackedState, module_dtype
+from raggedvit.pruning.families._eva_block import ATTENTIONS, BLOCKS, eva_attend, eva_block_forward, eva_feed_forward
 from raggedvit.pruning.families.vit import padded_pool
 from raggedvit.pruning.rope import extend_rope_table, rope_rows
 from raggedvit.pruning.select import pad_rows, padded_slots
@@ -74,6 +74,7 @@ class EvaBackbone(Backbone):
     the same forward: [Np + 1, 2D], or [depth, H, Np + 1, 2D] for mixed rope (row 0 the identity)."""
 
     model_classes = (Eva,)
+    supports_halves = True
     merge_refusal = (
         "Eva blocks rotate q and k by each token's grid position (rope), and a merged token (several positions) has "
         "none; use topk-l2, evit or cls-mass"
@@ -84,15 +85,22 @@ class EvaBackbone(Backbone):
         check_eva(model)
         self.num_prefix = int(model.num_prefix_tokens)
         self.has_class_token = model.cls_token is not None
-        self._rope: torch.Tensor | None = None
+        self._rope_table: torch.Tensor | None = None
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] -> tokens [B, N, C]: patch embedding, class / register tokens, absolute position
         embedding, norm_pre (timm's `_pos_embed`); also sets the rope table of this forward."""
         m = self.model
         x, rope = m._pos_embed(patch_embed(m.patch_embed, images))
-        self._rope = None if rope is None else extend_rope_table(rope)
+        self._rope_table = None if rope is None else extend_rope_table(rope)
         return m.norm_pre(x)
+
+    def _rope(self, index: int, state: PackedState) -> torch.Tensor | None:
+        """The rows' rotary sin | cos for blocks[index] ([T, 1 or H, 2D]), or None without rope."""
+        if self._rope_table is None:
+            return None
+        table = self._rope_table[index] if self.model.rope_mixed else self._rope_table
+        return rope_rows(table, state.token_index, self.num_prefix)
 
     def block(
         self,
@@ -104,19 +112,40 @@ class EvaBackbone(Backbone):
         attention: AttentionFn | None,
         ragged_linear: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        rope = None
-        if self._rope is not None:
-            table = self._rope[index] if self.model.rope_mixed else self._rope
-            rope = rope_rows(table, state.token_index, self.num_prefix)
         return eva_block_forward(
             self.model.blocks[index],
             state.x,
             state.cu,
-            rope,
+            self._rope(index, state),
             max_seqlen=max_seqlen,
             return_cls_attn=return_cls_attn,
             attention=attention,
         )
+
+    def attend(
+        self,
+        index: int,
+        state: PackedState,
+        *,
+        max_seqlen: int,
+        return_cls_attn: bool,
+        metric: bool,
+        attention: AttentionFn | None,
+        ragged_linear: bool = False,
+        key_bias: torch.Tensor | None = None,
+    ) -> Attended:
+        if metric or key_bias is not None or ragged_linear:
+            raise ValueError(f"{type(self).__name__}: {self.merge_refusal}")
+        x, cls_attn = eva_attend(
+            self.model.blocks[index], state.x, state.cu, self._rope(index, state), max_seqlen=max_seqlen,
+            return_cls_attn=return_cls_attn, attention=attention,
+        )  # fmt: skip
+        return Attended(x, cls_attn)
+
+    def feed_forward(
+        self, index: int, state: PackedState, *, ragged_linear: bool = False, dead_rows: bool = False
+    ) -> torch.Tensor:
+        return eva_feed_forward(self.model.blocks[index], state.x)
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:
         """Final norm, pooling per image (prefix rows excluded from avg / max, as timm; 'map' attention pooling

@@ -17,7 +17,7 @@ from timm.models.vision_transformer_relpos import (
 from torch import nn
 
 from raggedvit.pruning._model import patch_embed
-from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState, module_dtype
+from raggedvit.pruning.backbone import Attended, AttentionFn, Backbone, PackedState, module_dtype
 from raggedvit.pruning.families.beit import attend, check_head, token_or_avg_head
 from raggedvit.pruning.packed_block import _apply_qk_norm
 from raggedvit.pruning.relpos import relpos_table
@@ -31,6 +31,7 @@ class RelPosBackbone(Backbone):
     'token' pooling."""
 
     model_classes = (VisionTransformerRelPos,)
+    supports_halves = True
     merge_refusal = (
         "its relative position bias is looked up by each token's grid cell, and a merged token (several cells) has "
         "none; use topk-l2, evit or cls-mass"
@@ -87,31 +88,44 @@ class RelPosBackbone(Backbone):
         o, cls_attn = res if return_cls_attn else (res, None)
         return attn.proj_drop(attn.proj(o)), cls_attn
 
-    def block(
+    def attend(
         self,
         index: int,
         state: PackedState,
         *,
         max_seqlen: int,
         return_cls_attn: bool,
+        metric: bool,
         attention: AttentionFn | None,
         ragged_linear: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """RelPosBlock / ResPostRelPosBlock.forward on packed rows: x [T, C] -> x' [T, C] (, cls_attn [T] f32)."""
+        key_bias: torch.Tensor | None = None,
+    ) -> Attended:
+        """The attention half of RelPosBlock / ResPostRelPosBlock on packed rows: x + ls1(attn(norm1(x))), or
+        x + norm1(attn(x)) post-norm."""
+        if metric or key_bias is not None or ragged_linear:
+            raise ValueError(f"{type(self).__name__}: {self.merge_refusal}")
+        blk = self.model.blocks[index]
+        x = state.x
+        if type(blk) is ResPostRelPosBlock:
+            o, cls_attn = self._attention(blk.attn, x, state, max_seqlen, return_cls_attn, attention)
+            x = x + blk.drop_path1(blk.norm1(o.to(module_dtype(blk.norm1, x.dtype))).to(x.dtype))
+        else:
+            o, cls_attn = self._attention(blk.attn, blk.norm1(x), state, max_seqlen, return_cls_attn, attention)
+            x = x + blk.drop_path1(blk.ls1(o.to(x.dtype)))
+        return Attended(x, cls_attn)
+
+    def feed_forward(
+        self, index: int, state: PackedState, *, ragged_linear: bool = False, dead_rows: bool = False
+    ) -> torch.Tensor:
+        """The MLP half: x + ls2(mlp(norm2(x))), or x + norm2(mlp(x)) post-norm."""
         blk = self.model.blocks[index]
         x = state.x
         mlp_dtype = module_dtype(blk.mlp, x.dtype)
-        if type(blk) is ResPostRelPosBlock:  # x + norm1(attn(x)); x + norm2(mlp(x))
-            o, cls_attn = self._attention(blk.attn, x, state, max_seqlen, return_cls_attn, attention)
-            x = x + blk.drop_path1(blk.norm1(o.to(module_dtype(blk.norm1, x.dtype))).to(x.dtype))
+        if type(blk) is ResPostRelPosBlock:
             m = blk.mlp(x.to(mlp_dtype))
-            x = x + blk.drop_path2(blk.norm2(m.to(module_dtype(blk.norm2, x.dtype))).to(x.dtype))
-        else:  # x + ls1(attn(norm1(x))); x + ls2(mlp(norm2(x)))
-            o, cls_attn = self._attention(blk.attn, blk.norm1(x), state, max_seqlen, return_cls_attn, attention)
-            x = x + blk.drop_path1(blk.ls1(o.to(x.dtype)))
-            m = blk.mlp(blk.norm2(x).to(mlp_dtype))
-            x = x + blk.drop_path2(blk.ls2(m.to(x.dtype)))
-        return (x, cls_attn) if return_cls_attn else x
+            return x + blk.drop_path2(blk.norm2(m.to(module_dtype(blk.norm2, x.dtype))).to(x.dtype))
+        m = blk.mlp(blk.norm2(x).to(mlp_dtype))
+        return x + blk.drop_path2(blk.ls2(m.to(x.dtype)))
 
     def head(self, state: PackedState, width: int) -> torch.Tensor:
         return token_or_avg_head(self.model, state, width, self.num_prefix)

@@ -21,6 +21,7 @@ class ViTBackbone(Backbone):
     model_classes = (VisionTransformer,)
     supports_ragged_linear = True
     supports_halves = True
+    supports_merge = True
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__(model)
