@@ -11,9 +11,11 @@ the first p of them prefix tokens: class, distillation, registers, which never m
    r = `merged_count` = min(r, (n - p) // 2).
 3. Size-weighted average: each row carries its size (tokens merged into it, float32); a B row's new value is
    (x_B s_B + sum of x_a s_a merged into it) / (s_B + sum of s_a), its size the denominator.
-4. The new rows per image: the prefix rows, the unmerged A rows in position order, then every B row in position
-   order (ToMe's [unmerged, destinations] with the class token first); each row keeps the token index of the token
-   it is named after (a B row: its own; the destination of a merge names the merged row).
+4. The new rows per image: the prefix rows, the unmerged A rows, then every B row in position order (ToMe's
+   [unmerged, destinations]). With a class token, ToMe sorts the unmerged rows back into position order (to keep
+   the class token first); without one it leaves them in the matching's order, most similar edge first, which sets
+   the next block's A / B split: both as ToMe's code does. Each row keeps the token index of the token it is named
+   after (a B row: its own; the destination of a merge names the merged row).
 The next block adds log(size) of each key to its attention scores (proportional attention, the ragged op's
 key_bias). Static shapes: the counts depend on n, p and r only, so a tome export runs as a CUDA graph. No scatter:
 the sums of step 3 are a batched product with a one-hot [n_B, r] matrix per image (ONNX Runtime's CPU ScatterND with
@@ -52,7 +54,8 @@ class Matching(NamedTuple):
     """One merge decision for B images (n_A, n_B: the sizes of sets A and B; r: the rows merged per image).
 
     merged [B, r] int64: the A indices (0..n_A-1) that merge, most similar first; dst [B, r] int64: the B index each
-    merges into; kept [B, n_A - r] int64: the A indices that stay, ascending; score [B, n_A] float32: each A row's
+    merges into; kept [B, n_A - r] int64: the A indices that stay, ascending (with a class token) or most similar
+    first (without: ToMe's order); score [B, n_A] float32: each A row's
     best cosine similarity to B (the scores the r best are chosen by)."""
 
     merged: torch.Tensor
@@ -61,8 +64,9 @@ class Matching(NamedTuple):
     score: torch.Tensor
 
 
-def bipartite_soft_matching(metric: torch.Tensor, num_prefix: int, r: int) -> Matching:
-    """ToMe's matching of step 2. metric [B, n, D] (any float dtype; float32 arithmetic); r <= merged_count(n, p, r)."""
+def bipartite_soft_matching(metric: torch.Tensor, num_prefix: int, r: int, *, class_token: bool = True) -> Matching:
+    """ToMe's matching of step 2. metric [B, n, D] (any float dtype; float32 arithmetic); r <= merged_count(n, p, r).
+    class_token: the model has one (the kept A rows in position order; else in the matching's order, step 4)."""
     B, n, _ = metric.shape
     a0, b0 = merge_sets(n, num_prefix)
     m = metric.to(torch.float32)
@@ -71,7 +75,7 @@ def bipartite_soft_matching(metric: torch.Tensor, num_prefix: int, r: int) -> Ma
     score, best = scores.max(dim=2)  # ties: the first (lowest) B index
     order = torch.sort(score, dim=1, descending=True, stable=True).indices  # [B, n_A]
     merged = order[:, :r]
-    kept = torch.sort(order[:, r:], dim=1).values
+    kept = torch.sort(order[:, r:], dim=1).values if class_token else order[:, r:]
     return Matching(merged, best.gather(1, merged), kept, score)
 
 

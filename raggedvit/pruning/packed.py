@@ -293,6 +293,7 @@ def merge_stage(
     num_prefix: int,
     r: int,
     steps: torch.Tensor,
+    class_token: bool = True,
 ) -> tuple[PackedState, torch.Tensor, StageTrace]:
     """One tome stage (raggedvit/pruning/merge.py) on a uniform state of n rows per image.
 
@@ -303,6 +304,7 @@ def merge_stage(
         n, num_prefix, r: rows per image, prefix rows p, the spec's r (merged_count(n, p, r) rows merge).
         steps: [B+1] int64 = 0..B (the merged state's cu is steps * m: one Mul in the graph, where cu // n * m
             would trace a floor division).
+        class_token: the model has a class token (ToMe then keeps the unmerged rows in position order).
 
     Returns:
         (the merged state, uniform with m = n - merged_count rows per image; its sizes [B*m] float32; StageTrace).
@@ -312,7 +314,7 @@ def merge_stage(
     m = n - r_eff
     if size is None:
         size = torch.ones(T, dtype=torch.float32, device=state.x.device)
-    match = bipartite_soft_matching(metric.reshape(-1, n, metric.shape[1]), num_prefix, r_eff)
+    match = bipartite_soft_matching(metric.reshape(-1, n, metric.shape[1]), num_prefix, r_eff, class_token=class_token)
     x, new_size = merge_rows(state.x.reshape(-1, n, C), size.reshape(-1, n), match, num_prefix)
     rows = torch.arange(T, device=state.x.device)
     src = carry_rows(rows.reshape(-1, n), match, num_prefix).reshape(-1)  # the row each merged row is named after
@@ -466,7 +468,9 @@ class PrunedViT(nn.Module):
         """A tome stage on run.state (the rows after the block's attention): updates run."""
         p, r = self.num_prefix, self.spec.r
         assert run.uniform is not None
-        run.state, run.size, trace = merge_stage(run.state, run.size, metric, run.uniform, p, r, run.steps)
+        run.state, run.size, trace = merge_stage(
+            run.state, run.size, metric, run.uniform, p, r, run.steps, self.backbone.has_class_token
+        )
         run.uniform = run.width = run.uniform - merged_count(run.uniform, p, r)
         run.record(trace, run.size)
 
