@@ -98,3 +98,36 @@ def test_dynamicvit_without_predictor_keys_and_under_another_policy(tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert "note: the checkpoint's dynamicvit predictor (30 keys: score_predictor.0.in_conv.0.bias, ...)" in res.stderr
     assert "is ignored by --policy topk-l2; its backbone is loaded" in res.stderr
+
+
+def test_a_tome_checkpoint_as_its_training_saves_it_exports_with_tome(tmp_path: Path) -> None:
+    """ToMe's fine-tuned DeiTs are timm state dicts saved by DeiT's training script: {"model", "optimizer",
+    "lr_scheduler", "epoch", "scaler", "args" (an argparse Namespace)}. It loads with --policy tome, and the export
+    equals ToMe's code (tests/support/tome_reference.py) on the CPU EP."""
+    import argparse
+
+    from tests.support.tome_reference import tome_reference_forward
+
+    name = "deit_tiny_patch16_224"
+    vit = _model(name)
+    saved = {
+        "model": vit.state_dict(),
+        "optimizer": {"state": {}, "param_groups": [{"lr": 1e-5, "weight_decay": 0.05, "params": [0, 1]}]},
+        "lr_scheduler": {"last_epoch": 29},
+        "epoch": 29,
+        "scaler": {"scale": 65536.0, "growth_factor": 2.0},
+        "args": argparse.Namespace(model=name, r=8, lr=1e-5, epochs=30),
+    }
+    torch.save(saved, tmp_path / "tome_deit.pth")
+    out = tmp_path / "tome.onnx"
+    res = run_cli("export", name, "--checkpoint", str(tmp_path / "tome_deit.pth"), "--policy", "tome", "--r", "8",
+                  "-o", str(out))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    loaded, info = load_vit(name, checkpoint=tmp_path / "tome_deit.pth")
+    assert info.source == "checkpoint"
+    x = _images(loaded)
+    logits, counts = create_session(out).run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        ref = tome_reference_forward(loaded, x, 8)
+    assert counts.tolist() == [[t.shape[1] for t in ref.token_index]] * x.shape[0]
+    assert _rel(logits, ref.logits) <= 1e-5
