@@ -28,12 +28,15 @@ from raggedvit.weights import load_vit, perturb_biases_and_norms_
 
 __all__ = [
     "BASE_SPEC",
+    "DYNAMICVIT_MUTANTS",
+    "DYNAMICVIT_SPEC",
     "MUTANTS",
     "MUTATED_BLOCK",
     "TOME_MUTANTS",
     "TOME_SPEC",
     "Mutant",
     "export_mutant",
+    "seeded_predictor_state",
     "write_base_checkpoint",
 ]
 
@@ -235,12 +238,84 @@ TOME_MUTANTS = [
 ]
 
 
-def write_base_checkpoint(path: Path, seed: int = 0) -> tuple[VisionTransformer, dict]:
+# DynamicViT's schedule at its published blocks: 196 patches -> 137, 96, 67 (int(196 * 0.7^(s+1)))
+DYNAMICVIT_SPEC = PruneSpec("dynamicvit", (3, 6, 9), keep=0.7)
+
+
+def seeded_predictor_state(dim: int, stages: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded DynamicViT predictors under its checkpoint names (`score_predictor.{s}.…`), with weights large enough
+    that the keep scores spread (an untrained predictor's sit at log 0.5, tied in float32)."""
+    from raggedvit.pruning.scorers import DynamicVitPredictor
+
+    gen = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    for s in range(stages):
+        predictor = DynamicVitPredictor(dim)
+        for name, p in predictor.state_dict().items():
+            if name.endswith("weight") and p.dim() == 2:
+                value = torch.randn(p.shape, generator=gen) * (1.5 / p.shape[1] ** 0.5)
+            elif name.startswith("in_conv.0.weight"):
+                value = 1 + 0.1 * torch.randn(p.shape, generator=gen)
+            else:
+                value = 0.1 * torch.randn(p.shape, generator=gen)
+            state[f"score_predictor.{s}.{name}"] = value
+    return state
+
+
+def _nudge_predictor(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    """One predictor weight x1.05 (stage 0's second out_conv Linear)."""
+    from raggedvit.pruning.factory import policy_state, set_policy_state
+
+    state = policy_state(vit)
+    state["score_predictor.0.out_conv.2.weight"] = state["score_predictor.0.out_conv.2.weight"] * 1.05
+    set_policy_state(vit, state)
+    return spec
+
+
+def _stages_swapped(vit: VisionTransformer, spec: PruneSpec) -> PruneSpec:
+    """Stage 0 runs stage 1's predictor and stage 1 stage 0's."""
+    from raggedvit.pruning.factory import policy_state, set_policy_state
+
+    swap = {"score_predictor.0.": "score_predictor.1.", "score_predictor.1.": "score_predictor.0."}
+    state = {next((swap[p] + k[len(p) :] for p in swap if k.startswith(p)), k): v for k, v in policy_state(vit).items()}
+    set_policy_state(vit, state)
+    return spec
+
+
+def _global_half_per_token():
+    """The predictor's global half is not averaged over the image's patch rows: each row keeps its own."""
+    import torch.nn.functional as F
+
+    from raggedvit.pruning.scorers import DynamicVitPredictor
+
+    def forward(self, x, cls_attn, n, num_prefix):
+        T, C = x.shape
+        h = self.in_conv(x.reshape(T // n, n, C).to(self.w_local.dtype))
+        y = F.linear(h, self.w_local, self.out_conv[0].bias) + F.linear(h, self.w_global)
+        a = self.out_conv[3](self.out_conv[2](self.out_conv[1](y)))
+        return F.linear(a, self.w_keep).reshape(T).float()
+
+    return mock.patch.object(DynamicVitPredictor, "forward", forward)
+
+
+# learned-predictor faults, validated against DYNAMICVIT_SPEC on a DynamicViT checkpoint (the base one + predictors)
+DYNAMICVIT_MUTANTS = [
+    Mutant("dynamicvit_predictor_weight_x1.05", _nudge_predictor, "stage 0 (block 3) kept"),
+    Mutant("dynamicvit_global_half_not_averaged", _same, "stage 0 (block 3) kept", patch=_global_half_per_token),
+    Mutant("dynamicvit_stages_swapped", _stages_swapped, "stage 0 (block 3) kept"),
+]
+
+
+def write_base_checkpoint(path: Path, seed: int = 0, *, predictor: bool = False) -> tuple[VisionTransformer, dict]:
     """Seeded deit_tiny (q/k sharpened) with random biases, norm shifts and tokens, saved to `path` (.pth) and
-    loaded back from it: (vit, the recipe an export of it records as its weights and model)."""
+    loaded back from it: (vit, the recipe an export of it records as its weights and model). predictor: with seeded
+    DynamicViT predictors for DYNAMICVIT_SPEC's stages, as DynamicViT saves them ({"model": ...})."""
     vit, _ = load_vit(MODEL, seed=seed)
     perturb_biases_and_norms_(vit, seed=seed)
-    torch.save({k: v.detach().contiguous() for k, v in vit.state_dict().items()}, path)
+    state = {k: v.detach().contiguous() for k, v in vit.state_dict().items()}
+    if predictor:
+        state = {"model": {**state, **seeded_predictor_state(vit.embed_dim, DYNAMICVIT_SPEC.num_stages, seed)}}
+    torch.save(state, path)
     vit, info = load_vit(MODEL, checkpoint=path)
     return vit, {"model": MODEL, "weights": info.to_dict()}
 

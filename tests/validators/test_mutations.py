@@ -23,6 +23,8 @@ from raggedvit.images import preprocess, sample_images
 from raggedvit.validators import block_reference, load_recipe, load_reference, validate
 from raggedvit.validators.mutants import (
     BASE_SPEC,
+    DYNAMICVIT_MUTANTS,
+    DYNAMICVIT_SPEC,
     MUTANTS,
     TOME_MUTANTS,
     TOME_SPEC,
@@ -175,6 +177,47 @@ def test_tome_mutant_fails_naming_images(mutant, base, tome_target, tmp_path):
     assert {f.image for f in per_image} == {r.index for r in report.judged}, report.to_markdown()
     assert mutant.named_by(report, per_image_required=True), report.to_markdown()
     assert all(f"image {f.image} ({names[f.image]})" in f.message for f in per_image), report.to_markdown()
+
+
+@pytest.fixture(scope="module")
+def dynamicvit_target(base, tmp_path_factory):
+    """The dynamicvit target (CPU EP, fp32): a DynamicViT checkpoint (the base model + seeded predictors), its vit,
+    recipe, reference vit rebuilt from it, the report of the unmutated export and the per-block reference runs."""
+    _, _, _, images, names = base
+    ckpt = tmp_path_factory.mktemp("dynamicvit") / "dyvit.pth"
+    vit, recipe = write_base_checkpoint(ckpt, predictor=True)
+    path = export_mutant(None, vit, DYNAMICVIT_SPEC, recipe, ckpt.with_name("control.onnx"))
+    ref, spec = load_reference(load_recipe(path), checkpoint=ckpt)
+    assert spec == DYNAMICVIT_SPEC
+    blocks = block_reference(ref, spec, images, "fp32")
+    control = validate(
+        path, images, names, vit=ref, spec=spec, recipe=load_recipe(path), floor=False, reference_blocks=blocks
+    )
+    return vit, recipe, ref, control, blocks
+
+
+@pytest.mark.xdist_group("cpu-fp32-dynamicvit")
+def test_dynamicvit_control_passes(dynamicvit_target):
+    assert dynamicvit_target[3].passed, dynamicvit_target[3].to_markdown()
+
+
+@pytest.mark.xdist_group("cpu-fp32-dynamicvit")
+@pytest.mark.parametrize("mutant", DYNAMICVIT_MUTANTS, ids=[m.name for m in DYNAMICVIT_MUTANTS])
+def test_dynamicvit_mutant_fails_naming_images(mutant, base, dynamicvit_target, tmp_path):
+    """Learned-predictor faults (a predictor weight nudged, the global half not averaged, the stages' predictors
+    swapped) fail the images whose kept tokens they change (a nudge moves the cut of some images only), each naming
+    the first stage it reaches."""
+    _, _, _, images, names = base
+    vit, recipe, ref, control, blocks = dynamicvit_target
+    path = export_mutant(mutant, vit, DYNAMICVIT_SPEC, recipe, tmp_path / f"{mutant.name}.onnx")
+    stored = load_recipe(path)
+    assert stored["prune"] == DYNAMICVIT_SPEC.to_dict()  # the file hides the fault
+    report = validate(
+        path, images, names, vit=ref, spec=DYNAMICVIT_SPEC, recipe=stored, floor=False, reference_blocks=blocks
+    )
+    assert not report.passed, report.to_markdown()
+    per_image = [f for f in report.failures if f.image is not None]
+    assert per_image and mutant.named_by(report, per_image_required=True), [f.message for f in report.failures]
 
 
 def test_cli_exits_1_and_names_the_images(base, target, tmp_path):
