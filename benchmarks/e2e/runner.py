@@ -21,7 +21,7 @@ from benchmarks.e2e.variants import Step, export_ragged, ort_step, torch_model_f
 from benchmarks.e2e.varlen import VarlenAttention, pick_varlen_core
 from raggedvit.exporter.checks import static_shapes
 from raggedvit.images import sample_inputs, tile
-from raggedvit.pruning import PrunedViT
+from raggedvit.pruning import build_pruned_vit
 from raggedvit.timing import device_sync, measure
 from raggedvit.weights import load_vit
 
@@ -262,7 +262,7 @@ class CaseRunner:
         except ValueError as exc:
             self._skip_all(sel, text, f"bad policy: {exc}", status="error")
             return
-        ref_model = PrunedViT(vit_dev, spec).eval()
+        ref_model = build_pruned_vit(vit_dev, spec).eval()
         ref = {"name": "torch_raggedvit", **self._top1({b: (lambda x=x: ref_model(x)) for b, x in xt.items()})}
         for variant in ("torch_raggedvit", "torch_padded_sdpa"):
             if variant in sel:

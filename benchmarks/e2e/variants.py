@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from benchmarks.e2e.ort_run import BoundRun
-from raggedvit.pruning import PrunedOutput, PrunedViT, PruneSpec
+from raggedvit.pruning import PrunedOutput, PruneSpec, build_pruned_vit
 from tests.support.padded import padded_reference_forward
 
 __all__ = ["Step", "export_ragged", "ort_step", "torch_model_fn", "torch_step"]
@@ -61,11 +61,11 @@ def torch_model_fn(
     if variant == "torch_padded_sdpa":
         return lambda x: padded_reference_forward(vit, spec, x, attention="sdpa", shrink=True)
     if variant == "torch_raggedvit":
-        return PrunedViT(vit, spec).eval()
+        return build_pruned_vit(vit, spec).eval()
     if variant == "torch_varlen":
         if attention is None:
             raise ValueError("torch_varlen needs the varlen attention hook")
-        return PrunedViT(vit, spec, attention=attention).eval()
+        return build_pruned_vit(vit, spec, attention=attention).eval()
     raise ValueError(f"{variant!r} is not a torch variant")
 
 

@@ -21,7 +21,7 @@ from benchmarks.serving.exports import ExportJob, Exports
 from benchmarks.serving.names import CUDA_ONLY, ORT, PRUNED, UNPRUNED, split_linear, timm_name
 from benchmarks.serving.steps import CompiledModel, OrtExport, compiled_step, reset_dynamo
 from raggedvit.images import sample_inputs, tile
-from raggedvit.pruning import PrunedViT
+from raggedvit.pruning import build_pruned_vit
 from raggedvit.timing import device_sync, measure
 from raggedvit.weights import load_vit
 
@@ -131,10 +131,12 @@ class ModelRun:
         x_ref = photos.to(self.device)
         self.refs: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {"none": (ref32(x_ref).float(), None)}
         for p, spec in specs.items():
-            out = PrunedViT(ref32, spec).eval()(x_ref)
+            out = build_pruned_vit(ref32, spec).eval()(x_ref)
             self.refs[p] = (out.logits.float(), out.token_counts)
         self.eager: dict[Key, Any] = {("timm_eager", "none"): vit_dev}
-        self.eager.update({("prunedvit_eager", p): PrunedViT(vit_dev, s, **lin[p]).eval() for p, s in specs.items()})
+        self.eager.update(
+            {("prunedvit_eager", p): build_pruned_vit(vit_dev, s, **lin[p]).eval() for p, s in specs.items()}
+        )
         self.compiled: dict[Key, CompiledModel] = {}
         if self.cuda:
             reset_dynamo()  # fresh dynamo caches per model: no recompile limit shared with the previous one
@@ -142,7 +144,7 @@ class ModelRun:
             # the capacity layout: static row counts per stage, so CUDA graph trees can record every policy
             modules.update(
                 {
-                    ("prunedvit_compile", p): PrunedViT(vit_dev, s, capacity=True, **lin[p]).eval()
+                    ("prunedvit_compile", p): build_pruned_vit(vit_dev, s, capacity=True, **lin[p]).eval()
                     for p, s in specs.items()
                 }
             )
