@@ -7,7 +7,10 @@
     GET  /health    200 {"status": "ok", "model": NAME, "device": ..., "max_batch_size": ..., "batch_wait_ms": ...}
 
 Each request is decoded and preprocessed on its own (in a worker thread), so a bad body never reaches a batch;
-the batch runs in a worker thread too, so the replica's event loop keeps taking requests while it runs.
+the batch runs in a worker thread too, so the replica's event loop keeps taking requests while it runs. Requests
+enter the batch queue only while no batch runs (`_idle`): `serve.batch` closes a batch when its wait ends even
+while the previous batch still runs, so under load it would run many small batches one after the other; held at
+the gate, the requests that arrive during a run form the next batch together, up to max_batch_size.
 (No `from __future__ import annotations` here: FastAPI reads the routes' annotations at run time.)
 """
 
@@ -45,6 +48,8 @@ class RaggedViTServer:
         self.predictor = Predictor(onnx_path, options)
         self.batched.set_max_batch_size(options.max_batch_size)
         self.batched.set_batch_wait_timeout_s(options.batch_wait_ms / 1000)
+        self._idle = asyncio.Event()  # set while no batch runs (module docstring)
+        self._idle.set()
 
     @api.get("/health")
     async def health(self) -> dict:
@@ -67,6 +72,7 @@ class RaggedViTServer:
             image = await asyncio.to_thread(self.predictor.prepare, body, request.headers.get("content-type"))
         except RequestError as e:
             return _error(e.status, e.message)
+        await self._idle.wait()
         try:
             result, size = await self.batched(image)
         except Exception as e:  # noqa: BLE001 - the batch failed: a clean 500 for each of its requests
@@ -77,7 +83,11 @@ class RaggedViTServer:
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)  # replaced by the options in __init__
     async def batched(self, images: list[np.ndarray]) -> list[tuple[Answer | ValueError, int]]:
-        answers = await asyncio.to_thread(self.predictor.predict, np.stack(images))
+        self._idle.clear()
+        try:
+            answers = await asyncio.to_thread(self.predictor.predict, np.stack(images))
+        finally:
+            self._idle.set()
         return [(a, len(images)) for a in answers]
 
 
