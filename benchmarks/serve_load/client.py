@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -101,8 +101,10 @@ def run_load(
     concurrency: int,
     timeout_s: float = 60.0,
     max_seconds: float = 600.0,
+    on_outcome: Callable[[int], None] | None = None,
 ) -> LoadRun:
-    """`requests` POSTs at `concurrency`; no request starts after `max_seconds`, none waits past `timeout_s`."""
+    """`requests` POSTs at `concurrency`; no request starts after `max_seconds`, none waits past `timeout_s`.
+    on_outcome(n) is called (from a load thread) after each answer or failure, n the outcomes so far."""
     if requests < 1 or concurrency < 1 or not bodies:
         raise ValueError(f"need requests, concurrency >= 1 and bodies, got {requests}, {concurrency}, {len(bodies)}")
     host, port = loopback_endpoint(url)
@@ -122,6 +124,9 @@ def run_load(
                 outcome = post(conn, i, bodies[i % len(bodies)])
                 with lock:
                     outcomes.append(outcome)
+                    n = len(outcomes)
+                if on_outcome is not None:
+                    on_outcome(n)
         finally:
             conn.close()
 

@@ -54,6 +54,8 @@ def open_session(
     except Exception as e:
         if type(e).__module__.startswith("onnxruntime"):  # e.g. an op no registered library implements
             first = " ".join(str(e).split())[:400]
+            if "Failed to load library" in first:  # ORT's Fail from register_custom_ops_library
+                raise OpLibraryMissing(f"cannot load the raggedvit op library {lib}: {first}") from None
             name = "the model" if isinstance(model_path, bytes) else Path(model_path).name
             raise ValidationInputError(f"ONNX Runtime cannot load {name}: {first}") from None
         raise
