@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import tempfile
 import time
@@ -125,6 +126,7 @@ def _canonical(args) -> int:
     from benchmarks.serve_load.server import ServerProcess
     from raggedvit.sweep.runner import _device_name
 
+    load_before = [round(x, 2) for x in os.getloadavg()]  # other jobs on the machine: the 1, 5, 15 minute means
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
         dtype = "fp32" if args.device == "cpu" else "fp16-all"
         model = args.model or export_model(args.timm_model, dtype, Path(tmp))
@@ -145,6 +147,7 @@ def _canonical(args) -> int:
             rc = server.stop(signal.SIGTERM)
             left = len(server.running())
         after = direct_loop(model, bodies, args.max_batch_size, args.device)
+    load_after = [round(x, 2) for x in os.getloadavg()]
     _report("served", s, bad)
     direct = (before["img_per_s"] + after["img_per_s"]) / 2
     env = environment()
@@ -168,6 +171,7 @@ def _canonical(args) -> int:
             "images": args.images,
         },
         "env": {**env, "onnxruntime_providers": ort.get_available_providers()},
+        "load_average": {"before": load_before, "after": load_after},
         "server": {**s, "mismatches": bad, "start_s": round(start_s, 1), "exit_code": rc, "left_running": left},
         "warmup": warm,
         "direct_ort": {"before": before, "after": after, "img_per_s": round(direct, 2)},
