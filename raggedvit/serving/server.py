@@ -15,6 +15,7 @@ is left running. Joining a cluster, only the application is deleted: the cluster
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -209,6 +210,7 @@ def serve_forever(
             gpus = int(ray.cluster_resources().get("GPU", 0))
             options = local_options(options, gpus=gpus)
         application = build_app(onnx_path, options)
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the ready line is on_ready's
         serve.start(
             http_options={"host": endpoint.host, "port": endpoint.port, "request_timeout_s": endpoint.request_timeout_s}
         )

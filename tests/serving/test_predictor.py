@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from raggedvit.serving.options import ServeInputError, ServeOptions, graph_batch_sizes
 from raggedvit.serving.predictor import Predictor, top5
@@ -141,3 +142,17 @@ def test_app_refuses_unknown_options_and_missing_files(export, tmp_path):
         app(tmp_path / "none.onnx")
     application = app(export, replicas=2, max_batch_size=8)
     assert type(application).__name__ == "Application"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_answer_as_the_cpu_does(export, bodies):
+    """A static-shape export on CUDA runs as CUDA graphs at the captured sizes: a batch of 3 runs padded to 4, its
+    answers the CPU EP's (top-1 and token counts; probabilities within fp32 GEMM differences)."""
+    cpu = Predictor(export, ServeOptions(threads=1))
+    cuda = Predictor(export, ServeOptions(device="cuda", max_batch_size=4))
+    assert sorted(cuda.runners) == [1, 2, 4]
+    x = np.stack([cpu.prepare(b, None) for b in bodies])
+    for a, b in zip(cpu.predict(x), cuda.predict(x)):
+        assert a["top5"][0][0] == b["top5"][0][0] and a["token_counts"] == b["token_counts"]
+        assert abs(a["top5"][0][1] - b["top5"][0][1]) < 1e-3
