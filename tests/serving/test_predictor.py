@@ -156,3 +156,19 @@ def test_cuda_graphs_answer_as_the_cpu_does(export, bodies):
     for a, b in zip(cpu.predict(x), cuda.predict(x)):
         assert a["top5"][0][0] == b["top5"][0][0] and a["token_counts"] == b["token_counts"]
         assert abs(a["top5"][0][1] - b["top5"][0][1]) < 1e-3
+
+
+def test_a_replica_failure_is_one_line_naming_its_error():
+    from raggedvit.serving.server import _start_error
+
+    failure = RuntimeError(
+        "Deploying application deit failed: Failed to update the deployments ['RaggedViT'].\n"
+        "Traceback (most recent call last):\n  File \"/x/replica.py\", line 1, in init\n"
+        "ray.exceptions.RayTaskError(OpLibraryMissing): ray::ServeReplica:deit:RaggedViT.initialize()\n"
+        "raggedvit.validators.errors.OpLibraryMissing: cannot load the raggedvit op library /lib/x.so: bad ELF\n"
+    )
+    message = str(_start_error(failure))
+    assert message == (
+        "the application did not start: raggedvit.validators.errors.OpLibraryMissing: cannot load the raggedvit op "
+        "library /lib/x.so: bad ELF"
+    )
