@@ -163,7 +163,7 @@ def test_a_replica_failure_is_one_line_naming_its_error():
 
     failure = RuntimeError(
         "Deploying application deit failed: Failed to update the deployments ['RaggedViT'].\n"
-        "Traceback (most recent call last):\n  File \"/x/replica.py\", line 1, in init\n"
+        'Traceback (most recent call last):\n  File "/x/replica.py", line 1, in init\n'
         "ray.exceptions.RayTaskError(OpLibraryMissing): ray::ServeReplica:deit:RaggedViT.initialize()\n"
         "raggedvit.validators.errors.OpLibraryMissing: cannot load the raggedvit op library /lib/x.so: bad ELF\n"
     )
