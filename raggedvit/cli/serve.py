@@ -56,10 +56,9 @@ def serve(onnx_file, device, replicas, max_batch_size, batch_wait_ms, host, port
     require_onnxruntime_cli()
     check_readable_file(onnx_file, "model file")
     require_device(device)
-    from raggedvit.serving.options import ServeOptions, require_serve
+    from raggedvit.serving.options import ServeOptions
     from raggedvit.serving.server import Endpoint, serve_forever
 
-    require_serve()
     if address is None:
         _check_port_free(host, port)
     options = ServeOptions(device=device, replicas=replicas, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms)

@@ -5,7 +5,7 @@ shutdown.
 
 The export is checked in this process first (the replica's own Predictor, on the CPU EP), so a file that is no
 classifier export, or an op library that cannot load (its path in the message), fails before Ray starts. Then:
-a local Ray instance of this machine's CPUs on the loopback (`address` None; RAY_ADDRESS is ignored: joining a
+a local Ray instance of this machine's CPUs on the loopback only (`address` None; RAY_ADDRESS is ignored: joining a
 cluster is `address`'s), or the cluster at `address`; Serve's proxy on the endpoint; the application. SIGINT or
 SIGTERM ends the wait as raggedvit.outputs.Interrupted; however it ends, the application is deleted and the local
 instance shut down, and any process of it still alive after that (this process's children) is killed: nothing
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,9 @@ __all__ = ["Endpoint", "ServeStartError", "check_export", "local_options", "serv
 
 OBJECT_STORE_BYTES = 512 * 2**20  # request bodies in flight: the local instance needs no more
 SHUTDOWN_STEP_S = 20.0  # the longest wait for serve.shutdown, then for ray.shutdown
+# Ray's switch (ray_constants.ENABLE_RAY_CLUSTER) for a node reachable on the loopback only: without it the local
+# instance's processes talk over this machine's network address (its `_node_ip_address` is resolved to that too)
+LOOPBACK_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -175,6 +179,9 @@ def serve_forever(
 ) -> None:
     """Serve `onnx_path` until SIGINT or SIGTERM (raised as Interrupted), then shut everything down (module
     docstring). on_ready(url) is called once the application answers."""
+    local = endpoint.address is None
+    if local and "ray" not in sys.modules:  # read when ray is imported, here and by every process it starts
+        os.environ[LOOPBACK_ONLY[0]] = LOOPBACK_ONLY[1]
     require_serve()
     import ray
     from ray import serve
@@ -183,7 +190,6 @@ def serve_forever(
 
     name = check_export(onnx_path, options)
     options = replace(options, name=name)
-    local = endpoint.address is None
     restore = lambda: None  # noqa: E731
     processes = _LocalProcesses() if local else None
     try:
@@ -201,6 +207,8 @@ def serve_forever(
                 )
             else:
                 ray.init(address=endpoint.address, log_to_driver=False, logging_level="warning")
+        except ConnectionError as e:  # no cluster there, or one that refuses this driver (its auth token)
+            raise ServeStartError(f"cannot join the Ray cluster at {endpoint.address}: {e}") from None
         except SystemExit as e:  # ray.init's own SIGTERM handler exits
             if e.code == signal.SIGTERM:
                 raise Interrupted(signal.SIGTERM) from None
