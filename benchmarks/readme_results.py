@@ -360,7 +360,7 @@ def _serve_machine(r: dict[str, Any]) -> str:
     """The machine of a serve_load record: its name, and for a CPU the load average other jobs put on it."""
     c = r["config"]
     load = (r.get("load_average") or {}).get("before")
-    return c["device_name"] + (f", load average {load[0]:.1f}" if load and c["device"] == "cpu" else "")
+    return c["device_name"] + (f", load average {load[0]:.1f} from other jobs" if load and c["device"] == "cpu" else "")
 
 
 def serve_load(full: bool, prefix: str) -> list[str]:
@@ -380,7 +380,8 @@ def serve_load(full: bool, prefix: str) -> list[str]:
                 f"img/s** served at concurrency {c['concurrency']} (mean batch {srv['mean_batch_size']} of up to "
                 f"{c['max_batch_size']}; p50 / p99 latency {lat['p50'] / 1e3:.2f} / {lat['p99'] / 1e3:.2f} s), "
                 f"{r['ratio']:.2f} of a direct ORT loop at B = {c['max_batch_size']} "
-                f"({_n(r['direct_ort']['img_per_s'])} img/s); {srv['ok'] - len(srv['mismatches'])} of "
+                f"({_n(r['direct_ort']['img_per_s'])} img/s: {_n(r['direct_ort']['before']['img_per_s'])} before the "
+                f"load, {_n(r['direct_ort']['after']['img_per_s'])} after); {srv['ok'] - len(srv['mismatches'])} of "
                 f"{c['requests']} answers equal direct ORT's; `{RESULTS / name}`."
             )
         return [" ".join(sentences) + " `python3 -m benchmarks.serve_load --serve` made it."]
