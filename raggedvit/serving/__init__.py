@@ -9,7 +9,7 @@ CUDA); the answer is the top-5 classes, the kept token counts and the model name
 The export's path must be valid on every node that runs a replica. `raggedvit serve` (server.serve_forever) runs
 the same application on a local Ray instance and shuts it down on SIGINT or SIGTERM.
 
-Modules: `options` (ServeOptions), `decode` (a request body to an image, or a 4xx; no torch), `predictor` (sessions,
+Modules: `options` (ServeOptions), `decode` (a request body to an image, or a 4xx), `predictor` (sessions,
 preprocessing, answers; no Ray), `deployment` (the Serve deployment and its routes), `server` (start to shutdown).
 """
 
