@@ -182,6 +182,7 @@ def serve_forever(
     local = endpoint.address is None
     if local and "ray" not in sys.modules:  # read when ray is imported, here and by every process it starts
         os.environ[LOOPBACK_ONLY[0]] = LOOPBACK_ONLY[1]
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a local instance reports nowhere
     require_serve()
     import ray
     from ray import serve
