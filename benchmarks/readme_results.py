@@ -356,6 +356,63 @@ def cuda_graph(full: bool, prefix: str) -> list[str]:
     return lines
 
 
+def _serve_machine(r: dict[str, Any]) -> str:
+    """The machine of a serve_load record: its name, and for a CPU the load average other jobs put on it."""
+    c = r["config"]
+    load = (r.get("load_average") or {}).get("before")
+    return c["device_name"] + (f", load average {load[0]:.1f} from other jobs" if load and c["device"] == "cpu" else "")
+
+
+def serve_load(full: bool, prefix: str) -> list[str]:
+    """`raggedvit serve` under load (`benchmarks.serve_load --serve`), a result per machine's file, GPUs first: the
+    README gets a sentence per file, the performance page the configuration and a table."""
+    files = sorted((ROOT / RESULTS).glob("serve_load_*.json"), key=lambda f: (f.stem.endswith("_cpu"), f.name))
+    if not files:
+        raise FileNotFoundError(f"no serve_load_<machine>.json in {RESULTS}")
+    records = [(f.name, _load(f.name)) for f in files]
+    if not full:
+        sentences = []
+        for name, r in records:
+            c, srv, lat = r["config"], r["server"], r["server"]["latency_ms"]
+            model = str(c["timm_model"] or c["model"]).split("_patch")[0]
+            sentences.append(
+                f"{model} {c['prune']['policy']} ({c['dtype']}) on {_serve_machine(r)}: **{_n(srv['img_per_s'])} "
+                f"img/s** served at concurrency {c['concurrency']} (mean batch {srv['mean_batch_size']} of up to "
+                f"{c['max_batch_size']}; p50 / p99 latency {lat['p50'] / 1e3:.2f} / {lat['p99'] / 1e3:.2f} s), "
+                f"{r['ratio']:.2f} of a direct ORT loop at B = {c['max_batch_size']} "
+                f"({_n(r['direct_ort']['img_per_s'])} img/s: {_n(r['direct_ort']['before']['img_per_s'])} before the "
+                f"load, {_n(r['direct_ort']['after']['img_per_s'])} after); {srv['ok'] - len(srv['mismatches'])} of "
+                f"{c['requests']} answers equal direct ORT's; `{RESULTS / name}`."
+            )
+        return [" ".join(sentences) + " `python3 -m benchmarks.serve_load --serve` made it."]
+    cfg = records[0][1]["config"]
+    prune = cfg["prune"]
+    lines = [
+        f"`raggedvit serve` of {cfg['timm_model'] or cfg['model']} ({prune['policy']} keeping {prune['keep']} at "
+        f"block {','.join(map(str, prune['prune_at']))}, seeded weights), {cfg['replicas']} replica, batches of up to "
+        f"{cfg['max_batch_size']} within {cfg['batch_wait_ms']:g} ms; {cfg['requests']} requests at concurrency "
+        f"{cfg['concurrency']} from the same machine after {cfg['warmup']} warm-up ones ({cfg['images']} images: the "
+        "sample photos and their variants as JPEG, PNG and WebP), each answer checked against a direct ONNX Runtime "
+        f"run; against a direct ORT loop at B = {cfg['max_batch_size']} on the same machine (the mean of its runs "
+        "before and after the load).",
+        "",
+        "| machine | export | served img/s | direct ORT img/s (before / after) | served / direct | latency p50 / p90 / "
+        "p99 ms | batches formed (size: count) | answers equal direct ORT | source |",
+        "|---|---|---:|---:|---:|---|---|---:|---|",
+    ]
+    for name, r in records:
+        c, srv, lat, d = r["config"], r["server"], r["server"]["latency_ms"], r["direct_ort"]
+        batches = ", ".join(f"{b}: {n:g}" for b, n in srv["batches_by_size"].items())
+        lines.append(
+            f"| {_serve_machine(r)} | {c['dtype']} | {_n(srv['img_per_s'])} | {_n(d['img_per_s'])} "
+            f"({_n(d['before']['img_per_s'])} / {_n(d['after']['img_per_s'])}) | {r['ratio']:.2f} | "
+            f"{lat['p50']:.0f} / {lat['p90']:.0f} / {lat['p99']:.0f} | {batches} | "
+            f"{srv['ok'] - len(srv['mismatches'])} of {c['requests']} | "
+            f"{_provenance(full, name, r['env'].get('commit'), r['env'].get('date'))} |"
+        )
+    return lines
+
+
 def sweep_folder() -> str:
     """The sweep the documents show: `raggedvit sweep --out benchmarks/results/sweep_<machine>`, a GPU's (this page's
     GPU first) when one ran, else the CPU's."""
@@ -508,6 +565,7 @@ SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "validate": validate,
     "cuda_graph": cuda_graph,
     "sweep": sweep,
+    "serve_load": serve_load,
 }
 
 _MARKED = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)

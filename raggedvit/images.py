@@ -13,12 +13,16 @@ import torch
 from PIL import Image
 
 __all__ = [
+    "IMAGE_FORMATS",
     "IMAGE_SUFFIXES",
     "IMAGE_VARIANTS",
     "ImageFolder",
+    "ImageTooLarge",
     "image_variants",
     "NoSampleImages",
     "class_indices",
+    "decode_image",
+    "eval_transform",
     "load_image",
     "load_image_dir",
     "read_labels",
@@ -33,8 +37,13 @@ __all__ = [
 ]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")  # multi-frame: the first frame
+IMAGE_FORMATS = ("JPEG", "PNG", "BMP", "WEBP", "TIFF", "GIF")  # PIL's names of the same formats (decode_image)
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")  # PIL's 16-bit grayscale (16-bit PNG and TIFF)
 _SKIMAGE_NAMES = ("chelsea", "coffee", "rocket", "astronaut")
+
+
+class ImageTooLarge(ValueError):
+    """An image over PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS), refused before its pixels are decoded."""
 
 
 class NoSampleImages(ValueError):
@@ -269,16 +278,39 @@ def skipped_entries(path: str | Path) -> list[str]:
 
 def _decode(path: Path) -> Image.Image:
     """RGB image of `path` (`to_rgb`); ValueError naming the file if it cannot be decoded, is truncated, is larger
-    than PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS, its warning treated as an error), or has pixels of
-    no fixed range."""
+    than PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS, its warning treated as an error: ImageTooLarge), or
+    has pixels of no fixed range."""
+    return _open_rgb(path, f"cannot decode image {str(path)!r}", formats=None)
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """RGB image of an image file's bytes (a request body), by the rules of the files of load_image_dir, in the
+    formats of IMAGE_FORMATS only (PIL opens others, some through external programs: not for bytes from anyone).
+    ValueError saying why it cannot be decoded; ImageTooLarge over Image.MAX_IMAGE_PIXELS, found from the header
+    before any pixel is decoded."""
+    import io
+
+    return _open_rgb(io.BytesIO(data), "cannot decode image", formats=IMAGE_FORMATS)
+
+
+def _open_rgb(source, what: str, *, formats: tuple[str, ...] | None) -> Image.Image:
+    """The one decoding rule of files and bytes: `to_rgb` of the opened image, every failure a one-line ValueError
+    "WHAT: reason"."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(source, formats=formats) as im:
                 return to_rgb(im)
-    except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise ImageTooLarge(f"{what}: {' '.join(str(e).split())}") from None
+    except Image.UnidentifiedImageError as e:
+        if formats is None:
+            raise ValueError(f"{what}: {' '.join(str(e).split())}") from None
+        names = ", ".join("WebP" if f == "WEBP" else f for f in formats)
+        raise ValueError(f"{what}: not an image in a supported format ({names})") from None
+    except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
         reason = " ".join(str(e).split()) or type(e).__name__
-        raise ValueError(f"cannot decode image {str(path)!r}: {reason}") from None
+        raise ValueError(f"{what}: {reason}") from None
 
 
 def to_rgb(im: Image.Image) -> Image.Image:
@@ -295,18 +327,24 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
-def preprocess(images: list[Image.Image] | list[tuple[str, Image.Image]], model: torch.nn.Module) -> torch.Tensor:
-    """PIL images (or (name, image) pairs) -> [B, 3, S, S] float32 with the model's timm eval transform."""
+def eval_transform(model: torch.nn.Module):
+    """timm's eval transform of `model` (which may be a `meta_model`) at its built resolution: an RGB PIL image ->
+    [3, S, S] float32 tensor (resize, centre crop, normalise by its pretrained data config)."""
     from timm.data import create_transform, resolve_data_config
 
-    if not images:
-        raise ValueError("preprocess needs at least one image")
     args = {}
     img_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
     if img_size is not None:  # the built resolution wins over the pretrained config's (img_size overrides)
         args["input_size"] = (3, int(img_size[0]), int(img_size[1]))
     config = resolve_data_config(args, model=model)
-    transform = create_transform(**config, is_training=False)
+    return create_transform(**config, is_training=False)
+
+
+def preprocess(images: list[Image.Image] | list[tuple[str, Image.Image]], model: torch.nn.Module) -> torch.Tensor:
+    """PIL images (or (name, image) pairs) -> [B, 3, S, S] float32 with the model's timm eval transform."""
+    if not images:
+        raise ValueError("preprocess needs at least one image")
+    transform = eval_transform(model)
     pils = [im[1] if isinstance(im, tuple) else im for im in images]
     return torch.stack([transform(im.convert("RGB")) for im in pils]).to(torch.float32)
 

@@ -61,7 +61,7 @@ def test_python_m_raggedvit_is_the_command_line() -> None:
         [sys.executable, "-m", "raggedvit", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert res.returncode == 0, res.stderr
-    for command in ("export", "validate", "info", "bench", "triton-repo", "coverage"):
+    for command in ("export", "validate", "info", "bench", "triton-repo", "coverage", "serve"):
         assert f"  {command} " in res.stdout
 
 

@@ -26,6 +26,8 @@ def test_pyproject_extras():
     assert [d for d in extras["gpu"] if d.startswith("onnxruntime")] == ["onnxruntime-gpu>=1.21"]
     assert any(d.startswith("onnxruntime>=") for d in extras["dev"])  # the tests run on the CPU runtime
     assert not any(d.startswith("onnxruntime-gpu") for d in extras["dev"])
+    assert any(d.startswith("ray[serve]") for d in extras["serve"])  # raggedvit serve
+    assert set(extras["serve"]) <= set(extras["dev"])  # CI runs the serving tests
 
 
 def _wheel(tmp_path: Path, filename: str, requires: list[str], library: bool = True, extra: str = "") -> Path:
