@@ -9,8 +9,11 @@ done by the enclosing undo_on_interrupt. `commit` renames staged entries onto th
 exclusive lock on the target folder (writers of one folder take turns: two exports to one `-o` leave one run's
 `.onnx` and `.data`, never a mix): a failed rename or a signal before the last one undoes the earlier ones (a report
 is both its files or neither). `undo_on_interrupt` extends that to a whole command: what it committed is removed
-again when a signal ends it, so an interrupted command leaves nothing (but progress written `resumable`).
-`check_target` refuses a target that cannot be written before any work is done.
+again when a signal ends it, so an interrupted command leaves nothing (but progress written `resumable`, whose
+commit cut short puts the previous set back). `held_folder` holds that lock for a long block (a sweep's run) and
+removes the folders it created if nothing was written in them. `check_target` refuses a target that cannot be written
+before any work is done. The signal handling (Interrupted, interrupts_raise, raise_pending_interrupt) is
+raggedvit.interrupts', re-exported here.
 """
 
 from __future__ import annotations
@@ -20,11 +23,19 @@ import errno
 import fcntl
 import os
 import secrets
-import signal
-import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+
+from raggedvit.interrupts import (
+    SIGNAL_EXCEPTIONS,
+    Interrupted,
+    interrupts_raise,
+    raise_pending_interrupt,
+    run_to_end,
+    signals_taken,
+)
 
 __all__ = [
     "Interrupted",
@@ -32,6 +43,7 @@ __all__ = [
     "atomic_write_all",
     "check_target",
     "commit",
+    "held_folder",
     "interrupts_raise",
     "name_max",
     "open_file_mode",
@@ -39,71 +51,6 @@ __all__ = [
     "staging_dir",
     "undo_on_interrupt",
 ]
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_UNWIND = (KeyboardInterrupt,)  # with Interrupted (below): the signals that unwind the stack
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt: `except Exception` does not stop it,
-    cleanup in `finally` (staging_dir) runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signal_name = signal.Signals(signum).name
-
-
-_received: list[int] = []  # the signals _raise_interrupted took since the handlers were installed
-
-
-def _raise_interrupted(signum: int, frame) -> None:
-    for sig in _SIGNALS:  # a second signal must not disturb the cleanup
-        signal.signal(sig, signal.SIG_IGN)
-    _received.append(signum)
-    raise Interrupted(signum)
-
-
-def raise_pending_interrupt() -> None:
-    """Raise Interrupted again for a signal whose exception was lost: Python drops an exception raised while a
-    __del__ method or a weakref callback runs ("Exception ignored in ..."), and the handler has already ignored
-    further signals, so the command would run on, deaf to Ctrl-C. Loops of long steps call this between steps."""
-    if _received:
-        raise Interrupted(_received[-1])
-
-
-def interrupts_raise(*, only_defaults: bool = False) -> Callable[[], None]:
-    """SIGINT and SIGTERM raise Interrupted in the main thread from now on; returns the function that restores the
-    previous handlers (a no-op outside the main thread, where handlers cannot be set). only_defaults: leave the
-    handlers alone unless both are Python's defaults (a program's own handlers, or ours, stay)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    current = {sig: signal.getsignal(sig) for sig in _SIGNALS}
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    if only_defaults and current != defaults:
-        return lambda: None
-    _received.clear()  # a new command: earlier signals were delivered to theirs
-    for sig in _SIGNALS:
-        signal.signal(sig, _raise_interrupted)
-
-    def restore() -> None:
-        for sig, handler in current.items():
-            signal.signal(sig, handler)
-
-    return restore
-
-
-def _finish(step: Callable[[], None]) -> None:
-    """Runs `step` to its end even if a signal interrupts it (the handler ignores further signals, so the retry
-    runs undisturbed), then re-raises that signal's exception."""
-    pending: BaseException | None = None
-    for _ in range(3):
-        try:
-            step()
-            break
-        except (Interrupted, *_UNWIND) as e:
-            pending = pending or e
-    if pending is not None:
-        raise pending
 
 
 def _remove(entry: Path) -> None:
@@ -150,7 +97,7 @@ _live: list[Path] = []
 
 def _sweep(entries: list[Path]) -> None:
     """Remove `entries` (staging folders or committed targets) and forget them in _live, to the end even if a signal
-    lands meanwhile (re-raised after: see _finish)."""
+    lands meanwhile (re-raised after: see run_to_end)."""
 
     def step() -> None:
         for entry in list(entries):
@@ -158,7 +105,7 @@ def _sweep(entries: list[Path]) -> None:
             if entry in _live:
                 _live.remove(entry)
 
-    _finish(step)
+    run_to_end(step)
 
 
 class staging_dir:  # noqa: N801 - used as a function: `with staging_dir(parent, name) as tmp:`
@@ -190,25 +137,120 @@ class staging_dir:  # noqa: N801 - used as a function: `with staging_dir(parent,
             self._restore()
 
 
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF)  # file systems without flock
+_held: dict[tuple[int, int], int] = {}  # folders (st_dev, st_ino) that a held_folder block of this process locks
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 @contextmanager
 def _folder_lock(folder: Path) -> Iterator[None]:
     """An exclusive flock on `folder` itself (no lock file is left behind) for the block: writers committing into
-    one folder take turns. Where the file system has no flock (some network mounts), the block runs unlocked."""
+    one folder take turns. Where the file system has no flock (some network mounts), the block runs unlocked; where
+    this process holds the folder (held_folder), it runs at once."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         fd = -1  # the renames report the folder's problem
     try:
-        if fd >= 0:
+        if fd >= 0 and _identity(fd) not in _held:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except OSError as e:
-                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+                if e.errno not in _NO_FLOCK:
                     raise
         yield
     finally:
         if fd >= 0:
             os.close(fd)  # releases the lock
+
+
+class held_folder:  # noqa: N801 - used as a function: `with held_folder(out):`
+    """`folder`, created (with its missing parents) if need be, under the exclusive lock that commit takes, for the
+    whole block: commits into it from this process go through, another process's commit waits for the block's end,
+    and a second holder is refused (BlockingIOError naming the folder) after `wait_s`. The folders the block created
+    are removed when it ends if they are empty: a run that wrote nothing leaves nothing, whatever ended it.
+
+    A class, like staging_dir: the cleanup runs to its end however a signal lands in it."""
+
+    def __init__(self, folder: str | Path, *, wait_s: float = 5.0) -> None:
+        self._folder, self._wait_s = Path(folder), wait_s
+        self._made: list[Path] = []
+        self._fd = -1
+        self._key: tuple[int, int] | None = None
+
+    def __enter__(self) -> Path:
+        try:
+            deadline = time.monotonic() + self._wait_s
+            while not self._lock():
+                if time.monotonic() > deadline:
+                    raise BlockingIOError(errno.EWOULDBLOCK, "in use by another writer", str(self._folder))
+                time.sleep(0.05)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self._folder
+
+    def _make(self) -> None:
+        missing = []
+        p = self._folder
+        while not os.path.lexists(p) and p != p.parent:
+            missing.append(p)
+            p = p.parent
+        for p in reversed(missing):
+            self._made.append(p)  # known before it exists: the cleanup finds it at every moment
+            try:
+                os.mkdir(p)
+            except FileExistsError:
+                self._made.remove(p)  # another writer made it: not ours to remove
+
+    def _lock(self) -> bool:
+        """Lock the folder (made first if missing); False while another holder has it. The folder a last holder
+        removed meanwhile (it had made it, and nothing was written) is made again."""
+        self._make()
+        self._fd = fd = os.open(self._folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                self._fd = -1
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    return False
+                raise
+        try:
+            here = os.stat(self._folder)
+        except FileNotFoundError:
+            here = None
+        if here is None or (here.st_dev, here.st_ino) != _identity(fd):
+            self._fd = -1
+            os.close(fd)
+            return False
+        self._key = _identity(fd)
+        _held[self._key] = _held.get(self._key, 0) + 1
+        return True
+
+    def __exit__(self, typ, exc, tb) -> None:
+        def step() -> None:
+            key, self._key = self._key, None
+            if key is not None:
+                _held[key] -= 1
+                if not _held[key]:
+                    del _held[key]
+            for p in reversed(self._made):  # the deepest first; one that holds anything stays, with its parents
+                try:
+                    os.rmdir(p)
+                except OSError:
+                    pass
+            self._made.clear()
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)  # releases the lock
+
+        run_to_end(step)
 
 
 _open: list[undo_on_interrupt] = []  # the open blocks: each records the targets committed while it is open
@@ -219,22 +261,49 @@ def commit(moves: Mapping[Path, Path], *, resumable: bool = False) -> None:
     _folder_lock): if a rename fails or a signal arrives before the last one is done, the targets already replaced
     are removed again (none of the new outputs stays), and the OSError or Interrupted propagates. Inside an
     undo_on_interrupt block the targets are recorded for it, unless `resumable`: progress a later run resumes from
-    (a sweep's finished points), which an interrupt must leave."""
-    started: list[tuple[Path, Path]] = []
+    (a sweep's finished points), which an interrupt must leave; a resumable commit cut short puts back the files it
+    replaced (hard links made before the first rename), so the set on disk is the previous one or the new one."""
     folders = sorted({Path(dst).parent for dst in moves.values()})
+    with staging_dir(folders[0], "previous") if resumable and folders else contextlib.nullcontext() as saved:
+        _commit(moves, resumable, folders, saved)
+
+
+def _commit(moves: Mapping[Path, Path], resumable: bool, folders: list[Path], saved: Path | None) -> None:
+    started: list[tuple[Path, Path]] = []
+    previous: dict[Path, Path] = {}  # target -> the hard link of the file it replaces
+
+    def undo() -> None:  # idempotent: a signal that cuts it short runs it again (run_to_end)
+        for src, dst in started:
+            if os.path.lexists(src):  # not renamed yet
+                continue
+            if dst not in previous:
+                _remove(dst)
+            elif os.path.lexists(previous[dst]):
+                try:
+                    os.replace(previous[dst], dst)
+                except OSError:
+                    _remove(dst)
+
     try:
         with contextlib.ExitStack() as locks:
             for folder in folders:  # one order for every writer: no deadlock between two multi-folder commits
                 locks.enter_context(_folder_lock(folder))
+            for i, dst in enumerate(moves.values() if saved is not None else ()):
+                if os.path.isfile(dst) and not os.path.islink(dst):
+                    try:
+                        os.link(dst, saved / str(i))
+                    except OSError:  # no hard links here (or another file system): no way back for this one
+                        continue
+                    previous[Path(dst)] = saved / str(i)
             for src, dst in moves.items():
-                started.append((src, dst))  # recorded first: a signal right after the rename still undoes it
+                started.append((src, Path(dst)))  # recorded first: a signal right after the rename still undoes it
                 os.replace(src, dst)
                 for (
                     block
                 ) in _open:  # at once: if an OSError and then a signal cut the undo below, the block's undoes it
                     (block._kept if resumable else block._done).append(Path(dst))
     except BaseException:
-        _finish(lambda: [_remove(dst) for src, dst in started if not os.path.lexists(src)])
+        run_to_end(undo)
         raise
 
 
@@ -252,14 +321,14 @@ class undo_on_interrupt:  # noqa: N801 - used as a function: `with undo_on_inter
     the block (the handler takes one signal, so that call runs undisturbed)."""
 
     def __init__(self, also: tuple[type[BaseException], ...] = ()) -> None:
-        self._signals = (Interrupted, *_UNWIND, *also)
+        self._signals = (*SIGNAL_EXCEPTIONS, *also)
         self._done: list[Path] = []  # committed in the block: removed on an interrupt
         self._kept: list[Path] = []  # committed `resumable`: they stay
         self._live_before: set[Path] = set()
         self._received_from = 0
 
     def __enter__(self) -> undo_on_interrupt:
-        self._live_before, self._received_from = set(_live), len(_received)
+        self._live_before, self._received_from = set(_live), len(signals_taken())
         _open.append(self)
         return self
 
@@ -278,15 +347,16 @@ class undo_on_interrupt:  # noqa: N801 - used as a function: `with undo_on_inter
         if self in _open:
             _open.remove(self)
         _sweep([p for p in _live if p not in self._live_before])
-        late = len(_received) > self._received_from
+        late = len(signals_taken()) > self._received_from
         if not (isinstance(exc, self._signals) or late):
             return
         _sweep(self._done)
         self._done.clear()
         if not isinstance(exc, self._signals):  # swallowed by a finalizer, or replaced by a cleanup's error
-            raise Interrupted(_received[-1]) from exc
-        if self._kept:
-            exc.kept = sorted(set(self._kept))  # type: ignore[attr-defined]
+            raise Interrupted(signals_taken()[-1]) from exc
+        kept = sorted(p for p in set(self._kept) if os.path.lexists(p))  # a first write cut short left none
+        if kept:
+            exc.kept = kept  # type: ignore[attr-defined]
 
 
 def check_target(path: str | Path) -> None:
