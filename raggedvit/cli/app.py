@@ -9,6 +9,7 @@ left), 3 unexpected internal error (set RAGGEDVIT_DEBUG=1 for the traceback).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -63,6 +64,8 @@ class _Group(click.Group):
             if code == 3 and os.environ.get("RAGGEDVIT_DEBUG"):
                 raise
             click.echo(f"error: {message}", err=True)
+            if code == 130:  # ends at once: Python's last collection of every object (seconds with torch) is skipped
+                gc.freeze()
             sys.exit(code)
         finally:
             restore()
