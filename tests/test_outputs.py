@@ -211,3 +211,33 @@ def test_a_signal_lost_in_a_finalizer_is_raised_at_the_next_line(capfd, finalize
     restore = interrupts_raise()  # a new command starts with nothing pending
     restore()
     raise_pending_interrupt()
+
+
+def test_held_folder_locks_out_other_writers_and_leaves_no_empty_folder(tmp_path):
+    """The holder's own commits go through; another process's commit waits for the block's end; a second holder is
+    refused after wait_s. Folders the block made are removed if it wrote nothing, kept with what it wrote."""
+    import subprocess
+    import sys
+    import time
+
+    from raggedvit.outputs import held_folder
+    from tests.support.env import ROOT, child_env
+
+    out = tmp_path / "a" / "out"
+    with held_folder(out) as folder:
+        assert folder == out and out.is_dir()
+        with pytest.raises(BlockingIOError) as info, held_folder(out, wait_s=0.2):
+            pass
+        assert info.value.filename == str(out)
+    assert list(tmp_path.iterdir()) == []  # nothing written: a/ and a/out/ go
+
+    write = f"from raggedvit.outputs import atomic_write; atomic_write({str(out / 'b.json')!r}, 'b')"
+    with held_folder(out):
+        atomic_write(out / "a.json", "a")  # no wait on its own lock
+        other = subprocess.Popen([sys.executable, "-c", write], env=child_env(), cwd=ROOT)
+        time.sleep(1.5)
+        assert other.poll() is None and not (out / "b.json").exists()  # waiting for the folder
+    assert other.wait(timeout=60) == 0 and sorted(p.name for p in out.iterdir()) == ["a.json", "b.json"]
+    with held_folder(out):  # there before: stays whatever the block does
+        pass
+    assert out.is_dir()
