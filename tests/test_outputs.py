@@ -73,12 +73,12 @@ def test_two_exports_to_one_path_leave_one_consistent_pair(tmp_path, monkeypatch
     import numpy as np
     import onnx
 
-    from raggedvit import outputs
     from raggedvit.exporter import saving
+    from raggedvit.outputs import writes
 
     monkeypatch.setattr(saving, "EXTERNAL_DATA_BYTES", 1024)
     if not locked:
-        monkeypatch.setattr(outputs, "_folder_lock", lambda folder: contextlib.nullcontext())
+        monkeypatch.setattr(writes, "_folder_lock", lambda folder: contextlib.nullcontext())
     a_renamed_data, b_renamed_onnx = threading.Event(), threading.Event()
     real_replace = os.replace
 

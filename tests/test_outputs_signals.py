@@ -59,7 +59,7 @@ def _interrupt_at_event(n: int):
     """A profiler that runs the SIGTERM handler (interrupts._raise_interrupted) at the n-th point where CPython can
     run a Python signal handler: a Python function's entry and return, a C function's return. Once: the handler then
     ignores further signals."""
-    from raggedvit.interrupts import _raise_interrupted
+    from raggedvit.outputs.interrupts import _raise_interrupted
 
     seen = [0]
 

@@ -344,6 +344,8 @@ def validate(
     if junit is not None:
         check_writable(junit, "JUnit XML")
     if report is not None:
+        if not report.name:  # "" (an unset shell variable) or a folder such as "."
+            raise CliError(f"--report {str(report)!r} names no file: give REPORT (REPORT.json and REPORT.md written)")
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
         check_writable(base.with_name(base.name + ".json"), "report")
     from raggedvit.validators.reference import load_recipe
