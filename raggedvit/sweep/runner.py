@@ -169,16 +169,7 @@ def _measure(
             speed = measure_speed(vit, spec, inputs, work, recipe=recipe, dtype=dtype, capacity=capacity,
                                   device=device, batch=batch, seconds=seconds)  # fmt: skip
             took = time.perf_counter() - start
-            point = PointResult(
-                key=point_key(spec),
-                label=point_label(spec),
-                policy=spec.policy,
-                params=point_params(spec),
-                spec=spec.to_dict(),
-                **acc,
-                **speed,
-                seconds=round(took, 3),
-            )
+            point = PointResult(**_names(spec), **acc, **speed, seconds=round(took, 3))
             result.points = _in_order(specs, [*result.points, point, *(_copy(point, s) for s in equal)])
             if out is not None:
                 write_outputs(result, out)
@@ -186,10 +177,15 @@ def _measure(
             raise_pending_interrupt()  # a Ctrl-C whose exception was lost during the point
 
 
+def _names(spec: PruneSpec) -> dict[str, Any]:
+    """The fields of a PointResult that say which point it is."""
+    return {"key": point_key(spec), "label": point_label(spec), "policy": spec.policy, "params": point_params(spec),
+            "spec": spec.to_dict()}  # fmt: skip
+
+
 def _copy(point: PointResult, spec: PruneSpec) -> PointResult:
     """`point`'s result as the result of `spec`, a point equal to it (not measured: seconds 0)."""
-    facts = {"key": point_key(spec), "label": point_label(spec), "params": point_params(spec), "spec": spec.to_dict()}
-    return dataclasses.replace(point, **facts, policy=spec.policy, seconds=0.0, same_as=point.key)
+    return dataclasses.replace(point, **_names(spec), seconds=0.0, same_as=point.key)
 
 
 def write_outputs(result: SweepResult, out: Path) -> list[Path]:

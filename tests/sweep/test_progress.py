@@ -33,3 +33,20 @@ def test_durations_read_as_a_person_reads_them() -> None:
     assert [duration(s) for s in (0.4, 45, 89, 90, 725, 5360, 5400, 12000)] == [
         "0 s", "45 s", "89 s", "2 min", "12 min", "89 min", "1 h 30 min", "3 h 20 min"
     ]  # fmt: skip
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_bar_on_a_terminal() -> None:
+    """On a terminal the lines of text print above a tqdm bar, whose text says the point done and the time left."""
+    stream = _Terminal()
+    bar = Progress(2, enabled=True, stream=stream)
+    bar.note("2 points")
+    bar.start("none")
+    bar.finished("none", 30.0)
+    bar.close()
+    text = stream.getvalue()
+    assert "sweep: 2 points\n" in text and "1/2" in text and "none in 30.0 s; about 30 s left" in text
