@@ -77,9 +77,14 @@ __all__ = ["sweep"]
     "--out",
     type=click.Path(file_okay=False),
     default="sweep",
-    help="Folder of sweep.json, sweep.csv, sweep.md and sweep.png (rewritten after every point).",
+    help="Folder of sweep.json, sweep.csv, sweep.md and sweep.png (rewritten after every point; one sweep at a time).",
 )
-@click.option("--resume", is_flag=True, default=False, help="Keep the points a run with the same settings finished.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    default=False,
+    help="Keep the points a run with the same settings finished there (also those this grid does not list).",
+)
 def sweep(
     model: str,
     checkpoint: Path | None,
