@@ -31,6 +31,7 @@ def commit(moves: Mapping[Path, Path], *, resumable: bool = False) -> None:
 
 
 def _commit(moves: Mapping[Path, Path], resumable: bool, folders: list[Path], saved: Path | None) -> None:
+    """commit's renames; `saved`: a staging folder for the hard links of the files a resumable commit replaces."""
     started: list[tuple[Path, Path]] = []
     previous: dict[Path, Path] = {}  # target -> the hard link of the file it replaces
 
@@ -50,8 +51,8 @@ def _commit(moves: Mapping[Path, Path], resumable: bool, folders: list[Path], sa
         with contextlib.ExitStack() as locks:
             for folder in folders:  # one order for every writer: no deadlock between two multi-folder commits
                 locks.enter_context(_folder_lock(folder))
-            for i, dst in enumerate(moves.values() if saved is not None else ()):
-                if os.path.isfile(dst) and not os.path.islink(dst):
+            for i, dst in enumerate(moves.values()):  # resumable: a hard link of each file about to be replaced
+                if saved is not None and os.path.isfile(dst) and not os.path.islink(dst):
                     try:
                         os.link(dst, saved / str(i))
                     except OSError:  # no hard links here (or another file system): no way back for this one
