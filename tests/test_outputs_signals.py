@@ -56,10 +56,10 @@ def test_a_signal_after_the_rename_exits_0_or_leaves_nothing(tmp_path, target):
 
 
 def _interrupt_at_event(n: int):
-    """A profiler that runs the SIGTERM handler (outputs._raise_interrupted) at the n-th point where CPython can run a
-    Python signal handler: a Python function's entry and return, a C function's return. Once: the handler then
+    """A profiler that runs the SIGTERM handler (interrupts._raise_interrupted) at the n-th point where CPython can
+    run a Python signal handler: a Python function's entry and return, a C function's return. Once: the handler then
     ignores further signals."""
-    from raggedvit.outputs import _raise_interrupted
+    from raggedvit.outputs.interrupts import _raise_interrupted
 
     seen = [0]
 
@@ -113,3 +113,42 @@ def test_a_signal_at_any_point_of_a_write_leaves_nothing_behind(tmp_path, nested
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert n > 50, n  # the signal landed at many points before the write finished
+
+
+def test_a_signal_at_any_point_of_a_resumable_write_leaves_one_whole_set(tmp_path):
+    """A sweep rewrites its four files as a resumable set after every point. The signal lands at every point of that
+    write in turn (inside undo_on_interrupt, as in the CLI): the folder then holds the previous set or the new one,
+    whole (a commit cut short puts back the files it had replaced), and nothing hidden."""
+    from raggedvit.outputs import Interrupted, atomic_write_all, undo_on_interrupt
+
+    names = ("sweep.json", "sweep.csv", "sweep.md", "sweep.png")
+    old, new = dict.fromkeys(names, "point 1"), dict.fromkeys(names, "points 1 and 2")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    outcomes = set()
+    try:
+        for n in range(1, 20000):
+            folder = tmp_path / str(n)
+            folder.mkdir()
+            for name, text in old.items():
+                (folder / name).write_text(text)
+            guard = undo_on_interrupt()
+            sys.setprofile(_interrupt_at_event(n))
+            try:
+                with guard:
+                    atomic_write_all({folder / k: v for k, v in new.items()}, resumable=True)
+            except Interrupted as e:
+                guard.undo(e)
+            else:
+                break
+            finally:
+                sys.setprofile(None)
+            found = {p.name: p.read_text() for p in folder.iterdir()}
+            assert found in (old, new), (n, found)
+            outcomes.add("old" if found == old else "new")
+        else:
+            raise AssertionError("the write never outran the signal")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert {p.name: p.read_text() for p in folder.iterdir()} == new
+    assert outcomes == {"old", "new"} and n > 50, (outcomes, n)  # cut before, during and after the renames

@@ -9,6 +9,7 @@ left), 3 unexpected internal error (set RAGGEDVIT_DEBUG=1 for the traceback).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -64,6 +65,8 @@ class _Group(click.Group):
             if code == 3 and os.environ.get("RAGGEDVIT_DEBUG"):
                 raise
             click.echo(f"error: {message}", err=True)
+            if code == 130:  # ends at once: Python's last collection of every object (seconds with torch) is skipped
+                gc.freeze()
             sys.exit(code)
         finally:
             restore()
@@ -355,6 +358,8 @@ def validate(
     if junit is not None:
         check_writable(junit, "JUnit XML")
     if report is not None:
+        if not report.name:  # "" (an unset shell variable) or a folder such as "."
+            raise CliError(f"--report {str(report)!r} names no file: give REPORT (REPORT.json and REPORT.md written)")
         base = report.with_suffix("") if report.suffix in (".json", ".md") else report
         check_writable(base.with_name(base.name + ".json"), "report")
     from raggedvit.validators.reference import load_recipe

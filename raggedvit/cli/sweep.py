@@ -75,11 +75,16 @@ __all__ = ["sweep"]
 @click.option("--seconds", type=float, default=0.5, help="Timed seconds per point (median reported).")
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("sweep"),
-    help="Folder of sweep.json, sweep.csv, sweep.md and sweep.png (rewritten after every point).",
+    type=click.Path(file_okay=False),
+    default="sweep",
+    help="Folder of sweep.json, sweep.csv, sweep.md and sweep.png (rewritten after every point; one sweep at a time).",
 )
-@click.option("--resume", is_flag=True, default=False, help="Keep the points a run with the same settings finished.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    default=False,
+    help="Keep the points a run with the same settings finished there (also those this grid does not list).",
+)
 def sweep(
     model: str,
     checkpoint: Path | None,
@@ -96,7 +101,7 @@ def sweep(
     dtype: str | None,
     capacity: bool,
     seconds: float,
-    out: Path,
+    out: str,
     resume: bool,
 ) -> None:
     """Accuracy against speed of MODEL over grids of pruning settings: one table, one chart (in --out).
@@ -118,11 +123,12 @@ def sweep(
     if labels is not None:
         check_readable_file(Path(labels), "labels file")
     check_image_folder(image_dir)
-    check_folder(out, "--out")
+    check_folder(Path(out), "--out")
     require_onnxruntime_cli()
     require_device(device)
-    from raggedvit.sweep import FILES, grid_points, run_sweep
+    from raggedvit.sweep import FILES, check_out_folder, grid_points, run_sweep
 
+    check_out_folder(out)  # InputError: 2 ("" is refused, not the current folder)
     points = [spec for policy, grid in zip(policies, grids) for spec in grid_points(policy, grid)]  # InputError: 2
     vit, info = load_model(model, checkpoint=checkpoint, pretrained=pretrained, seed=seed, img_size=img_size)
     check_img_size(model, vit, img_size)
@@ -142,4 +148,4 @@ def sweep(
         progress=True,
     )
     click.echo(result.to_markdown(), nl=False)
-    click.echo(f"wrote {', '.join(str(out / name) for name in FILES)}", err=True)
+    click.echo(f"wrote {', '.join(str(Path(out) / name) for name in FILES)}", err=True)

@@ -132,7 +132,7 @@ def bench(
 # ---- triton-repo ----------------------------------------------------------------------------------
 @click.command("triton-repo")
 @click.argument("onnx_file", metavar="MODEL.onnx", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("repo_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("repo_dir", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--name", default=None, help="Model name and folder under DIR (default: the file name's stem).")
 @click.option("--max-batch-size", type=click.IntRange(min=0), default=32, help="Largest batch Triton forms.")
 @click.option("--instances", type=click.IntRange(min=1), default=1, help="Model instances (per GPU for gpu).")
@@ -147,6 +147,9 @@ def triton_repo(onnx_file, repo_dir, name, max_batch_size, instances, kind, serv
     op library)."""
     from raggedvit.triton_repo import write_model_repository
 
+    if not repo_dir:  # an unset shell variable: not the current folder
+        raise CliError("DIR is empty (''): name the folder of the model repository")
+    repo_dir = Path(repo_dir)
     check_folder(repo_dir, "DIR")
     try:
         repo = write_model_repository(

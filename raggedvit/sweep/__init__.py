@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from raggedvit.sweep.grid import SweepInputError, grid_keys, grid_points, parse_grid, point_label
 from raggedvit.sweep.report import FILES, PointResult, SweepResult
-from raggedvit.sweep.runner import DTYPES, default_dtype, run_sweep, write_outputs
+from raggedvit.sweep.runner import DTYPES, check_out_folder, default_dtype, run_sweep, write_outputs
 
 __all__ = [
     "DTYPES",
@@ -21,6 +21,7 @@ __all__ = [
     "PointResult",
     "SweepInputError",
     "SweepResult",
+    "check_out_folder",
     "default_dtype",
     "grid_keys",
     "grid_points",

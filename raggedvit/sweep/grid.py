@@ -17,9 +17,18 @@ from typing import Any
 
 from raggedvit import InputError
 from raggedvit.policies import POLICIES, get_policy
-from raggedvit.pruning.spec import PruneSpec
+from raggedvit.pruning.spec import PruneSpec, merged_count
 
-__all__ = ["SweepInputError", "grid_keys", "grid_points", "parse_grid", "point_key", "point_label", "point_params"]
+__all__ = [
+    "SweepInputError",
+    "equal_points",
+    "grid_keys",
+    "grid_points",
+    "parse_grid",
+    "point_key",
+    "point_label",
+    "point_params",
+]
 
 AT = "at"  # the grid's name of PruneSpec.prune_at
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -144,3 +153,24 @@ def point_label(spec: PruneSpec) -> str:
 def point_key(spec: PruneSpec) -> str:
     """The identity of a point (what --resume matches): the spec as canonical JSON."""
     return json.dumps(spec.to_dict(), sort_keys=True)
+
+
+def equal_points(specs: Sequence[PruneSpec], *, depth: int, tokens: int, num_prefix: int) -> dict[str, str]:
+    """{key of a point: key of the earlier point of `specs` it equals} for the points that run the same model as an
+    earlier one on a model of `depth` blocks and `tokens` rows per image, `num_prefix` of them prefix tokens: tome
+    points whose r merges the same count in every block (merged_count: r past half the patch tokens merges that
+    half, as the largest r does). The others are absent."""
+    first: dict[tuple, str] = {}
+    same: dict[str, str] = {}
+    for spec in specs:
+        if not spec.merges:
+            continue
+        n, merges = tokens, []
+        for _ in spec.resolve(depth).prune_at:
+            merges.append(merged_count(n, num_prefix, spec.r))
+            n -= merges[-1]
+        model = (json.dumps({**spec.to_dict(), "r": None}, sort_keys=True), tuple(merges))
+        key = point_key(spec)
+        if first.setdefault(model, key) != key:
+            same[key] = first[model]
+    return same

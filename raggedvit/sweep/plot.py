@@ -13,8 +13,9 @@ _ANGLES = (30, -30, 150, -150, 90, -90, 0, 180)
 
 
 def plot_png(result: SweepResult) -> bytes:
-    """PNG bytes: one marker per point (a colour per policy), every point labelled with its grid values, the Pareto
-    front as a line through its points. Needs matplotlib (no pyplot: the Agg canvas, no global state)."""
+    """PNG bytes: one marker per measured point (a colour per policy; a point equal to a measured one shares its
+    marker), every one labelled with its grid values, the Pareto front as a line through its points. Needs matplotlib
+    (no pyplot: the Agg canvas, no global state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -26,7 +27,7 @@ def plot_png(result: SweepResult) -> bytes:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     groups: dict[str, list] = {}  # the points of each policy, in first-seen order
-    for p in result.points:
+    for p in result.measured():
         groups.setdefault(p.policy, []).append(p)
     colors = {pol: f"C{i}" for i, pol in enumerate(groups)}
     for pol, pts in groups.items():
@@ -76,7 +77,7 @@ def _label_points(fig, ax, result: SweepResult, colors: dict[str, str]) -> None:
     import math
 
     renderer = fig.canvas.get_renderer()
-    pts = sorted(result.points, key=lambda p: (-result.quality(p), p.img_per_s))
+    pts = sorted(result.measured(), key=lambda p: (-result.quality(p), p.img_per_s))
     xy = {p.key: (p.img_per_s, 100 * result.quality(p)) for p in pts}
     markers = {k: ax.transData.transform(v) for k, v in xy.items()}
     legend = ax.get_legend()

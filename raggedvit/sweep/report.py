@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ class PointResult:
     keys and values; spec: PruneSpec.to_dict(). Accuracy side (PyTorch): agreement, top1, top5 (None without
     labels), kl, tokens per stage, gflops per image, flops_ratio. Speed side (ONNX Runtime at the sweep's batch):
     img_per_s, latency_ms (median; p10_ms, p90_ms), gpu_ms (CUDA only), runs, cuda_graph. seconds: wall time the
-    point took to measure."""
+    point took to measure. same_as: the key of the point whose numbers these are, for a point that runs the same model
+    as it (raggedvit.sweep.grid.equal_points) and was not measured again (seconds 0); None for a measured point."""
 
     key: str
     label: str
@@ -46,17 +47,21 @@ class PointResult:
     runs: int
     cuda_graph: bool
     seconds: float
+    same_as: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PointResult:
-        """The fields of a sweep.json point (derived columns such as speedup and pareto are left out)."""
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        """The fields of a sweep.json point (derived columns such as speedup and pareto are left out; a field with a
+        default may be missing: a file written before it existed)."""
+        values = {f.name: data[f.name] if f.default is MISSING else data.get(f.name, f.default) for f in fields(cls)}
+        return cls(**values)
 
 
 @dataclass
 class SweepResult:
-    """settings: what was swept and how (model, weights, device, batch, dtype, images, versions); points: in the
-    order they were measured, the unpruned baseline (policy none) first."""
+    """settings: what was swept and how (model, weights, device, batch, dtype, images, versions); points: the unpruned
+    baseline (policy none) first, then the grid's points in its order, then the finished points of an earlier run
+    (same settings) that the grid no longer lists."""
 
     settings: dict[str, Any]
     points: list[PointResult] = field(default_factory=list)
@@ -73,15 +78,26 @@ class SweepResult:
     def baseline(self) -> PointResult | None:
         return next((p for p in self.points if not get_policy(p.policy).prunes), None)
 
+    def row_label(self, point: PointResult) -> str:
+        """The point's label in the table: "tome r=120 (= tome r=98)" for a point equal to a measured one."""
+        if point.same_as is None:
+            return point.label
+        twin = next((p.label for p in self.points if p.key == point.same_as), "?")
+        return f"{point.label} (= {twin})"
+
+    def measured(self) -> list[PointResult]:
+        """The points that were measured (not equal to another point: same_as None), in order."""
+        return [p for p in self.points if p.same_as is None]
+
     def speedup(self, point: PointResult) -> float | None:
         """img/s over the unpruned baseline's."""
         base = self.baseline
         return point.img_per_s / base.img_per_s if base is not None and base.img_per_s > 0 else None
 
     def pareto(self) -> set[str]:
-        """Keys of the points no other point beats: none is at least as fast and as good with one of the two
-        strictly better (img/s against `metric`)."""
-        pts = [(p.img_per_s, self.quality(p), p.key) for p in self.points]
+        """Keys of the measured points no other point beats: none is at least as fast and as good with one of the two
+        strictly better (img/s against `metric`). A point equal to a measured one is not a point of its own."""
+        pts = [(p.img_per_s, self.quality(p), p.key) for p in self.measured()]
         return {k for s, q, k in pts if not any(s2 >= s and q2 >= q and (s2 > s or q2 > q) for s2, q2, _ in pts)}
 
     def by_speed(self) -> list[PointResult]:
@@ -113,11 +129,14 @@ class SweepResult:
         return keys
 
     def to_csv(self) -> str:
-        """One row per point, fastest first; a column per grid key (empty where a policy has no such key)."""
+        """One row per point, fastest first; a column per grid key (empty where a policy has no such key); same_as:
+        the label of the measured point a point equals."""
         front = self.pareto()
         keys = self.param_keys()
         head = ["label", "policy", *keys, "img_per_s", "speedup", "latency_ms", "p10_ms", "p90_ms", "gpu_ms"]
         head += ["cuda_graph", "agreement", "top1", "top5", "kl", "tokens", "gflops", "flops_ratio", "pareto"]
+        head.append("same_as")
+        labels = {p.key: p.label for p in self.points}
         buf = io.StringIO()
         out = csv.writer(buf, lineterminator="\n")
         out.writerow(head)
@@ -127,7 +146,7 @@ class SweepResult:
                 [p.label, p.policy, *params, f"{p.img_per_s:.6g}", _cell(self.speedup(p)), f"{p.latency_ms:.6g}"]
                 + [f"{p.p10_ms:.6g}", f"{p.p90_ms:.6g}", _cell(p.gpu_ms), int(p.cuda_graph), f"{p.agreement:.6g}"]
                 + [_cell(p.top1), _cell(p.top5), f"{_kl(p.kl):.6g}", " ".join(f"{t:.6g}" for t in p.tokens)]
-                + [f"{p.gflops:.6g}", f"{p.flops_ratio:.6g}", int(p.key in front)]
+                + [f"{p.gflops:.6g}", f"{p.flops_ratio:.6g}", int(p.key in front), labels.get(p.same_as or "", "")]
             )
         return buf.getvalue()
 
@@ -160,7 +179,8 @@ class SweepResult:
             if pareto_only and p.key not in front:
                 continue
             speed = self.speedup(p)
-            row = ["●" if p.key in front else "", p.label, f"{p.img_per_s:,.1f}", f"{speed:.2f}x" if speed else "-"]
+            row = ["●" if p.key in front else "", self.row_label(p), f"{p.img_per_s:,.1f}"]
+            row.append(f"{speed:.2f}x" if speed else "-")
             row += [f"{p.gpu_ms:.3f}" if p.gpu_ms is not None else "-"] if gpu else []
             row.append(f"{100 * p.agreement:.1f}%")
             row += [f"{100 * (p.top1 or 0):.1f}%", f"{100 * (p.top5 or 0):.1f}%"] if labelled else []

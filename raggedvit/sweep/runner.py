@@ -1,12 +1,12 @@
-"""run_sweep: every point measured in turn, each written as soon as it is done, so --resume skips it."""
+"""run_sweep: every point measured in turn, each written as soon as it is done, so a resumed run skips it."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -15,18 +15,19 @@ from typing import Any
 
 import torch
 
-from raggedvit.outputs import raise_pending_interrupt
+from raggedvit.outputs import held_folder, raise_pending_interrupt
 from raggedvit.pruning import PruneSpec
 from raggedvit.pruning.backbone import Backbone
 from raggedvit.pruning.families import backbone_for
 from raggedvit.pruning.precision import DTYPES
-from raggedvit.sweep.grid import SweepInputError, point_key, point_label, point_params
-from raggedvit.sweep.inputs import sweep_images
+from raggedvit.sweep.grid import SweepInputError, equal_points, point_key, point_label, point_params
+from raggedvit.sweep.inputs import SweepImages, sweep_images
 from raggedvit.sweep.measure import measure_accuracy, measure_speed, reference
+from raggedvit.sweep.progress import Progress
 from raggedvit.sweep.report import FILES, PointResult, SweepResult
 from raggedvit.weights import WeightsInfo
 
-__all__ = ["DTYPES", "default_dtype", "run_sweep", "write_outputs"]
+__all__ = ["DTYPES", "check_out_folder", "default_dtype", "run_sweep", "write_outputs"]
 
 _OOM_TEXT = ("out of memory", "can't allocate memory", "failed to allocate memory")
 
@@ -58,10 +59,14 @@ def run_sweep(
     folder (ImageNet-style class folders give top-1 / top-5; `labels` maps their names to class indices), None for
     the sample photos. device: where PyTorch and ONNX Runtime run. batch: the batch timed (and PyTorch's batch).
     dtype: the export dtype (default_dtype). capacity: export in the capacity layout (every policy static-shape).
-    seconds: timed seconds per point. out: a folder for sweep.json / .csv / .md / .png, rewritten after every point;
-    resume: keep the points a previous run with the same settings finished there. progress: a tqdm bar on stderr.
+    seconds: timed seconds per point. out: a folder for sweep.json / .csv / .md / .png, rewritten after every point
+    and held for the run (a second run into it is refused); resume: keep the points a previous run with the same
+    settings finished there, those this grid no longer lists included. progress: the count of points, then a line
+    per point with the time left, on stderr (a bar on a terminal).
 
-    SweepInputError (one line) for unusable input; an interrupt loses only the point in progress."""
+    A point equal to an earlier one (tome r past half the tokens: equal_points) is not measured again: its result
+    is the earlier one's, with `same_as` naming it. SweepInputError (one line) for unusable input, before the first
+    point for every problem of the points themselves; an interrupt loses only the point in progress."""
     dtype = dtype or default_dtype(device)
     _check_args(device, batch, dtype, seconds, out, resume)
     try:
@@ -70,76 +75,117 @@ def run_sweep(
         raise SweepInputError(f"unsupported model {weights.model_name}: {e}") from None
     if int(getattr(vit, "num_classes", 0) or 0) == 0:
         raise SweepInputError(f"{weights.model_name} has no classifier head (num_classes=0): a sweep compares classes")
-    specs = _points(points, backbone)
+    specs = _points(points, backbone, weights.model_name)
     _check_batch_fits(backbone, batch, device)
     imgs = sweep_images(vit, images, labels)
     settings = _settings(weights, backbone, imgs.describe(), device, batch, dtype, capacity, seconds)
-    result = SweepResult(settings)
     out_dir = Path(out) if out is not None else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    done = _finished(out_dir, settings) if resume and out_dir is not None else {}
-    result.points = [done[point_key(s)] for s in specs if point_key(s) in done]
-    todo = [s for s in specs if point_key(s) not in done]
-    if out_dir is not None and not todo:
-        write_outputs(result, out_dir)
-        return result
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=len(specs),
-        initial=len(specs) - len(todo),
-        desc="sweep",
-        unit="point",
-        file=sys.stderr,
-        disable=None if progress else True,
-        dynamic_ncols=True,
-    )
-    recipe = {"model": weights.model_name, "weights": weights.to_dict()}
-    try:
-        with _workdir(out_dir) as work, _out_of_memory(batch, device):
-            if device == "cuda":
-                from raggedvit.timing import start_cupti
-
-                start_cupti()  # before any CUDA graph: the GPU time of their replays is seen
-            model = vit if device == "cpu" else copy.deepcopy(vit).to(device)
-            bar.set_postfix_str("unpruned reference")
-            ref = reference(model, imgs, batch=batch, device=device)
-            inputs = next(imgs.batches(vit, batch))[1]  # the first images, tiled to the batch for timing
-            for spec in todo:
-                bar.set_postfix_str(point_label(spec))
-                start = time.perf_counter()
-                acc = measure_accuracy(model, backbone, spec, imgs, ref, batch=batch, device=device)
-                speed = measure_speed(
-                    vit,
-                    spec,
-                    inputs,
-                    work,
-                    recipe=recipe,
-                    dtype=dtype,
-                    capacity=capacity,
-                    device=device,
-                    batch=batch,
-                    seconds=seconds,
-                )
-                point = PointResult(
-                    key=point_key(spec),
-                    label=point_label(spec),
-                    policy=spec.policy,
-                    params=point_params(spec),
-                    spec=spec.to_dict(),
-                    **acc,
-                    **speed,
-                    seconds=round(time.perf_counter() - start, 3),
-                )
-                result.points = _in_order(specs, [*result.points, point])
-                if out_dir is not None:
-                    write_outputs(result, out_dir)
-                bar.update()
-                raise_pending_interrupt()  # a Ctrl-C whose exception a finalizer swallowed during the point
-    finally:
-        bar.close()
+    with contextlib.nullcontext() if out_dir is None else _held(out_dir):
+        done = _finished(out_dir, settings) if resume and out_dir is not None else {}
+        result, todo = _plan(settings, specs, done, backbone)
+        if out_dir is not None and not todo:
+            write_outputs(result, out_dir)
+            return result
+        bar = Progress(len(todo), enabled=progress)
+        try:
+            bar.note(_count(specs, todo, done))
+            _measure(vit, weights, backbone, specs, todo, result, bar, imgs=imgs, device=device, batch=batch,
+                     dtype=dtype, capacity=capacity, seconds=seconds, out=out_dir)  # fmt: skip
+        finally:
+            bar.close()
     return result
+
+
+def _plan(
+    settings: dict[str, Any], specs: list[PruneSpec], done: dict[str, PointResult], backbone: Backbone
+) -> tuple[SweepResult, list[tuple[PruneSpec, list[PruneSpec]]]]:
+    """The result so far (the finished points of `done`, those the grid no longer lists included, and the points
+    equal to a finished one) and what is left: (the point to measure, the points equal to it), in the grid's order."""
+    listed = {point_key(s) for s in specs}
+    kept = [PruneSpec.from_dict(p.spec) for p in done.values() if p.key not in listed]
+    every = [*specs, *kept]
+    same = equal_points(every, depth=backbone.depth, tokens=backbone.tokens_per_image(), num_prefix=backbone.num_prefix)
+    groups: dict[str, list[PruneSpec]] = {}  # the first point of each model -> every point of that model
+    for spec in every:
+        groups.setdefault(same.get(point_key(spec), point_key(spec)), []).append(spec)
+    points, todo = [], []
+    for members in groups.values():
+        found = [done[point_key(s)] for s in members if point_key(s) in done]
+        points += found
+        source = next((p for p in found if p.same_as is None), None)
+        rest = [s for s in members if point_key(s) not in done]
+        if source is not None:
+            points += [_copy(source, s) for s in rest]
+        elif rest:
+            todo.append((rest[0], rest[1:]))
+    result = SweepResult(settings)
+    result.points = _in_order(every, points)
+    return result, todo
+
+
+def _count(specs: list[PruneSpec], todo: list, done: dict[str, PointResult]) -> str:
+    """The line before the first point: how many points, how many to measure, and why the others are not."""
+    equal = len(specs) - len(todo) - sum(point_key(s) in done for s in specs)
+    parts = [f"{len(todo)} to measure"]
+    if equal:
+        parts.append(f"{equal} equal to another point, not measured again")
+    if done:
+        parts.append(f"{len(done)} finished before, kept")
+    return f"{len(specs)} points (the unpruned model and the grid's {len(specs) - 1}): {', '.join(parts)}"
+
+
+def _measure(
+    vit: torch.nn.Module,
+    weights: WeightsInfo,
+    backbone: Backbone,
+    specs: list[PruneSpec],
+    todo: list[tuple[PruneSpec, list[PruneSpec]]],
+    result: SweepResult,
+    bar: Progress,
+    *,
+    imgs: SweepImages,
+    device: str,
+    batch: int,
+    dtype: str,
+    capacity: bool,
+    seconds: float,
+    out: Path | None,
+) -> None:
+    """Measure each point of `todo` in turn, adding it (and the points equal to it) to `result`, written to `out`
+    after each."""
+    recipe = {"model": weights.model_name, "weights": weights.to_dict()}
+    with _workdir(out) as work, _out_of_memory(batch, device):
+        if device == "cuda":
+            from raggedvit.timing import start_cupti
+
+            start_cupti()  # before any CUDA graph: the GPU time of their replays is seen
+        model = vit if device == "cpu" else copy.deepcopy(vit).to(device)
+        ref = reference(model, imgs, batch=batch, device=device)
+        inputs = next(imgs.batches(vit, batch))[1]  # the first images, tiled to the batch for timing
+        for spec, equal in todo:
+            bar.start(point_label(spec))
+            start = time.perf_counter()
+            acc = measure_accuracy(model, backbone, spec, imgs, ref, batch=batch, device=device)
+            speed = measure_speed(vit, spec, inputs, work, recipe=recipe, dtype=dtype, capacity=capacity,
+                                  device=device, batch=batch, seconds=seconds)  # fmt: skip
+            took = time.perf_counter() - start
+            point = PointResult(**_names(spec), **acc, **speed, seconds=round(took, 3))
+            result.points = _in_order(specs, [*result.points, point, *(_copy(point, s) for s in equal)])
+            if out is not None:
+                write_outputs(result, out)
+            bar.finished(point_label(spec), took)
+            raise_pending_interrupt()  # a Ctrl-C whose exception was lost during the point
+
+
+def _names(spec: PruneSpec) -> dict[str, Any]:
+    """The fields of a PointResult that say which point it is."""
+    return {"key": point_key(spec), "label": point_label(spec), "policy": spec.policy, "params": point_params(spec),
+            "spec": spec.to_dict()}  # fmt: skip
+
+
+def _copy(point: PointResult, spec: PruneSpec) -> PointResult:
+    """`point`'s result as the result of `spec`, a point equal to it (not measured: seconds 0)."""
+    return dataclasses.replace(point, **_names(spec), seconds=0.0, same_as=point.key)
 
 
 def write_outputs(result: SweepResult, out: Path) -> list[Path]:
@@ -166,11 +212,7 @@ def _check_args(device: str, batch: int, dtype: str, seconds: float, out, resume
     if resume and out is None:
         raise SweepInputError("--resume needs the folder of the run to resume (--out)")
     if out is not None:
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:  # before the first point, not after it
-            raise SweepInputError("sweep.png needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)")
-        _check_out(Path(out))
+        check_out_folder(out)
     if device == "cuda":
         import onnxruntime as ort
 
@@ -180,8 +222,16 @@ def _check_args(device: str, batch: int, dtype: str, seconds: float, out, resume
             raise SweepInputError(f"--device cuda: onnxruntime {ort.__version__} has no CUDAExecutionProvider")
 
 
-def _check_out(out: Path) -> None:
-    """SweepInputError unless `out` is (or can be made) a writable folder."""
+def check_out_folder(out: str | Path) -> None:
+    """SweepInputError unless `out` names a folder that is (or can be made) writable, and matplotlib (sweep.png) is
+    there: an empty name (an unset shell variable) is refused, not taken for the current folder."""
+    import importlib.util
+
+    if isinstance(out, str) and not out.strip():
+        raise SweepInputError(f"--out is empty ({out!r}): name the folder of the sweep's files")
+    if importlib.util.find_spec("matplotlib") is None:  # before the first point, not after it
+        raise SweepInputError("sweep.png needs matplotlib: pip install 'raggedvit[images]' (or matplotlib)")
+    out = Path(out)
     probe = out
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -191,22 +241,40 @@ def _check_out(out: Path) -> None:
         raise SweepInputError(f"--out {str(out)!r}: folder {str(probe)!r} is not writable")
 
 
-def _points(points: Sequence[PruneSpec], backbone: Backbone) -> list[PruneSpec]:
-    """The unpruned baseline, then `points` without repeats; SweepInputError for a point the model cannot run."""
+def _points(points: Sequence[PruneSpec], backbone: Backbone, model: str) -> list[PruneSpec]:
+    """The unpruned baseline, then `points` without repeats; SweepInputError for a point the model cannot run (a
+    merging policy on a family without merging: export's message)."""
     specs = [PruneSpec()]
     for spec in points:
         try:
             spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
         except ValueError as e:
             raise SweepInputError(f"{point_label(spec)}: {e}") from None
+        if spec.merges and not backbone.supports_merge:
+            raise SweepInputError(f"--policy {spec.policy} cannot run {model}: {backbone.merge_refusal}")
         if spec not in specs:
             specs.append(spec)
     return specs
 
 
 def _in_order(specs: list[PruneSpec], points: list[PointResult]) -> list[PointResult]:
+    """`points` in the order of `specs`; the points `specs` does not list (kept from an earlier run) after them, in
+    their order."""
     order = {point_key(s): i for i, s in enumerate(specs)}
-    return sorted(points, key=lambda p: order[p.key])
+    return sorted(points, key=lambda p: order.get(p.key, len(order)))
+
+
+class _held(held_folder):  # noqa: N801 - used as a function
+    """`out` held for the run (raggedvit.outputs.held_folder: made if missing, removed again if nothing was written
+    in it); SweepInputError when another sweep holds it."""
+
+    def __enter__(self) -> Path:
+        try:
+            return super().__enter__()
+        except BlockingIOError:
+            raise SweepInputError(
+                f"--out {str(self._folder)!r} is in use by another sweep; wait for it to end or choose another --out"
+            ) from None
 
 
 def _check_batch_fits(backbone: Backbone, batch: int, device: str) -> None:
@@ -260,8 +328,9 @@ def _workdir(out: Path | None) -> Iterator[Path]:
 
 
 def _finished(out: Path, settings: dict[str, Any]) -> dict[str, PointResult]:
-    """The points of out/sweep.json by key, when its settings are these ({} without the file);
-    SweepInputError when they differ or the file cannot be read."""
+    """The points of out/sweep.json by key, in its order, when its settings are these ({} without the file);
+    SweepInputError when they differ (naming the first that differs, in the order of `settings`: the model first) or
+    the file cannot be read."""
     path = out / FILES[0]
     if not path.exists():
         return {}
@@ -269,7 +338,7 @@ def _finished(out: Path, settings: dict[str, Any]) -> dict[str, PointResult]:
         prev = SweepResult.load(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SweepInputError(f"--resume: cannot read {str(path)!r} ({type(e).__name__}: {e}); start afresh") from None
-    for key in sorted(set(settings) | set(prev.settings)):
+    for key in [*settings, *(k for k in prev.settings if k not in settings)]:
         if prev.settings.get(key) != settings.get(key):
             raise SweepInputError(
                 f"--resume: {str(path)!r} was made with other settings ({key}: {prev.settings.get(key)!r}, now "

@@ -185,6 +185,11 @@ CASES = {
     "symlink loop above the output": ([*EXPORT[:3], "{out}/a/m.onnx"], "'{out}/a/m.onnx': a symlink loop in its"),
     "checkpoint is a directory": ([*EXPORT, "--checkpoint", "{img_bomb}"], "is a directory, not a file"),
     "triton-repo DIR is a symlink loop": (["triton-repo", "{fake}", "{out}/a"], "DIR '{out}/a' is a symlink loop"),
+    # an empty path (an unset shell variable) is refused, never the current folder
+    "validate report empty": ([*VALIDATE[:4], "--report", ""], "--report '.' names no file: give REPORT"),
+    "triton-repo DIR empty": (["triton-repo", "{fake}", ""], "DIR is empty (''): name the folder"),
+    "export output empty": (["export", MODEL, "-o", ""], "output '.' is a directory"),
+    "bench json empty": ([*BENCH[:-1], ""], "--json '.' is a directory"),
     "checkpoint is a symlink loop": ([*EXPORT, "--checkpoint", "{out}/a"], "'{out}/a' is a symlink loop"),
     # sizes the model cannot take, checked before tracing
     "img-size 7": ([*EXPORT, "--seed", "0", "--img-size", "7"], "--img-size 7 is too small for deit_tiny_patch16"),

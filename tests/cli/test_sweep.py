@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "block out of range": ([MODEL, "--policy", "topk-l2", "--grid", "at=12"], "prune index 12 out of range 1..11"),
         "out is a file": ([MODEL, *TOPK, "--out", str(labels)], "is a file"),
         "resume other settings": ([MODEL, *TOPK, "--out", str(other), "--resume"], "was made with other settings"),
+        "out empty": ([MODEL, *TOPK, "--out", ""], "--out is empty (''): name the folder"),
     }
 
 
@@ -81,13 +83,18 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "block out of range",
         "out is a file",
         "resume other settings",
+        "out empty",
     ],
 )
-def test_bad_input_is_one_error_line(name: str, tmp_path: Path) -> None:
+def test_bad_input_is_one_error_line(name: str, tmp_path: Path, monkeypatch) -> None:
+    """Exit 2 with one error line; nothing is written or left, in the current folder (--out's default, and where an
+    empty --out used to write) or elsewhere."""
     args, fragment = _cases(tmp_path)[name]
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.glob("**/*"))
     res = run_cli("sweep", *args, "--seconds", "0.01")
     _assert_one_error(res, fragment)
-    assert not list(tmp_path.glob("**/.sweep*")) and not (tmp_path / "sweep.json").exists()
+    assert sorted(tmp_path.glob("**/*")) == before
 
 
 def test_cli_tables_come_from_the_policy_definitions() -> None:
@@ -154,3 +161,101 @@ def _points(out: Path) -> list[dict]:
         return json.loads((out / "sweep.json").read_text())["points"]
     except (OSError, ValueError):
         return []
+
+
+# ---- the hardening rows, end to end: the points' measurements are FakeSpeed's (tests/support/sweep.py) -------------
+def test_tome_on_a_family_without_merging_is_refused_like_export(tmp_path: Path) -> None:
+    """sweep refuses what export refuses, before any point, with export's line: exit 2, no files."""
+    model = ["vit_relpos_small_patch16_224", "--seed", "0", "--img-size", "64"]
+    export = run_cli("export", *model, "--policy", "tome", "--r", "8", "-o", str(tmp_path / "m.onnx"))
+    sweep = run_cli("sweep", *model, *TOPK[:3], "keep=0.5 at=1", "--policy", "tome", "--grid", "r=8",
+                    "--out", str(tmp_path / "out"))  # fmt: skip
+    _assert_one_error(export, "--policy tome cannot run vit_relpos_small_patch16_224: its relative position bias")
+    _assert_one_error(sweep, "--policy tome cannot run vit_relpos_small_patch16_224: its relative position bias")
+    assert sweep.stderr.strip().splitlines()[-1] == export.stderr.strip().splitlines()[-1]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_progress_lines_and_equal_points(tmp_path: Path, monkeypatch) -> None:
+    """Off a terminal: the count of points before the first one, then a line per point with the time left. tome's r
+    past half the tokens (64 px: 16 patches, 12 blocks: from r=8 on) is one model: measured once, its equals listed
+    as such."""
+    import raggedvit.sweep.runner as runner
+    from tests.support.sweep import FakeSpeed
+
+    speed = FakeSpeed()
+    monkeypatch.setattr(runner, "measure_speed", speed)
+    grid = "r=" + ",".join(str(r) for r in range(1, 301))
+    res = run_cli("sweep", MODEL, "--seed", "0", "--img-size", "64", "--policy", "tome", "--grid", grid,
+                  "--batch", "2", "--out", str(tmp_path / "out"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    count = "301 points (the unpruned model and the grid's 300): 9 to measure, 292 equal to another point"
+    assert lines[0] == f"sweep: {count}, not measured again", lines
+    assert lines[1].startswith("sweep: 1/9 none in ") and lines[1].endswith(" left") and " s; about " in lines[1]
+    assert lines[9].startswith("sweep: 9/9 tome r=8 in ") and lines[-1].startswith("wrote ")
+    assert speed.calls == 9 and "| tome r=300 (= tome r=8) |" in res.stdout
+    assert len(json.loads((tmp_path / "out" / "sweep.json").read_text())["points"]) == 301
+
+
+def _slow_sweep(out: Path, marker: Path, *, slow_point: int) -> subprocess.Popen:
+    """`raggedvit sweep` (64 px deit_tiny, topk-l2 keep=0.5 and 0.7) in a process of its own, with FakeSpeed's
+    measurements: point `slow_point` spends 120 s in weakref callbacks, `marker` written as it starts."""
+    args = [MODEL, "--seed", "0", "--img-size", "64", "--policy", "topk-l2", "--grid", "keep=0.5,0.7 at=4"]
+    env = child_env(SLOW_POINT=str(slow_point), MARKER=str(marker))
+    command = [sys.executable, "-m", "tests.support.sweep", "sweep", *args, "--batch", "2", "--out", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def _wait_for(marker: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 240
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate(timeout=10)[1] if proc.poll() is not None else "no slow point in 240 s"
+
+
+def test_ctrl_c_during_a_point_ends_it_at_once(tmp_path: Path) -> None:
+    """SIGINT while a point spends its time in weakref callbacks (as torch's export does): the handler runs in one,
+    where Python drops its exception. One error line within a second or two (not when the point ends, 120 s later),
+    no "Exception ignored ... Traceback", exit 130, the finished point kept."""
+    out, marker = tmp_path / "out", tmp_path / "marker"
+    proc = _slow_sweep(out, marker, slow_point=2)
+    try:
+        _wait_for(marker, proc)
+        lines: list[tuple[float, str]] = []
+        reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in proc.stderr))
+        reader.start()
+        time.sleep(0.5)  # well inside the callbacks
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+        ended = time.monotonic()
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+    errors = [(t, ln) for t, ln in lines if ln.startswith("error: ")]
+    text = "".join(ln for _, ln in lines)
+    assert code == 130 and len(errors) == 1 and errors[0][1] == lines[-1][1], text
+    kept = ", ".join(str(out / f) for f in sorted(FILES))
+    assert errors[0][1] == f"error: interrupted by SIGINT; kept {kept} to resume from\n", text
+    assert [ln for _, ln in lines if not ln.startswith(("sweep: ", "error: "))] == [], text
+    assert errors[0][0] - sent < 1.0 and ended - sent < 3.0, (errors[0][0] - sent, ended - sent)  # with a loaded CPU
+    assert [p["label"] for p in _points(out)] == ["none"] and sorted(p.name for p in out.iterdir()) == sorted(FILES)
+
+
+def test_a_second_sweep_into_one_out_is_refused(tmp_path: Path) -> None:
+    """Two sweeps into one --out would each write their own points over the other's: while the first runs, the second
+    is refused (exit 2, naming the folder), and writes nothing there."""
+    out, marker = tmp_path / "out", tmp_path / "marker"
+    proc = _slow_sweep(out, marker, slow_point=2)
+    try:
+        _wait_for(marker, proc)
+        first = (out / "sweep.json").read_text()
+        second = run_cli("sweep", MODEL, "--seed", "0", "--img-size", "64", *TOPK, "--out", str(out))
+        _assert_one_error(second, f"--out {str(out)!r} is in use by another sweep; wait for it to end")
+        assert (out / "sweep.json").read_text() == first
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+    assert [p["label"] for p in _points(out)] == ["none"]

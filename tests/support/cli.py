@@ -4,6 +4,7 @@ way (`raggedvit.cli.app._Group.main`); the tests of the console entry point itse
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 __all__ = ["CliResult", "run_cli"]
@@ -23,4 +24,6 @@ def run_cli(*args: str) -> CliResult:
     from raggedvit.cli import main
 
     res = CliRunner().invoke(main, list(args), catch_exceptions=False, prog_name="raggedvit")
+    if res.exit_code == 130:  # an interrupted command freezes the collector (its process ends at once): not this one
+        gc.unfreeze()
     return CliResult(res.exit_code, res.stdout, res.stderr)

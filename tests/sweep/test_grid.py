@@ -99,3 +99,20 @@ def test_a_tome_point_measures_its_accuracy_side() -> None:
     results = [measure_accuracy(vit, backbone_for(vit), p, images, ref, batch=3, device="cpu") for p in points]
     assert [r["tokens"] for r in results] == [[15.0, 13.0], [9.0, 5.0]]  # 17 tokens: 16 patches and a class token
     assert all(0 < r["flops_ratio"] < 1 and math.isfinite(r["kl"]) for r in results)
+
+
+def test_equal_points_are_tome_points_that_merge_alike() -> None:
+    """deit at 224 px: 196 patch tokens and the class token in 12 blocks. From r=98 on every r merges half the patch
+    tokens in each block (merged_count), the same model: 301 points, 99 of them different. In blocks 3 and 6 only,
+    r=98 and r=99 both merge 98 then 49; r=49, 50, 60 merge r twice, each another model. Other policies: none."""
+    from raggedvit.sweep.grid import equal_points, point_key
+
+    deit = {"depth": 12, "tokens": 197, "num_prefix": 1}
+    specs = [PruneSpec(), *grid_points("tome", "r=" + ",".join(str(r) for r in range(1, 301)))]
+    same = equal_points(specs, **deit)
+    r98 = point_key(PruneSpec("tome", r=98))
+    assert len(specs) == 301 and set(same.values()) == {r98} and len(same) == 300 - 98
+    assert len(equal_points(grid_points("tome", "r=49,50,60,99 at=3,6"), **deit)) == 0
+    assert len(equal_points(grid_points("tome", "r=98,99 at=3,6"), **deit)) == 1
+    keeps = grid_points("topk-l2", "keep=0.99,0.995,1")  # the same counts at 196 patches: not tome, not merged
+    assert equal_points(keeps, **deit) == {}

@@ -77,3 +77,24 @@ def test_kl_never_prints_negative() -> None:
     r = _result()
     r.points[0] = PointResult(**{**r.points[0].__dict__, "kl": -3e-9})
     assert "-0.0000" not in r.to_markdown() and "-3e-09" not in r.to_csv()
+
+
+def test_a_point_equal_to_a_measured_one() -> None:
+    """A point equal to a measured one (same_as) is a row of the table and the CSV, labelled as that point, but not a
+    point of the Pareto front or the chart; a sweep.json written before same_as existed still loads."""
+    r = _result()
+    keep5 = r.points[1]
+    twin = PointResult(**{**keep5.__dict__, "key": "topk-l2 keep=0.51", "label": "topk-l2 keep=0.51",
+                          "seconds": 0.0, "same_as": keep5.key})  # fmt: skip
+    r.points.append(twin)
+    assert r.pareto() == {"none", "topk-l2 keep=0.5", "topk-l2 keep=0.7"} and r.measured() == r.points[:-1]
+    assert "|  | topk-l2 keep=0.51 (= topk-l2 keep=0.5) | 180.0 | 1.80x |" in r.to_markdown()
+    rows = {row["label"]: row for row in csv.DictReader(io.StringIO(r.to_csv()))}
+    assert rows["topk-l2 keep=0.51"]["same_as"] == "topk-l2 keep=0.5" and rows["none"]["same_as"] == ""
+    assert SweepResult.from_dict(json.loads(json.dumps(r.to_dict()))).points == r.points
+    old = r.to_dict()
+    for p in old["points"]:
+        del p["same_as"]
+    assert [p.same_as for p in SweepResult.from_dict(old).points] == [None] * len(r.points)
+    with Image.open(io.BytesIO(plot_png(r))) as im:
+        im.load()

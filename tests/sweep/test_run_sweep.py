@@ -15,6 +15,7 @@ import raggedvit.sweep.runner as runner
 from raggedvit.images import sample_images
 from raggedvit.sweep import FILES, SweepInputError, SweepResult, grid_points, run_sweep
 from raggedvit.weights import load_vit
+from tests.support.sweep import FakeSpeed
 
 TINY = {"img_size": 64, "model_kwargs": {"depth": 2}}
 # the sample photos in class folders: synsets of ImageNet-1k (timm's label set of deit) and one class index
@@ -134,14 +135,127 @@ def test_refusals_before_any_export(tiny, tmp_path: Path, monkeypatch) -> None:
 
 
 def test_resume_refuses_other_settings(tiny, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(runner, "measure_speed", _Interrupt(at=1))
+    monkeypatch.setattr(runner, "measure_speed", FakeSpeed())
     vit, info = tiny
     out = tmp_path / "out"
-    out.mkdir()
-    other = SweepResult({"batch": 999})
+    run_sweep(vit, info, [], batch=2, out=out)
+    other = SweepResult.load(out / "sweep.json")
+    other.settings["batch"] = 999
     (out / "sweep.json").write_text(json.dumps(other.to_dict()))
     with pytest.raises(SweepInputError, match=r"other settings \(batch: 999, now 2\)"):
         run_sweep(vit, info, [], batch=2, out=out, resume=True)
     (out / "sweep.json").write_text("{")
     with pytest.raises(SweepInputError, match="--resume: cannot read"):
         run_sweep(vit, info, [], batch=2, out=out, resume=True)
+
+
+# ---- the hardening rows: points checked up front, equal points, resume, the --out folder --------------------------
+def _refuse_measuring(monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("a measurement started")
+
+    for name in ("reference", "measure_accuracy", "measure_speed"):
+        monkeypatch.setattr(runner, name, fail)
+
+
+@pytest.mark.parametrize("model", ["vit_relpos_small_patch16_224", "cait_xxs24_224", "eva02_tiny_patch14_224"])
+def test_tome_on_a_family_without_merging_is_refused_before_any_point(model: str, tmp_path: Path, monkeypatch) -> None:
+    """Every point is checked against the model before the first measurement, with export's message; nothing is
+    written (the --out folder is not made)."""
+    from raggedvit.pruning.families import backbone_for
+
+    _refuse_measuring(monkeypatch)
+    vit, info = load_vit(model, seed=0, img_size=56, model_kwargs={"depth": 2, "num_classes": 10})
+    points = [*grid_points("topk-l2", "keep=0.5 at=1"), *grid_points("tome", "r=2")]
+    with pytest.raises(SweepInputError) as e:
+        run_sweep(vit, info, points, out=tmp_path / "out")
+    assert str(e.value) == f"--policy tome cannot run {model}: {backbone_for(vit).merge_refusal}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_equal_tome_points_are_measured_once(tiny, tmp_path: Path, monkeypatch) -> None:
+    """64 px: 16 patch tokens and the class token in 2 blocks. r=8 merges 8 then 4 (half of the patches), as r=9 and
+    r=30 do: those two are not measured, their rows are r=8's, labelled as such and off the Pareto front."""
+    speed = FakeSpeed()
+    monkeypatch.setattr(runner, "measure_speed", speed)
+    vit, info = tiny
+    result = run_sweep(vit, info, grid_points("tome", "r=2,8,9,30"), batch=3, out=tmp_path / "out")
+    assert speed.calls == 3  # none, r=2, r=8
+    r8, r9, r30 = result.points[2:]
+    assert (r9.same_as, r30.same_as, r8.same_as) == (r8.key, r8.key, None) and r9.seconds == r30.seconds == 0.0
+    assert r9.tokens == r8.tokens == [9.0, 5.0] and r9.img_per_s == r8.img_per_s and r9.label == "tome r=9"
+    assert r9.key not in result.pareto() and r30.key not in result.pareto()
+    md = (tmp_path / "out" / "sweep.md").read_text()
+    assert "| tome r=9 (= tome r=8) |" in md and "| tome r=30 (= tome r=8) |" in md
+    rows = {r["label"]: r for r in csv.DictReader(io.StringIO((tmp_path / "out" / "sweep.csv").read_text()))}
+    assert rows["tome r=30"]["same_as"] == "tome r=8" and rows["tome r=8"]["same_as"] == ""
+    assert SweepResult.load(tmp_path / "out" / "sweep.json").points == result.points
+
+
+def test_resume_with_a_narrower_grid_keeps_the_finished_points(tiny, tmp_path: Path, monkeypatch) -> None:
+    """The finished points that the grid no longer lists are measurements of this model and settings: kept, after
+    the grid's points; a point equal to a kept one is not measured either."""
+    speed = FakeSpeed()
+    monkeypatch.setattr(runner, "measure_speed", speed)
+    vit, info = tiny
+    out = tmp_path / "out"
+    first = run_sweep(vit, info, [*grid_points("topk-l2", "keep=0.3,0.5,0.7 at=1"), *grid_points("tome", "r=8")],
+                      batch=3, out=out)  # fmt: skip
+    assert speed.calls == 5
+    narrower = [*grid_points("topk-l2", "keep=0.5 at=1"), *grid_points("tome", "r=30")]
+    again = run_sweep(vit, info, narrower, batch=3, out=out, resume=True)
+    assert speed.calls == 5  # nothing measured: r=30 merges as r=8 does
+    labels = ["none", "topk-l2 keep=0.5 at=1", "tome r=30", "topk-l2 keep=0.3 at=1", "topk-l2 keep=0.7 at=1"]
+    assert [p.label for p in again.points] == [*labels, "tome r=8"]
+    assert again.points[2].same_as == first.points[-1].key
+    assert [p.label for p in SweepResult.load(out / "sweep.json").points] == [p.label for p in again.points]
+    assert {p.key: p for p in again.points} | {p.key: p for p in first.points} == {p.key: p for p in again.points}
+
+
+def test_resume_after_a_change_of_model_names_the_model(tiny, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(runner, "measure_speed", FakeSpeed())
+    vit, info = tiny
+    out = tmp_path / "out"
+    run_sweep(vit, info, [], batch=3, out=out)
+    data = json.loads((out / "sweep.json").read_text())
+    data["settings"] |= {"model": "deit_small_patch16_224", "depth": 12}  # and the weights' digest, the images...
+    (out / "sweep.json").write_text(json.dumps(data))
+    with pytest.raises(SweepInputError, match=r"other settings \(model: 'deit_small_patch16_224', now 'deit_tiny"):
+        run_sweep(vit, info, [], batch=3, out=out, resume=True)
+
+
+def test_a_run_that_wrote_nothing_leaves_no_folder(tiny, tmp_path: Path, monkeypatch) -> None:
+    """An input error found while measuring (an image that does not decode) or an interrupt before the first point
+    leaves nothing the run made: not the --out folder, nor its parents; a folder that was there stays."""
+    monkeypatch.setattr(runner, "measure_speed", FakeSpeed())
+    vit, info = tiny
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "a.png").write_bytes(b"not a png")
+    with pytest.raises(SweepInputError, match="a.png"):
+        run_sweep(vit, info, [], images=images, out=tmp_path / "new" / "out")
+    assert not (tmp_path / "new").exists()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "reference", interrupted)
+    for out in (tmp_path / "new" / "out", images):
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(vit, info, [], batch=3, out=out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"] and [p.name for p in images.iterdir()] == ["a.png"]
+
+
+def test_out_must_name_a_folder_and_be_free(tiny, tmp_path: Path, monkeypatch) -> None:
+    """out "" (an unset shell variable) is refused, not taken for the current folder; a folder another run holds
+    (outputs.held_folder, as a second sweep would find it) is refused, and nothing is written into it."""
+    _refuse_measuring(monkeypatch)
+    vit, info = tiny
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SweepInputError, match=r"--out is empty \(''\)"):
+        run_sweep(vit, info, [], out="")
+    from raggedvit.outputs import held_folder
+
+    with held_folder(tmp_path / "out"), pytest.raises(SweepInputError, match="is in use by another sweep"):
+        run_sweep(vit, info, [], out=tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
