@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from raggedvit.outputs import held_folder, raise_pending_interrupt
-from raggedvit.pruning import PruneSpec
+from raggedvit.pruning import PolicyStateError, PruneSpec, build_pruned_vit
 from raggedvit.pruning.backbone import Backbone
 from raggedvit.pruning.families import backbone_for
+from raggedvit.pruning.packed import backbone_refusal
 from raggedvit.pruning.precision import DTYPES
 from raggedvit.sweep.grid import SweepInputError, equal_points, point_key, point_label, point_params
 from raggedvit.sweep.inputs import SweepImages, sweep_images
@@ -243,15 +244,23 @@ def check_out_folder(out: str | Path) -> None:
 
 def _points(points: Sequence[PruneSpec], backbone: Backbone, model: str) -> list[PruneSpec]:
     """The unpruned baseline, then `points` without repeats; SweepInputError for a point the model cannot run (a
-    merging policy on a family without merging: export's message)."""
+    merging policy on a family without merging: export's message; a learned policy whose predictor the checkpoint
+    lacks: the keys it misses), before any point is measured."""
     specs = [PruneSpec()]
     for spec in points:
         try:
             spec.check_model(depth=backbone.depth, has_class_token=backbone.has_class_token)
         except ValueError as e:
             raise SweepInputError(f"{point_label(spec)}: {e}") from None
-        if spec.merges and not backbone.supports_merge:
-            raise SweepInputError(f"--policy {spec.policy} cannot run {model}: {backbone.merge_refusal}")
+        refusal = backbone_refusal(spec, backbone)
+        if refusal:
+            fuse = " --fuse" if spec.fuse else ""
+            raise SweepInputError(f"--policy {spec.policy}{fuse} cannot run {model}: {refusal}")
+        if spec.descriptor.learned:
+            try:
+                build_pruned_vit(backbone.model, spec)  # loads the checkpoint's predictor, or names what is missing
+            except PolicyStateError as e:
+                raise SweepInputError(f"{point_label(spec)}: {e}") from None
         if spec not in specs:
             specs.append(spec)
     return specs

@@ -173,6 +173,18 @@ def test_tome_on_a_family_without_merging_is_refused_before_any_point(model: str
     assert list(tmp_path.iterdir()) == []
 
 
+def test_dynamicvit_without_its_predictor_is_refused_before_any_point(tmp_path: Path, monkeypatch) -> None:
+    """A learned policy's point whose checkpoint has no predictor: refused before the first measurement, naming the
+    missing keys; nothing is written."""
+    _refuse_measuring(monkeypatch)
+    vit, info = load_vit("deit_tiny_patch16_224", seed=0, img_size=64, model_kwargs={"depth": 4, "num_classes": 10})
+    points = [*grid_points("topk-l2", "keep=0.5 at=1"), *grid_points("dynamicvit", "keep=0.7 at=1,2,3")]
+    with pytest.raises(SweepInputError) as e:
+        run_sweep(vit, info, points, out=tmp_path / "out")
+    assert str(e.value).startswith("dynamicvit keep=0.7 at=1,2,3: policy 'dynamicvit' needs its predictor weights")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_equal_tome_points_are_measured_once(tiny, tmp_path: Path, monkeypatch) -> None:
     """64 px: 16 patch tokens and the class token in 2 blocks. r=8 merges 8 then 4 (half of the patches), as r=9 and
     r=30 do: those two are not measured, their rows are r=8's, labelled as such and off the Pareto front."""
