@@ -48,8 +48,8 @@ SCHEDULES: dict[str, tuple[dict[str, Any], ...]] = {
         {"policy": "topk-l2", "prune_at": [4], "keep": 0.5},
     ),
     "evit": (
-        {"policy": "evit", "prune_at": [3, 6, 9], "keep": 0.7},
-        {"policy": "evit", "prune_at": [4], "keep": 0.5, "fuse": True},
+        {"policy": "evit", "prune_at": [3, 6, 9], "keep": 0.7, "placement": "inside"},  # EViT's drop_loc
+        {"policy": "evit", "prune_at": [3], "keep": 0.5, "fuse": True, "placement": "inside"},
     ),
     "cls-mass": (
         {"policy": "cls-mass", "prune_at": [3, 6, 9], "mass": 0.9},

@@ -235,7 +235,8 @@ class PruneSpec:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as JSON values; "r" only for tome (the other policies' dicts are what they always were)."""
+        """The spec as JSON values; "r" only for tome; "placement": "inside" for evit, whose stages moved inside
+        their blocks (EViT's placement): it tells a recipe of this meaning from an older one (`from_dict`)."""
         data: dict[str, Any] = {
             "policy": self.policy,
             "prune_at": list(self.prune_at),
@@ -245,14 +246,22 @@ class PruneSpec:
         }
         if self.merges:
             data["r"] = self.r
+        elif self.descriptor.where == "inside":
+            data["placement"] = "inside"
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PruneSpec:
-        known = {"policy", "prune_at", "keep", "mass", "fuse", "r"}
+        known = {"policy", "prune_at", "keep", "mass", "fuse", "r", "placement"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown PruneSpec fields {unknown}")
+        desc = get_policy(str(data.get("policy", "none")))
+        if desc.where == "inside" and not desc.merges and data.get("placement") != "inside":
+            raise ValueError(
+                f"a {desc.name} spec written before its stages ran inside their blocks (EViT's placement; they ran "
+                "before block i, ranked by block i-1's attention): re-export the model with this raggedvit"
+            )
         return cls(
             policy=str(data.get("policy", "none")),
             prune_at=tuple(int(i) for i in data.get("prune_at", ())),

@@ -69,3 +69,15 @@ def test_unsupported_pooling_and_model() -> None:
         load_vit("deit_tiny_patch16_224", model_kwargs={"depth": 2, "global_pool": "prr"})
     with pytest.raises(ValueError, match="expected a timm .*VisionTransformer.*, got Linear$"):
         PrunedViT(torch.nn.Linear(2, 2), PruneSpec())  # type: ignore[arg-type]
+
+
+def test_an_evit_spec_from_before_the_in_block_placement_is_refused() -> None:
+    """evit's stages moved inside their blocks (EViT's placement): its dicts say so, and a recipe without the marker
+    (an export of the earlier meaning, stages before block i) is refused by name rather than validated against the
+    other model."""
+    spec = PruneSpec("evit", (3, 6, 9), keep=0.7, fuse=True)
+    assert spec.to_dict()["placement"] == "inside" and PruneSpec.from_dict(spec.to_dict()) == spec
+    assert "placement" not in PruneSpec("topk-l2", (4,)).to_dict()
+    old = {k: v for k, v in spec.to_dict().items() if k != "placement"}
+    with pytest.raises(ValueError, match="an evit spec written before its stages ran inside their blocks"):
+        PruneSpec.from_dict(old)
