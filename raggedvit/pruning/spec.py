@@ -259,7 +259,7 @@ class PruneSpec:
         desc = get_policy(str(data.get("policy", "none")))
         if desc.where == "inside" and not desc.merges and data.get("placement") != "inside":
             raise ValueError(
-                f"a {desc.name} spec written before its stages ran inside their blocks (EViT's placement; they ran "
+                f"an {desc.name} spec written before its stages ran inside their blocks (EViT's placement; they ran "
                 "before block i, ranked by block i-1's attention): re-export the model with this raggedvit"
             )
         return cls(
