@@ -155,6 +155,12 @@ class Backbone:
         supports_merge, its keys averaged over heads [T, D] float32 (metric). Every row is live."""
         raise NotImplementedError
 
+    def refuse_merge_inputs(self, metric: bool, key_bias: torch.Tensor | None, ragged_linear: bool) -> None:
+        """ValueError (the family's merge refusal) when `attend` is asked for what only backbones with
+        supports_merge and supports_ragged_linear give: a key metric, a key bias, the ragged linear op."""
+        if metric or key_bias is not None or ragged_linear:
+            raise ValueError(f"{type(self).__name__}: {self.merge_refusal}")
+
     def feed_forward(
         self, index: int, state: PackedState, *, ragged_linear: bool = False, dead_rows: bool = False
     ) -> torch.Tensor:

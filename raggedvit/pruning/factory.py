@@ -87,10 +87,11 @@ def build_pruned_vit(
     predictors loaded from `state` (default: the keys the model's checkpoint carried, `policy_state(vit)`).
     PolicyStateError (an InputError) names missing or misshaped predictor keys. A policy without weights ignores
     the state (the caller says so: `ignored_policy_state`)."""
-    spec = spec.resolve(backbone_for(vit).depth)
+    backbone = backbone_for(vit)
+    spec = spec.resolve(backbone.depth)
     scorers = None
     if spec.descriptor.learned:
-        scorers = _learned_scorers(spec, backbone_for(vit).width, policy_state(vit) if state is None else state)
+        scorers = _learned_scorers(spec, backbone.width, policy_state(vit) if state is None else state)
     return PrunedViT(vit, spec, scorers=scorers, **options)
 
 

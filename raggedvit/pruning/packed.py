@@ -25,7 +25,7 @@ from raggedvit.pruning.select import (
     select_tokens,
 )
 from raggedvit.pruning.select_op import select_rows
-from raggedvit.pruning.spec import PruneSpec, count_as_keep, merged_count, uniform_keep
+from raggedvit.pruning.spec import PruneSpec, merged_count
 
 __all__ = [
     "RAGGED_LINEAR_MODES",
@@ -269,8 +269,7 @@ def uniform_prune_stage(
     again with m = p + k rows per image. steps: [B+1] int64 = 0..B (its cu is steps * m, as are the op's cu; seq_id
     / pos of uniform rows need no op either)."""
     m = num_prefix + k
-    # a count from another rule (a schedule, EViT's double-precision ceil) as the fraction the op turns into k exactly
-    keep = None if k == uniform_keep(n, num_prefix, spec.keep) else count_as_keep(k, n - num_prefix)
+    keep = spec.count_keep(k, n, num_prefix)  # a count from another rule: the fraction the op turns into k exactly
     src = select_rows(scores.to(torch.float32), state.cu, n, m, num_prefix, spec, keep=keep).src
     new = PackedState(
         state.x.index_select(0, src),
@@ -429,40 +428,34 @@ class PrunedViT(nn.Module):
     def _select(self, run: _Run, stage: int, cls_attn: torch.Tensor | None) -> None:
         """A selecting stage on run.state (between blocks, or inside one after its attention): scores from the
         stage's scorer, then the uniform, capacity or compact stage; updates run."""
-        spec, p = self.spec, self.num_prefix
-        scores = self.scorers[stage](run.state.x, cls_attn, run.uniform, p)
-        if (
-            spec.fuse
-            and run.uniform is not None
-            and spec.stage_keep(stage, run.uniform, p, run.patches) >= run.uniform - p
-        ):
+        spec, p, n = self.spec, self.num_prefix, run.uniform
+        scores = self.scorers[stage](run.state.x, cls_attn, n, p)
+        # k known before the data (a count or a schedule on a uniform state): the same for every image
+        known = n is not None and spec.descriptor.cut in ("count", "schedule")
+        k = spec.stage_keep(stage, n, p, run.patches) if known else 0
+        if spec.fuse and known and k >= n - p:
             spec = dataclasses.replace(spec, fuse=False)  # EViT drops nothing here, and fuses nothing either
-        if run.uniform is not None and spec.static_shapes:
-            k = spec.stage_keep(stage, run.uniform, p, run.patches)
-            run.state, trace = uniform_prune_stage(run.state, scores, run.uniform, p, k, spec, run.steps)
+        keep = spec.count_keep(k, n, p) if known else None
+        if n is not None and spec.static_shapes:
+            run.state, trace = uniform_prune_stage(run.state, scores, n, p, k, spec, run.steps)
             run.uniform = run.width = p + k
         elif self.capacity:
             # counts known before the data (evit with fuse on a uniform state): the capacity is exact
-            known = run.uniform is not None and spec.descriptor.cut == "count"
-            k = spec.stage_keep(stage, run.uniform, p, run.patches) if known else 0
-            keep = self._count_keep(k, run.uniform, p) if known else None
             bound = (p + k if known else run.width) + int(spec.fuse)
             run.state, trace = capacity_prune_stage(run.state, scores, cls_attn, run.width, bound, p, spec, keep)
             run.uniform = bound if known else None
             run.width = bound
         else:
-            keep = None
-            if run.uniform is not None and spec.descriptor.cut == "count":
-                keep = self._count_keep(spec.stage_keep(stage, run.uniform, p, run.patches), run.uniform, p)
             run.state, trace = packed_prune_stage(run.state, scores, cls_attn, run.width, p, spec, keep)
             run.uniform = None
             run.width += int(spec.fuse)
         run.record(trace)
 
-    def _count_keep(self, k: int, n: int, p: int) -> float | None:
-        """None where the spec's keep gives k of n - p patch rows by the float32 count rule, else the fraction that
-        does (EViT's double-precision ceil can differ by one where keep * patches is whole)."""
-        return None if k == uniform_keep(n, p, self.spec.keep) else count_as_keep(k, n - p)
+    def _ragged(self, run: _Run) -> tuple[bool, bool]:
+        """(run the next GEMMs with the ragged linear op, the rows past cu[B] are dead: a data-dependent capacity
+        stage ran)."""
+        dead_rows = self.capacity and run.uniform is None
+        return self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows), dead_rows
 
     def _merge(self, run: _Run, metric: torch.Tensor) -> None:
         """A tome stage on run.state (the rows after the block's attention): updates run."""
@@ -488,8 +481,7 @@ class PrunedViT(nn.Module):
             inside = stage is not None and desc.where == "inside"
             if stage is not None and not inside:
                 self._select(run, stage, cls_attn)
-            dead_rows = self.capacity and run.uniform is None  # rows past cu[B] (a data-dependent stage ran)
-            ragged = self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows)
+            ragged, _ = self._ragged(run)
             key_bias = torch.log(run.size) if run.size is not None else None  # ToMe's proportional attention
             if inside and bb.supports_halves:  # attention, the stage, then the MLP on the rows it left
                 att = bb.attend(
@@ -502,8 +494,7 @@ class PrunedViT(nn.Module):
                     self._merge(run, att.metric)
                 else:
                     self._select(run, stage, att.cls_attn)
-                dead_rows = self.capacity and run.uniform is None
-                ragged = self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows)
+                ragged, dead_rows = self._ragged(run)
                 x = bb.feed_forward(bi, run.state, ragged_linear=ragged, dead_rows=dead_rows)
                 run.state = run.state._replace(x=x)
                 if self.block_outputs:

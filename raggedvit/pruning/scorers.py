@@ -106,14 +106,6 @@ class DynamicVitPredictor(nn.Module):
         a = self.out_conv[3](self.out_conv[2](self.out_conv[1](y)))  # [B, n, C/4]
         return F.linear(a, self.w_keep).reshape(T).float()
 
-    def log_keep(self, x: torch.Tensor, n: int, num_prefix: int) -> torch.Tensor:
-        """DynamicViT's own score, log p(keep) [B, P] of the patch rows (as published: halves, broadcast mean,
-        LogSoftmax): what `forward`'s ranking equals."""
-        T, C = x.shape
-        h = self.in_conv(x.reshape(T // n, n, C)[:, num_prefix:].to(self.out_conv[0].weight.dtype))
-        glob = h[..., C // 2 :].mean(dim=1, keepdim=True).expand(-1, h.shape[1], -1)
-        return self.out_conv(torch.cat((h[..., : C // 2], glob), dim=-1))[..., 0]
-
 
 def scorer_for(policy: Policy, dim: int) -> nn.Module:
     """A new scorer for one stage of `policy` on a model of width `dim` (a learned one starts untrained: its weights

@@ -162,6 +162,12 @@ class PruneSpec:
             return min(max(math.ceil(self.keep * (n - num_prefix)), 1), n - num_prefix)
         return uniform_keep(n, num_prefix, self.keep)
 
+    def count_keep(self, k: int, n: int, num_prefix: int) -> float | None:
+        """The keep fraction a count rule (RaggedSelect's, select_tokens') must be given for k of n - p patch rows:
+        None where the spec's own keep yields k by the float32 rule (`uniform_keep`), else the fraction that does
+        (`count_as_keep`: a schedule's count, or EViT's double-precision ceil where keep * patches is whole)."""
+        return None if k == uniform_keep(n, num_prefix, self.keep) else count_as_keep(k, n - num_prefix)
+
     @property
     def needs_cls_attn(self) -> bool:
         return self.descriptor.needs_cls_attn

@@ -122,8 +122,7 @@ class BeitBackbone(Backbone):
         key_bias: torch.Tensor | None = None,
     ) -> Attended:
         """The attention half of timm.models.beit.Block on packed rows: x + gamma_1 * attn(norm1(x))."""
-        if metric or key_bias is not None or ragged_linear:
-            raise ValueError(f"{type(self).__name__}: {self.merge_refusal}")
+        self.refuse_merge_inputs(metric, key_bias, ragged_linear)
         blk = self.model.blocks[index]
         attn = blk.attn
         x = state.x

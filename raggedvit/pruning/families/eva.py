@@ -134,8 +134,7 @@ class EvaBackbone(Backbone):
         ragged_linear: bool = False,
         key_bias: torch.Tensor | None = None,
     ) -> Attended:
-        if metric or key_bias is not None or ragged_linear:
-            raise ValueError(f"{type(self).__name__}: {self.merge_refusal}")
+        self.refuse_merge_inputs(metric, key_bias, ragged_linear)
         x, cls_attn = eva_attend(
             self.model.blocks[index], state.x, state.cu, self._rope(index, state), max_seqlen=max_seqlen,
             return_cls_attn=return_cls_attn, attention=attention,

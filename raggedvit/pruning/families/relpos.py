@@ -102,8 +102,7 @@ class RelPosBackbone(Backbone):
     ) -> Attended:
         """The attention half of RelPosBlock / ResPostRelPosBlock on packed rows: x + ls1(attn(norm1(x))), or
         x + norm1(attn(x)) post-norm."""
-        if metric or key_bias is not None or ragged_linear:
-            raise ValueError(f"{type(self).__name__}: {self.merge_refusal}")
+        self.refuse_merge_inputs(metric, key_bias, ragged_linear)
         blk = self.model.blocks[index]
         x = state.x
         if type(blk) is ResPostRelPosBlock:
