@@ -37,7 +37,10 @@ __all__ = [
     "carry_rows",
     "merge_rows",
     "merge_sets",
+    "merge_tokens_reference",
+    "merge_widths",
     "merged_count",
+    "MergedRows",
 ]
 
 METRIC_EPS = 1e-12  # floor of a metric row's norm before the cosine similarity (a zero key has no direction)
@@ -48,6 +51,12 @@ def merge_sets(n: int, num_prefix: int) -> tuple[int, int]:
     (slices `a0::2`, `b0::2`)."""
     a0 = num_prefix + num_prefix % 2
     return a0, num_prefix + 1 - num_prefix % 2
+
+
+def merge_widths(n: int, num_prefix: int) -> tuple[int, int]:
+    """(n_A, n_B): the sizes of sets A and B among n rows with p prefix rows."""
+    a0, b0 = merge_sets(n, num_prefix)
+    return max(0, (n - a0 + 1) // 2), max(0, (n - b0 + 1) // 2)
 
 
 class Matching(NamedTuple):
@@ -72,7 +81,11 @@ def bipartite_soft_matching(metric: torch.Tensor, num_prefix: int, r: int, *, cl
     m = metric.to(torch.float32)
     m = m / m.norm(dim=-1, keepdim=True).clamp_min(METRIC_EPS)
     scores = m[:, a0::2] @ m[:, b0::2].transpose(1, 2)  # [B, n_A, n_B]
-    score, best = scores.max(dim=2)  # ties: the first (lowest) B index
+    if scores.shape[2] == 0:  # no B row (n - p < 2): nothing merges, every score -inf
+        score = torch.full(scores.shape[:2], float("-inf"), device=metric.device)
+        best = torch.zeros(scores.shape[:2], dtype=torch.int64, device=metric.device)
+    else:
+        score, best = scores.max(dim=2)  # ties: the first (lowest) B index
     order = torch.sort(score, dim=1, descending=True, stable=True).indices  # [B, n_A]
     merged = order[:, :r]
     kept = torch.sort(order[:, r:], dim=1).values if class_token else order[:, r:]
@@ -111,3 +124,67 @@ def merge_rows(
     new_x = torch.cat((x[:, :num_prefix], x_kept, x_b), dim=1)
     new_size = torch.cat((size[:, :num_prefix], sa.gather(1, match.kept), size_b), dim=1)
     return new_x, new_size
+
+
+class MergedRows(NamedTuple):
+    """The outputs of one merge (`merge_tokens_reference`, the op com.raggedvit::RaggedMerge) for B images of n rows,
+    m = n - merged_count(n, p, r) rows each after it, n_A A slots each:
+
+    x [B*m, C] in x's dtype; size [B*m] float32 (tokens in each row); cu [B+1] int64 (= b*m); src [B*m] int64 (the
+    input row, b*n + position, each output row is named after); key_bias [B*m] float32 (= log(size): the next
+    block's proportional attention); score [B*n_A] float32 (each A row's best cosine similarity to B, A order)."""
+
+    x: torch.Tensor
+    size: torch.Tensor
+    cu: torch.Tensor
+    src: torch.Tensor
+    key_bias: torch.Tensor
+    score: torch.Tensor
+
+
+def merge_tokens_reference(
+    x: torch.Tensor,
+    qkv: torch.Tensor,
+    qkv_bias: torch.Tensor | None,
+    size: torch.Tensor | None,
+    cu: torch.Tensor,
+    num_heads: int,
+    num_prefix: int,
+    r: int,
+    class_token: bool,
+) -> MergedRows:
+    """One tome stage's merge from the block's qkv (steps 1-4): the one definition of com.raggedvit::RaggedMerge.
+
+    Args:
+        x: [T, C] float32 / float16 / bfloat16, the rows after the block's attention residual; T = B*n (every image n
+            rows, image b the rows [b*n, (b+1)*n)).
+        qkv: [T, 3*H*Dh] (x's dtype), the block's qkv (q, k, v, each H heads of Dh); the metric is the k part
+            (+ qkv_bias's k part, both in float32) averaged over the H heads: [T, Dh] float32.
+        qkv_bias: [3*H*Dh] (x's dtype) or None.
+        size: [T] float32 tokens in each row, or None (every row one token).
+        cu: [B+1] int64 (B >= 1), cu[b] = b*n (only its length is read here).
+        num_heads: H; num_prefix: p (prefix rows never merge); r: the spec's r (merged_count(n, p, r) merge);
+        class_token: ToMe's order of the unmerged A rows (module docstring, step 4).
+
+    Returns:
+        MergedRows.
+    """
+    T, C = x.shape
+    B = cu.shape[0] - 1
+    n = T // B
+    hd = qkv.shape[1] // 3
+    k = qkv[:, hd : 2 * hd].to(torch.float32)
+    if qkv_bias is not None:
+        k = k + qkv_bias[hd : 2 * hd].to(torch.float32)
+    metric = k.reshape(T, num_heads, hd // num_heads).mean(dim=1)  # [T, Dh]
+    r_eff = merged_count(n, num_prefix, r)
+    m = n - r_eff
+    if size is None:
+        size = torch.ones(T, dtype=torch.float32, device=x.device)
+    match = bipartite_soft_matching(metric.reshape(B, n, -1), num_prefix, r_eff, class_token=class_token)
+    new_x, new_size = merge_rows(x.reshape(B, n, C), size.reshape(B, n), match, num_prefix)
+    rows = torch.arange(T, device=x.device).reshape(B, n)
+    src = carry_rows(rows, match, num_prefix).reshape(-1)
+    new_size = new_size.reshape(-1)
+    steps = torch.arange(B + 1, device=x.device)
+    return MergedRows(new_x.reshape(B * m, C), new_size, steps * m, src, torch.log(new_size), match.score.reshape(-1))
