@@ -67,14 +67,11 @@ def _one_node_model(sig: list, node_bytes: str):
     node = onnx.NodeProto()
     node.ParseFromString(base64.b64decode(node_bytes))
     node.name = "probe"
-    # a value the export records no type for ('?': the output of a custom op, or shape arithmetic the exporter left
-    # untyped) takes the node's first known type, floating types first (the inputs of the ops where this happens
-    # share one type constraint: BiasGelu, Add, MatMul, Range), else int64 (shape arithmetic)
-    known = [t for t in (*inputs, *outputs) if t in ("float", "float16", "bfloat16")]
-    known += [t for t in (*inputs, *outputs) if t not in ("?", "-")] + ["int64"]
+    if "?" in (*inputs, *outputs):  # a probe of a guessed type would decide another signature
+        raise ValueError(f"{sig}: a value of unknown type ('?'); the exporter records every value's type")
 
     def elem(t: str) -> int:
-        return onnx.TensorProto.DataType.Value((known[0] if t == "?" else t).upper())
+        return onnx.TensorProto.DataType.Value(t.upper())
 
     names = {}
     graph_inputs = []
@@ -85,7 +82,7 @@ def _one_node_model(sig: list, node_bytes: str):
             names[name] = f"in{i}"
             graph_inputs.append(helper.make_tensor_value_info(names[name], elem(t), None))
     node.input[:] = [names.get(n, "") for n in node.input]
-    outs = [helper.make_tensor_value_info(f"out{i}", elem(t), None) for i, t in enumerate(outputs) if t not in "-?"]
+    outs = [helper.make_tensor_value_info(f"out{i}", elem(t), None) for i, t in enumerate(outputs) if t != "-"]
     node.output[:] = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
     graph = helper.make_graph([node], "probe", graph_inputs, outs)
     opsets = [helper.make_opsetid("", opset if domain == "" else 20)]
@@ -158,6 +155,8 @@ def doc_verdict(sig: list, rows: list[dict]) -> tuple[bool, str]:
     if not schemas:
         return False, f"no schema of {op} at opset {opset}"
     since, formal_in, formal_out = schemas[-1]
+    if "?" in (*inputs, *outputs):
+        return False, "a value of unknown type ('?'): no kernel row can be matched without guessing it"
     misses = []
     for row in rows:
         lo, hi = _versions(row["versions"])
@@ -168,7 +167,7 @@ def doc_verdict(sig: list, rows: list[dict]) -> tuple[bool, str]:
         for values, formals in ((inputs, formal_in), (outputs, formal_out)):
             for i, t in enumerate(values):
                 formal = formals[min(i, len(formals) - 1)] if formals else None
-                if formal in allowed and t not in ("?", "-") and t not in allowed[formal]:
+                if formal in allowed and t != "-" and t not in allowed[formal]:
                     bad.append(f"{formal} = {t} is not among {sorted(allowed[formal])}")
         if not bad:
             return True, ""

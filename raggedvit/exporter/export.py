@@ -21,7 +21,7 @@ from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.naming import name_traced_outputs, output_names, traced_output_names
 from raggedvit.exporter.ragged_linear import check_ragged_linear
 from raggedvit.exporter.recipe import export_recipe, write_header
-from raggedvit.exporter.rules import fuse_for_ort
+from raggedvit.exporter.rules import fuse_for_ort, untyped_values
 from raggedvit.exporter.saving import save_model
 from raggedvit.exporter.translations import TRANSLATIONS
 from raggedvit.outputs import check_target
@@ -80,6 +80,8 @@ def build_model(
     traced as outputs, then unmarked: the graph computes nothing more for them). Recipe key "stage_outputs": per
     stage, the names of its [src, cu_seqlens] tensors (naming.stage_output_names, likewise unmarked): the validator
     derives each image's kept tokens from them, with or without `diagnostics`.
+    Every value of the model has its element type recorded: RuntimeError naming those without (a value a rewrite
+    wrote untyped), as the CUDA placement check (exporter/placement.py) judges nodes by the file's types.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -113,6 +115,9 @@ def build_model(
             verbose=False,
         )
     ir_model = fuse_for_ort(program.model)
+    if untyped := untyped_values(ir_model):
+        more = f" and {len(untyped) - 5} more" if len(untyped) > 5 else ""
+        raise RuntimeError(f"the export left {len(untyped)} value(s) without a type: {', '.join(untyped[:5])}{more}")
     block_names, stage_pairs = name_traced_outputs(ir_model, names, stages, depth)
     recipe = export_recipe(
         recipe, model, dtype=dtype, img_size=h, outputs=names, block_outputs=block_names, stage_outputs=stage_pairs

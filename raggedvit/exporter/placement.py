@@ -8,10 +8,12 @@ kernel registry, the one docs/OperatorKernels.md lists, has a kernel for the op,
 own CUDA kernels are RAGGED_CUDA, as custom_ops/registration.cc registers them.
 
 A node whose signature the table says runs on the CPU, or which the table does not hold (an op or a type no export
-had when it was probed: probe it again on a GPU), is `Unplaced`. Such a node runs on the CPU EP, which a session
-with `disable_cpu_fallback=True` refuses and a CUDA graph cannot hold. What this cannot see: ORT's graph
-optimizations (they run first and may fuse nodes) and the shape arithmetic ORT moves to the CPU on its own (fold it
-with create_session(batch=...)).
+had when it was probed: probe it again on a GPU), is `Unplaced`; so is a node with an input or output whose type the
+file does not record ('?'): which kernel runs it depends on that type, and it is never guessed (the exporter records
+every value's type and build_model refuses an export without; a file from before that is exported again). Such a
+node runs on the CPU EP, which a session with `disable_cpu_fallback=True` refuses and a CUDA graph cannot hold. What
+this cannot see: ORT's graph optimizations (they run first and may fuse nodes) and the shape arithmetic ORT moves to
+the CPU on its own (fold it with create_session(batch=...)).
 """
 
 from __future__ import annotations
@@ -112,15 +114,31 @@ def node_signatures(model: onnx.ModelProto) -> Iterator[tuple[Signature, onnx.No
         yield (domain, node.op_type, opset.get(domain, 1), ins, outs), node
 
 
+def _untyped(sig: Signature) -> str | None:
+    _, _, _, ins, outs = sig
+    where = [f"input {i}" for i, t in enumerate(ins) if t == "?"]
+    where += [f"output {i}" for i, t in enumerate(outs) if t == "?"]
+    if not where:
+        return None
+    return (
+        f"the file records no type for its {', '.join(where)}: its CUDA kernel cannot be judged (export it again: "
+        "the exporter records every value's type)"
+    )
+
+
 def _judge(sig: Signature, table: PlacementTable) -> str | None:
     domain, op, _, ins, _ = sig
     if domain == RAGGED_DOMAIN:
         if op not in RAGGED_CUDA:
             return "the op library has no CUDA kernel for it"
         for i, allowed in RAGGED_CUDA[op].items():
-            if i < len(ins) and ins[i] not in ("?", "-") and ins[i] not in allowed:
+            if i < len(ins) and ins[i] == "?":
+                return _untyped(sig)
+            if i < len(ins) and ins[i] != "-" and ins[i] not in allowed:
                 return f"input {i} is {ins[i]}; the op library's CUDA kernel takes {' or '.join(sorted(allowed))}"
         return None
+    if (why := _untyped(sig)) is not None:
+        return why
     known = table.cuda.get(sig)
     if known is None:
         return (

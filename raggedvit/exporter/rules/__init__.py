@@ -27,7 +27,7 @@ from raggedvit.exporter.rules.layer_norm import (
 )
 from raggedvit.exporter.rules.passes import drop_unused_outputs, fold_weight_layout, gemm_to_matmul
 
-__all__ = ["PIPELINE", "Step", "fuse_for_ort", "rule_names"]
+__all__ = ["PIPELINE", "Step", "fuse_for_ort", "rule_names", "untyped_values"]
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,22 @@ def rule_names() -> list[str]:
     return names
 
 
+def untyped_values(model: ir.Model) -> list[str]:
+    """'value (domain::Op node)' of every node output of the top-level graph with no element type recorded. An
+    export has none: the CUDA placement check (exporter/placement.py) judges a node by the types the file records,
+    and a node with an untyped input or output has a signature no placement table holds."""
+    return [
+        f"{v.name} ({node.domain or 'ai.onnx'}::{node.op_type} {node.name})"
+        for node in model.graph
+        for v in node.outputs
+        if v.name and (v.type is None or v.dtype is None)
+    ]
+
+
 def fuse_for_ort(model: ir.Model) -> ir.Model:
-    """The steps of `PIPELINE` in order, then dead nodes and initializers dropped."""
+    """The steps of `PIPELINE` in order, then dead nodes and initializers dropped. A value a rule or pass creates has
+    its element type set (the rules' dtype checks read it; build_model refuses an export with an untyped value:
+    untyped_values)."""
     for step in PIPELINE:
         model = step.apply(model)
     for cleanup in (

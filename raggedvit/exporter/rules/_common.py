@@ -54,10 +54,27 @@ def not_norm_kernel_rows(x: ir.Value, gamma: ir.Value, beta: ir.Value) -> str | 
     return None
 
 
+def typed(value: ir.Value, dtype: ir.DataType | None, shape: ir.Shape | None = None) -> ir.Value:
+    """`value` (a tensor a rule creates, not one that replaces a matched output: those take the matched value's type)
+    with its element type and shape set (dtype None: the value it derives from has none, nor has it): every value of
+    an export has a recorded type, which the CUDA placement check (exporter/placement.py) and the rules' dtype checks
+    read. Returns it."""
+    value.type, value.shape = (ir.TensorType(dtype) if dtype is not None else None), shape
+    return value
+
+
+def type_norm_stats(mean: ir.Value, inv_std: ir.Value) -> None:
+    """Type com.microsoft::SkipLayerNormalization's mean and inv_std_var outputs (not read): float32, its schema's
+    only type for them (type constraint U), whatever the rows' type."""
+    for value in (mean, inv_std):
+        typed(value, ir.DataType.FLOAT)
+
+
 def row_range(op, x: ir.Value, name: str) -> ir.Value:
     """Range(0, T, 1) over the rows of x [T, D] (int64; T from Shape / Squeeze, which ONNX Runtime folds into an
     initializer once the batch is fixed): GatherLayerNorm's identity index."""
     start = op.initializer(ir.tensor(np.array(0, dtype=np.int64)), name=f"{name}_rows_start")
     delta = op.initializer(ir.tensor(np.array(1, dtype=np.int64)), name=f"{name}_rows_delta")
-    rows = op.Squeeze(op.Shape(x, start=0, end=1))  # T as an int64 scalar
-    return op.Range(start, rows, delta)
+    first = typed(op.Shape(x, start=0, end=1), ir.DataType.INT64, ir.Shape([1]))
+    rows = typed(op.Squeeze(first), ir.DataType.INT64, ir.Shape([]))  # T as an int64 scalar
+    return typed(op.Range(start, rows, delta), ir.DataType.INT64, ir.Shape([x.shape[0]]) if rank(x) else None)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from raggedvit.exporter.rules._common import RAGGED, producer, rank, rank1_const
+from raggedvit.exporter.rules._common import RAGGED, producer, rank, rank1_const, typed
 
 __all__ = ["PatchBiasIntoPosition", "PatchEmbed"]
 
@@ -51,7 +51,7 @@ class PatchBiasIntoPosition(pattern.RewriteRuleClassBase):
         table = pos.const_value.numpy().copy()
         table[:, p:, :] += b.const_value.numpy()
         merged = op.initializer(ir.tensor(table), name=f"{pos.name}_with_{b.name}")
-        return op.Add(op.Concat(prefix, y, axis=1), merged)
+        return op.Add(typed(op.Concat(prefix, y, axis=1), cat.dtype, cat.shape), merged)
 
 
 _PATCH_PERM = (0, 2, 4, 1, 3, 5)  # [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: torch's im2col of a stride-p conv

@@ -40,6 +40,8 @@ from raggedvit.exporter.rules._common import (
     rank,
     rank1_const,
     row_range,
+    type_norm_stats,
+    typed,
 )
 
 __all__ = ["GatherLayerNorm", "LayerNormRows", "PlainSkipLayerNorm", "RaggedLinearSkipLayerNorm", "SkipLayerNorm"]
@@ -75,11 +77,12 @@ class SkipLayerNorm(pattern.RewriteRuleClassBase):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
         if self._cast:  # the GEMM output joins the stream's dtype first; its bias is added in that dtype
             to = residual.dtype
-            y = op.Cast(y, to=to)
+            y = typed(op.Cast(y, to=to), to, y.shape)
             b = op.initializer(ir.tensor(b.const_value.numpy().astype(to.numpy())), name=f"{b.name}_{to.name}")
-        normed, _mean, _inv_std, total = op.SkipLayerNormalization(
+        normed, mean, inv_std, total = op.SkipLayerNormalization(
             y, residual, gamma, beta, b, epsilon=eps, _domain=MS, _outputs=4
         )
+        type_norm_stats(mean, inv_std)
         return normed, total
 
 
@@ -104,9 +107,8 @@ class PlainSkipLayerNorm(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, a, b, gamma, beta, ln, **_):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
-        normed, _mean, _inv_std, total = op.SkipLayerNormalization(
-            a, b, gamma, beta, epsilon=eps, _domain=MS, _outputs=4
-        )
+        normed, mean, inv_std, total = op.SkipLayerNormalization(a, b, gamma, beta, epsilon=eps, _domain=MS, _outputs=4)
+        type_norm_stats(mean, inv_std)
         return normed, total
 
 
@@ -132,16 +134,17 @@ class RaggedLinearSkipLayerNorm(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, w, b, residual, cu, gamma, beta, y, ln, **_):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
-        gemm = op.RaggedLinear(x, w, b, None, cu, activation=0, _domain=RAGGED)
+        gemm = typed(op.RaggedLinear(x, w, b, None, cu, activation=0, _domain=RAGGED), y.dtype, y.shape)
         if not_norm_kernel_rows(residual, gamma, beta) is None:  # the residual has y's shape and dtype
             index = row_range(op, gemm, ln.name or y.name)
             normed, total = op.GatherLayerNorm(
                 gemm, index, gamma, beta, residual, None, cu, epsilon=eps, _domain=RAGGED, _outputs=2
             )
             return normed, total
-        normed, _mean, _inv_std, total = op.SkipLayerNormalization(
+        normed, mean, inv_std, total = op.SkipLayerNormalization(
             gemm, residual, gamma, beta, epsilon=eps, _domain=MS, _outputs=4
         )
+        type_norm_stats(mean, inv_std)
         return normed, total
 
 
@@ -192,5 +195,6 @@ class LayerNormRows(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, gamma, beta, ln, **_):
         eps = ln.producer().attributes.get_float("epsilon", 1e-5)
         index = row_range(op, x, ln.name or x.name)
-        normed, _sum = op.GatherLayerNorm(x, index, gamma, beta, epsilon=eps, _domain=RAGGED, _outputs=2)
+        normed, copy = op.GatherLayerNorm(x, index, gamma, beta, epsilon=eps, _domain=RAGGED, _outputs=2)
+        typed(copy, x.dtype, x.shape)
         return normed

@@ -50,8 +50,9 @@ def gemm_to_matmul(model: ir.Model) -> int:
         new = [mm]
         if c is not None:
             new.append(ir.node("Add", [mm.outputs[0], c]))
+        for value in (n.outputs[0] for n in new):  # the product has the Gemm's shape and type, before and after + b
+            value.shape, value.type = node.outputs[0].shape, node.outputs[0].type
         out = new[-1].outputs[0]
-        out.shape, out.type = node.outputs[0].shape, node.outputs[0].type
         ir.convenience.replace_nodes_and_values(graph, node, [node], new, [node.outputs[0]], [out])
         done += 1
     return done

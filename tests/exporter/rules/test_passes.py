@@ -82,6 +82,10 @@ def test_gemm_becomes_matmul_by_the_transposed_weight_plus_bias():
     assert "w_t" in model.graph.initializers and model.graph.initializers["w_t"].const_value.shape == (4, 3)
     mms = [n for n in model.graph if n.op_type == "MatMul"]
     assert mms[0].inputs[1] is mms[1].inputs[1]  # one transposed copy of a shared weight
+    # the product before the bias keeps the Gemm's type and shape: the rules that fuse the bias Add away read its
+    # dtype (bias_gelu's kernel choice), and the file records it (the CUDA placement check reads node types)
+    for n in list(model.graph)[:4]:  # each Gemm's MatMul and Add (the last node is the graph's own sum)
+        assert (n.outputs[0].dtype, n.outputs[0].shape) == (ir.DataType.FLOAT, ir.Shape([2, 3])), n
     np.testing.assert_allclose(run(model, feeds), want, rtol=1e-6, atol=1e-6)
 
 
