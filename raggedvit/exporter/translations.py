@@ -125,7 +125,7 @@ RAGGED_MERGE_SCHEMA = OpSchema(
         ("I", ["tensor(int64)"], "cu [B+1], cu_out, src [B*m]"),
     ],
     attributes=[
-        OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "H: the keys are averaged over the heads", required=True),
+        OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "H: keys averaged over heads", required=True),
         OpSchema.Attribute("num_prefix", OpSchema.AttrType.INT, "prefix rows per image (never merged)", required=True),
         OpSchema.Attribute("r", OpSchema.AttrType.INT, "rows to merge per image (min(r, (n - p) // 2))", required=True),
         OpSchema.Attribute("class_token", OpSchema.AttrType.INT, "1: unmerged rows in position order", required=True),

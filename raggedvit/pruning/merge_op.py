@@ -128,6 +128,10 @@ def merge_tokens(
         MergedRows (x', size', cu', src, key_bias = log(size'), score).
     """
     num_prefix, r = int(num_prefix), int(r)
+    if keys.qkv.dtype != x.dtype and x.dtype == torch.float32:  # the fp16 recipe: float16 GEMMs, float32 stream
+        # widening is exact, and the metric is computed in float32 anyway: the same merge
+        bias = None if keys.bias is None else keys.bias.to(torch.float32)
+        keys = MergeKeys(keys.qkv.to(torch.float32), bias, keys.num_heads)
     _check(x, keys, size, cu, num_prefix, r)
     out = merge_tokens_op(x, keys.qkv, keys.bias, size, cu, int(keys.num_heads), num_prefix, r, bool(class_token))
     return MergedRows(*out)

@@ -77,3 +77,18 @@ def test_fp16_all_export_runs(images, ort_session):
         ref = PrunedViT(vit, spec)(images[:2])
     np.testing.assert_array_equal(counts, ref.token_counts.numpy())
     assert np.abs(logits - ref.logits.numpy()).max() < 0.05 * max(1.0, float(ref.logits.abs().max()))
+
+
+def test_deit_small_merge_costs_two_nodes_per_merging_block():
+    """deit_small, tome r = 8 in every block, fp16-all: at most the unpruned export's nodes + 2 per merging block
+    (the RaggedMerge node, and the attention residual's Add that SkipLayerNormalization can no longer hold); none
+    of the traced merge's ops."""
+    vit, _ = load_vit("deit_small_patch16_224", seed=1, img_size=224)
+    counts = {}
+    for spec in (PruneSpec("none"), PruneSpec("tome", r=8)):
+        model = to_proto(build_model(vit.eval(), spec, dtype="fp16-all"))
+        counts[spec.policy] = Counter(n.op_type for n in model.graph.node)
+    tome, unpruned = counts["tome"], counts["none"]
+    assert tome["RaggedMerge"] == 12
+    assert sum(tome.values()) <= sum(unpruned.values()) + 2 * 12, (sum(tome.values()), sum(unpruned.values()))
+    assert tome["TopK"] == tome["ArgMax"] == tome["GatherElements"] == tome["Log"] == 0, tome
