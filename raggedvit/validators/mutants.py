@@ -244,9 +244,9 @@ def _first_after(stage: int) -> str:
 TOME_MUTANTS = [
     Mutant("tome_no_proportional_attention", _same, _first_after(1), patch=_no_proportional_attention),
     Mutant("tome_unweighted_average", _same, _first_after(1), patch=_unweighted_merge),
-    Mutant("tome_sets_shifted", _same, "stage 0 (block 0) kept", patch=_sets_shifted),  # other tokens merged
+    Mutant("tome_sets_shifted", _same, _first_after(0), patch=_sets_shifted),  # other tokens merged
     Mutant("tome_metric_from_queries", _same, "stage 0 (block 0) kept", patch=_metric_from_queries),
-    Mutant("tome_unsorted_kept_rows", _same, "stage 0 (block 0)", patch=_unsorted_kept_rows),
+    Mutant("tome_unsorted_kept_rows", _same, _first_after(0), patch=_unsorted_kept_rows),
     Mutant("tome_merge_one_more", _merge_one_more, "moved at stage 0 (block 0)"),
 ]
 
