@@ -43,6 +43,7 @@ SOURCES = (
     "ragged_attention.cc",
     "ragged_linear.cc",
     "ragged_select.cc",
+    "ragged_merge.cc",
     "bias_gelu.cc",
     "gather_layer_norm.cc",
     "patch_embed.cc",
