@@ -53,6 +53,7 @@ SOURCES = (
     "cpu/bias_gelu_cpu.cc",
     "cpu/ragged_linear_cpu.cc",
     "cpu/ragged_select_cpu.cc",
+    "cpu/ragged_merge_cpu.cc",
     "cuda/ragged_attention_cuda.cc",
     "cuda/ragged_linear_cuda.cc",
     "cuda/launcher.cc",
