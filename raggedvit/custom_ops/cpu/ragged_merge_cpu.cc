@@ -39,25 +39,47 @@ inline int32_t ScoreKey(float s) {
   return bits < 0 ? bits ^ 0x7fffffff : bits;
 }
 
+// Eight float lanes (GCC / Clang vector extension: one AVX register in the FMA clone, two SSE registers otherwise).
+typedef float Lanes __attribute__((vector_size(32)));
+
 // out[i, j] = sum_e a[i, e] * bt[e, j] for kScoreRows rows of a [kScoreRows, Dh] and all `cols` (a multiple of
-// kScoreCols) columns of bt [Dh, cols]: the accumulators of one block stay in registers while e runs, and every
-// column goes through the same instructions. Cloned for AVX2+FMA CPUs (picked at load time).
-__attribute__((target_clones("arch=haswell", "default"))) void ScoreBlock(const float* __restrict a,
+// kScoreCols) columns of bt [Dh, cols]: the accumulators of a block stay in registers while e runs (in order), and
+// every column goes through the same instructions. Cloned for FMA CPUs (-mfma implies AVX; picked at load time by
+// the CPU's features: an "arch=haswell" clone is picked by the CPU model, so never on AMD CPUs).
+__attribute__((target_clones("fma", "default"))) void ScoreBlock(const float* __restrict a,
                                                                           const float* __restrict bt, int64_t Dh,
                                                                           int64_t cols, float* __restrict out) {
+  static_assert(kScoreCols == 2 * sizeof(Lanes) / sizeof(float), "a block row is two Lanes");
   for (int64_t j0 = 0; j0 < cols; j0 += kScoreCols) {
-    float acc[kScoreRows][kScoreCols] = {};
+    Lanes acc[kScoreRows][2] = {};
     for (int64_t e = 0; e < Dh; ++e) {
-      const float* bv = bt + e * cols + j0;
+      Lanes b0, b1;  // unaligned loads
+      std::memcpy(&b0, bt + e * cols + j0, sizeof(b0));
+      std::memcpy(&b1, bt + e * cols + j0 + 8, sizeof(b1));
       for (int64_t i = 0; i < kScoreRows; ++i) {
         const float av = a[i * Dh + e];
-        for (int64_t j = 0; j < kScoreCols; ++j) acc[i][j] += av * bv[j];
+        acc[i][0] += b0 * av;
+        acc[i][1] += b1 * av;
       }
     }
     for (int64_t i = 0; i < kScoreRows; ++i) {
-      for (int64_t j = 0; j < kScoreCols; ++j) out[i * cols + j0 + j] = acc[i][j];
+      std::memcpy(out + i * cols + j0, &acc[i][0], sizeof(Lanes));
+      std::memcpy(out + i * cols + j0 + 8, &acc[i][1], sizeof(Lanes));
     }
   }
+}
+
+// sum of v[i]^2 in eight float lanes (vectorised), then the lanes in order.
+inline float SumOfSquares(const float* v, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] += v[i + j] * v[i + j];
+  }
+  float sum = 0.0f;
+  for (; i < n; ++i) sum += v[i] * v[i];
+  for (int j = 0; j < 8; ++j) sum += lanes[j];
+  return sum;
 }
 
 // Per-thread buffers, reused across calls (sized for the largest image seen).
@@ -75,7 +97,8 @@ struct Scratch {
 
 template <typename T>
 struct Job {
-  const T *x, *qkv, *qkv_bias;  // qkv_bias may be nullptr
+  const T *x, *qkv;
+  const float* k_bias;  // the k part of qkv_bias as float [H*Dh], or nullptr
   const float* size;            // nullptr: every row 1
   T* x_out;
   float *size_out, *key_bias, *score;
@@ -101,29 +124,24 @@ void MetricRows(const Job<T>& job, const T* qkv, int64_t rows_a, int64_t cols_b,
   const float heads = static_cast<float>(d.H);
   for (int64_t t = job.a.num_prefix; t < d.n; ++t) {
     const T* k = qkv + t * W + HD;
-    const T* kb = job.qkv_bias != nullptr ? job.qkv_bias + HD : nullptr;
     for (int64_t e = 0; e < Dh; ++e) m[e] = 0.0f;
     for (int64_t h = 0; h < d.H; ++h) {  // k + bias in float32, summed head by head (torch's mean over dim 1)
       const T* kh = k + h * Dh;
-      if (kb != nullptr) {
-        const T* bh = kb + h * Dh;
-        for (int64_t e = 0; e < Dh; ++e) m[e] += ToFloat(kh[e]) + ToFloat(bh[e]);
+      if (job.k_bias != nullptr) {
+        const float* bh = job.k_bias + h * Dh;
+        for (int64_t e = 0; e < Dh; ++e) m[e] += ToFloat(kh[e]) + bh[e];
       } else {
         for (int64_t e = 0; e < Dh; ++e) m[e] += ToFloat(kh[e]);
       }
     }
-    double squares = 0.0;
-    for (int64_t e = 0; e < Dh; ++e) {
-      m[e] /= heads;
-      squares += static_cast<double>(m[e]) * m[e];
-    }
-    const float norm = std::max(static_cast<float>(std::sqrt(squares)), kMergeMetricEps);
+    for (int64_t e = 0; e < Dh; ++e) m[e] /= heads;
+    const float norm = std::max(std::sqrt(SumOfSquares(m, Dh)), kMergeMetricEps);
+    for (int64_t e = 0; e < Dh; ++e) m[e] /= norm;
     if (t % 2 == 0) {  // A: the even positions >= p (a0 = p + p%2 is even), B: the odd ones
-      float* row = s.a.data() + (t - d.a0) / 2 * Dh;
-      for (int64_t e = 0; e < Dh; ++e) row[e] = m[e] / norm;
+      std::memcpy(s.a.data() + (t - d.a0) / 2 * Dh, m, static_cast<size_t>(Dh) * sizeof(float));
     } else {
-      const int64_t j = (t - d.b0) / 2;
-      for (int64_t e = 0; e < Dh; ++e) s.bt[static_cast<size_t>(e * cols_b + j)] = m[e] / norm;
+      float* column = s.bt.data() + (t - d.b0) / 2;
+      for (int64_t e = 0; e < Dh; ++e) column[e * cols_b] = m[e];
     }
   }
 }
@@ -256,7 +274,14 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const MergeAttrs& attrs, const Mer
   Job<T> job;
   job.x = v.x.GetTensorData<T>();
   job.qkv = v.qkv.GetTensorData<T>();
-  job.qkv_bias = v.info.has_qkv_bias ? v.qkv_bias.GetTensorData<T>() : nullptr;
+  job.k_bias = nullptr;
+  if (v.info.has_qkv_bias) {  // converted once per call (thread_local: no allocation once grown)
+    thread_local std::vector<float> k_bias;
+    const T* bias = v.qkv_bias.GetTensorData<T>() + d.H * d.Dh;
+    k_bias.resize(static_cast<size_t>(d.H * d.Dh));
+    for (int64_t i = 0; i < d.H * d.Dh; ++i) k_bias[static_cast<size_t>(i)] = ToFloat(bias[i]);
+    job.k_bias = k_bias.data();
+  }
   job.size = v.info.has_size ? v.size.GetTensorData<float>() : nullptr;
   job.x_out = ctx.GetOutput(kMergeXOut, {rows, d.C}).GetTensorMutableData<T>();
   job.size_out = ctx.GetOutput(kMergeSizeOut, {rows}).GetTensorMutableData<float>();
