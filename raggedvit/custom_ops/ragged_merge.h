@@ -121,9 +121,10 @@ std::string CheckMergeCu(const int64_t* cu, const MergeDims& d);
 // B (and C) are static and the attributes valid; unknown dims otherwise (the kernel reports what is wrong).
 OrtStatusPtr InferRaggedMergeShapes(OrtShapeInferContext* ctx) noexcept;
 
-// One OrtCustomOp per (EP, data type): data type UNDEFINED (the CPU op) leaves x, qkv and qkv_bias to the kernel's
-// checks (one type constraint: ORT refuses a qkv of another type than x at session creation); a concrete type (a
-// CUDA op per float16 / bfloat16) makes ORT place other types elsewhere. size is float, cu int64.
+// One OrtCustomOp per (EP, data type): data type UNDEFINED (the CPU op) leaves the types of x, qkv and qkv_bias to
+// CheckMergeInputs (ORT types x_out after the last of them given and refuses a graph declaring x_out otherwise; any
+// other mix reaches the op); a concrete type (a CUDA op per float16 / bfloat16) makes ORT place other types
+// elsewhere. size is declared float and cu int64 (ORT refuses other types at session creation, naming the input).
 template <typename TKernel>
 struct RaggedMergeOp : Ort::CustomOpBase<RaggedMergeOp<TKernel>, TKernel, /*WithStatus=*/true> {
   RaggedMergeOp(const char* provider, ONNXTensorElementDataType data_type)
