@@ -19,7 +19,7 @@ def _run_interpreted(which: str) -> dict[str, dict[str, bool]]:
     from raggedvit.kernels import _merge_kernel
     from raggedvit.kernels._merge_launch import launch_merge
     from raggedvit.pruning.merge import merge_tokens_reference
-    from tests.support.merge_cases import (
+    from tests.support.merge_kernel_cases import (
         MARGIN,
         MERGE_CASES,
         MERGE_SLOW_CASES,

@@ -1,5 +1,6 @@
-"""Seeded inputs of the merge op (`merge_tokens_reference`, RaggedMerge) shared by the interpreter run of its Triton
-kernel (tests/kernels/_merge_cases.py) and the GPU checks, with the comparison both use.
+"""Seeded inputs of the merge kernel (`_merge_kernel`, RaggedMerge on CUDA) against `merge_tokens_reference`, shared
+by its interpreter run (tests/kernels/_merge_cases.py) and the GPU checks, with the comparison both use (the CPU
+EP's cases: tests/support/merge_cases.py).
 
 Two kinds of keys:
 - planted (the default): each A row's metric is near one B row of its image at a spread angle, so the best scores
