@@ -9,6 +9,7 @@
 #include "cpu/bias_gelu_cpu.h"
 #include "cpu/gather_layer_norm_cpu.h"
 #include "cpu/patch_embed_cpu.h"
+#include "cpu/ragged_merge_cpu.h"
 #include "cpu/ragged_attention_cpu.h"
 #include "cpu/ragged_linear_cpu.h"
 #include "cpu/ragged_select_cpu.h"
@@ -41,6 +42,7 @@ const OpSet& Ops() {
       set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
     }
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
+    set.ops.push_back(std::make_unique<RaggedMergeCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     set.ops.push_back(std::make_unique<BiasGeluCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     set.ops.push_back(std::make_unique<PatchEmbedCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     if (cuda::DriverAvailable()) {
@@ -96,7 +98,7 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
            raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
-           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\", \"" + raggedvit::kMergeOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

@@ -82,6 +82,7 @@ def test_library_info(ort_library):
         "BiasGelu",
         "GatherLayerNorm",
         "PatchEmbed",
+        "RaggedMerge",
     ]
 
 
