@@ -62,6 +62,8 @@ SOURCES = (
     "cuda/linear_launcher.cc",
     "cuda/ragged_select_cuda.cc",
     "cuda/select_launcher.cc",
+    "cuda/ragged_merge_cuda.cc",
+    "cuda/merge_launcher.cc",
     "cuda/bias_gelu_cuda.cc",
     "cuda/gelu_launcher.cc",
     "cuda/gather_layer_norm_cuda.cc",
