@@ -144,6 +144,23 @@ def test_real_sizes_and_merged_sums(ort_library):
     assert float(got[1][1]) == float(size[rows].sum())
 
 
+def test_nan_keys_are_ordered_as_the_reference(ort_library):
+    """A NaN in a key makes its cosines NaN: torch.max picks a NaN as the best, torch.sort puts NaN scores first; the
+    op orders them the same way (a permutation, no broken sort)."""
+    case = MERGE_CASES[2]
+    inputs = make_merge_inputs(case, seed=1)
+    HD = case.H * case.Dh
+    inputs["qkv"][10, HD + 3] = float("nan")  # an A row of image 0
+    inputs["qkv"][7, HD + 1] = float("nan")  # a B row of image 0
+    inputs["qkv"][200, HD + 1] = float("nan")  # image 1
+    for class_token in (True, False):
+        attrs = merge_attrs(case, class_token)
+        got, ref = run(inputs, attrs), reference(inputs, attrs)
+        torch.testing.assert_close(got[3], ref[3], rtol=0, atol=0)
+        torch.testing.assert_close(got[5], ref[5], rtol=1e-6, atol=1e-6, equal_nan=True)
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-6)
+
+
 # ---- errors ---------------------------------------------------------------------------------------------------------
 
 GOOD = {"num_heads": 2, "num_prefix": 1, "r": 2, "class_token": 1}

@@ -17,6 +17,7 @@
 #include <limits>
 #include <mutex>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "float_convert.h"
@@ -69,17 +70,34 @@ __attribute__((target_clones("fma", "default"))) void ScoreBlock(const float* __
   }
 }
 
-// sum of v[i]^2 in eight float lanes (vectorised), then the lanes in order.
-inline float SumOfSquares(const float* v, int64_t n) {
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) lanes[j] += v[i + j] * v[i + j];
+// m [Dh] <- the metric row of one key row k [H*Dh] (+ bias [H*Dh] when not nullptr): k + bias summed head by head in
+// float32 (torch's mean over dim 1: the sum, then / H), then m / max(||m||, eps), ||m||^2 summed in eight lanes.
+// Cloned for FMA CPUs like ScoreBlock.
+__attribute__((target_clones("fma", "default"))) void MetricRow(const float* __restrict k,
+                                                                 const float* __restrict bias, int64_t H, int64_t Dh,
+                                                                 float* __restrict m) {
+  for (int64_t e = 0; e < Dh; ++e) m[e] = 0.0f;
+  for (int64_t h = 0; h < H; ++h) {
+    const float* kh = k + h * Dh;
+    if (bias != nullptr) {
+      const float* bh = bias + h * Dh;
+      for (int64_t e = 0; e < Dh; ++e) m[e] += kh[e] + bh[e];
+    } else {
+      for (int64_t e = 0; e < Dh; ++e) m[e] += kh[e];
+    }
   }
-  float sum = 0.0f;
-  for (; i < n; ++i) sum += v[i] * v[i];
-  for (int j = 0; j < 8; ++j) sum += lanes[j];
-  return sum;
+  const float heads = static_cast<float>(H);
+  for (int64_t e = 0; e < Dh; ++e) m[e] /= heads;
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t e = 0;
+  for (; e + 8 <= Dh; e += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] += m[e + j] * m[e + j];
+  }
+  float squares = 0.0f;
+  for (; e < Dh; ++e) squares += m[e] * m[e];
+  for (int j = 0; j < 8; ++j) squares += lanes[j];
+  const float norm = std::max(std::sqrt(squares), kMergeMetricEps);
+  for (e = 0; e < Dh; ++e) m[e] /= norm;
 }
 
 // Per-thread buffers, reused across calls (sized for the largest image seen).
@@ -87,11 +105,12 @@ struct Scratch {
   std::vector<float> a;       // normalised A rows [rows_a, Dh] (rows past n_A zero)
   std::vector<float> bt;      // normalised B rows, transposed [Dh, cols_b] (columns past n_B zero)
   std::vector<float> metric;  // one metric row [Dh]
+  std::vector<float> key;     // one key row as float [H*Dh] (float16, bfloat16)
   std::vector<float> block;   // scores of one block of A rows [kScoreRows, cols_b]
   std::vector<float> score;   // best score of each A row [n_A]
   std::vector<float> acc;     // one merged B row's sum [C]
   std::vector<int64_t> best, order, kept, offsets, merged_into;  // [n_A], [n_A], [n_A - r], [n_B + 1], [r]
-  std::vector<int32_t> key;                                      // [n_A]
+  std::vector<int32_t> order_key;                                // [n_A]
   std::vector<unsigned char> merged;                             // [n_A]
 };
 
@@ -121,22 +140,15 @@ void MetricRows(const Job<T>& job, const T* qkv, int64_t rows_a, int64_t cols_b,
   s.bt.assign(static_cast<size_t>(Dh * cols_b), 0.0f);
   s.metric.resize(static_cast<size_t>(Dh));
   float* m = s.metric.data();
-  const float heads = static_cast<float>(d.H);
+  if constexpr (!std::is_same_v<T, float>) s.key.resize(static_cast<size_t>(HD));
   for (int64_t t = job.a.num_prefix; t < d.n; ++t) {
     const T* k = qkv + t * W + HD;
-    for (int64_t e = 0; e < Dh; ++e) m[e] = 0.0f;
-    for (int64_t h = 0; h < d.H; ++h) {  // k + bias in float32, summed head by head (torch's mean over dim 1)
-      const T* kh = k + h * Dh;
-      if (job.k_bias != nullptr) {
-        const float* bh = job.k_bias + h * Dh;
-        for (int64_t e = 0; e < Dh; ++e) m[e] += ToFloat(kh[e]) + bh[e];
-      } else {
-        for (int64_t e = 0; e < Dh; ++e) m[e] += ToFloat(kh[e]);
-      }
+    if constexpr (std::is_same_v<T, float>) {
+      MetricRow(k, job.k_bias, d.H, Dh, m);
+    } else {  // the key row as float first
+      for (int64_t i = 0; i < HD; ++i) s.key[static_cast<size_t>(i)] = ToFloat(k[i]);
+      MetricRow(s.key.data(), job.k_bias, d.H, Dh, m);
     }
-    for (int64_t e = 0; e < Dh; ++e) m[e] /= heads;
-    const float norm = std::max(std::sqrt(SumOfSquares(m, Dh)), kMergeMetricEps);
-    for (int64_t e = 0; e < Dh; ++e) m[e] /= norm;
     if (t % 2 == 0) {  // A: the even positions >= p (a0 = p + p%2 is even), B: the odd ones
       std::memcpy(s.a.data() + (t - d.a0) / 2 * Dh, m, static_cast<size_t>(Dh) * sizeof(float));
     } else {
@@ -187,9 +199,9 @@ void MergeImage(const Job<T>& job, int64_t b) {
   BestMatches(job, rows_a, cols_b, s);
 
   // the stable descending order of the A rows: sort on (score, A index)
-  s.key.resize(static_cast<size_t>(nA));
+  s.order_key.resize(static_cast<size_t>(nA));
   s.order.resize(static_cast<size_t>(nA));
-  int32_t* key = s.key.data();
+  int32_t* key = s.order_key.data();
   int64_t* order = s.order.data();
   const int64_t* best = s.best.data();
   for (int64_t i = 0; i < nA; ++i) key[i] = ScoreKey(s.score[static_cast<size_t>(i)]);
