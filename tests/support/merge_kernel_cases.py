@@ -45,6 +45,7 @@ class MergeCase(NamedTuple):
     ties: bool = False
     C: int = 0  # 0: H * Dh
     config: tuple[int, int] | None = None  # launch_merge's (NP, num_warps) instead of the width's
+    nan: str = ""  # "a" / "b": one k entry of an A / B row of the last image is NaN (its scores are NaN)
 
 
 MERGE_CASES = [
@@ -63,6 +64,8 @@ MERGE_CASES = [
     MergeCase("no-b-row", 2, 6, 2, 16, 5, 3, True),  # n_A = 0, n_B = 1: nothing merges
     MergeCase("prefix-only", 2, 3, 2, 16, 3, 2, False),  # p = n
     MergeCase("b1-small", 1, 9, 1, 16, 1, 2, True, size="none"),
+    MergeCase("nan-a-row", 2, 41, 2, 32, 1, 6, False, nan="a"),  # that row ranks first (torch: NaN is the largest)
+    MergeCase("nan-b-row", 2, 41, 2, 32, 1, 6, True, torch.float16, nan="b"),  # every A row of the image matches it
 ]
 MERGE_SLOW_CASES = [
     MergeCase("n577-fp16", 1, 577, 6, 64, 1, 40, True, torch.float16),  # NP 512: 5 A tiles, 9 B tiles, 3 chunks
@@ -88,6 +91,9 @@ def make_merge_inputs(case: MergeCase, seed: int = 0):
         k = _planted_keys(gen, B, n, case.p, Dh).repeat(1, H) + 0.02 * torch.randn(T, hd, generator=gen)
         bias[hd : 2 * hd] *= 0.2
     qkv[:, hd : 2 * hd] = k
+    if case.nan:
+        a0, b0 = merge_sets(n, case.p)
+        qkv[(B - 1) * n + (a0 if case.nan == "a" else b0) + 2, hd + 1] = math.nan
     if case.size == "none":
         size = None
     elif case.size == "int":
@@ -117,7 +123,7 @@ def decision_margins(qkv, qkv_bias, B: int, n: int, H: int, p: int, r: int, clas
     """[B] float64: per image the smallest score gap a decision depends on (inf without one): the best and the
     second best B score of every merged A row; the gap between the last merged and the first kept A row; without a
     class token every gap between consecutive kept A rows (their output order). Scores in float64 from the same
-    inputs."""
+    inputs; a gap next to a NaN score counts as clear (NaN is the largest score in every implementation)."""
     T = B * n
     hd = qkv.shape[1] // 3
     k = qkv[:, hd : 2 * hd].cpu().double()
@@ -142,7 +148,7 @@ def decision_margins(qkv, qkv_bias, B: int, n: int, H: int, p: int, r: int, clas
         gaps.append(steps[:, r_eff - 1])
     if not class_token and n_a - r_eff > 1:
         gaps.append(steps[:, r_eff:].min(dim=1).values)
-    return torch.stack(gaps).min(dim=0).values
+    return torch.stack(gaps).nan_to_num(nan=math.inf).min(dim=0).values
 
 
 def _within_ulp(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -154,7 +160,7 @@ def _within_ulp(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def compare_merge(got, ref, case_dtype: torch.dtype, size_kind: str, rows: torch.Tensor | None = None) -> dict:
     """{output: equal within its tolerance}: cu, src exact; size exact (size_kind "frac": rtol 1e-6); x within 1e-6
     (float32: relative, 1e-6 absolute floor) or one ulp of x's dtype; key_bias within 1e-6; score within 1e-6 (-inf
-    equal). rows: [B*m] bool, output rows to compare (the images whose decisions are safe); None: all."""
+    and NaN equal). rows: [B*m] bool, output rows to compare (the images whose decisions are safe); None: all."""
     names = ("x", "size", "cu", "src", "key_bias", "score")
     g = dict(zip(names, (t.cpu() for t in got)))
     r = dict(zip(names, (t.cpu() for t in ref)))
@@ -171,5 +177,5 @@ def compare_merge(got, ref, case_dtype: torch.dtype, size_kind: str, rows: torch
     gs, rs = g["size"][keep], r["size"][keep]
     out["size"] = bool(torch.isclose(gs, rs, rtol=1e-6, atol=0).all()) if size_kind == "frac" else torch.equal(gs, rs)
     out["key_bias"] = bool(torch.isclose(g["key_bias"][keep], r["key_bias"][keep], rtol=1e-6, atol=1e-6).all())
-    out["score"] = bool(torch.isclose(g["score"], r["score"], rtol=0, atol=1e-6).all())
+    out["score"] = bool(torch.isclose(g["score"], r["score"], rtol=0, atol=1e-6, equal_nan=True).all())
     return out
