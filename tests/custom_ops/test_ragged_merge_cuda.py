@@ -1,7 +1,8 @@
 """RaggedMerge on a GPU: (a) the JIT Triton kernel (`_merge_launch.launch_merge` on CUDA tensors) and (b) the CUDA EP
 node (the AOT cubins of libraggedvit_ort.so through onnxruntime-gpu) against `merge_tokens_reference` (float32 on
-the CPU) at deit_small / deit_base shapes, B = 1, 32, 128, float16 and float32, with and without a class token; the
-EP also bit-identical across two runs, and a wide image (n = 577: the width-512 cubins). GPU only.
+the CPU) at deit_small / deit_base shapes, B = 1, 32, 128, float16 and float32 (the JIT also bfloat16), with and
+without a class token; the EP also bit-identical across two runs, and a wide image (n = 577: the width-512 cubins).
+GPU only.
 
 Inputs: tests/support/merge_kernel_cases.py's planted keys. src, sizes and rows are compared exactly (x within
 float32 rounding or one ulp of float16) on the images whose decisions are clear of float32 rounding
@@ -27,7 +28,8 @@ needs_ort_gpu = pytest.mark.skipif(
 )
 
 MODELS = {"deit_small": (384, 6), "deit_base": (768, 12)}  # C, H (Dh = 64, n = 197, one class token, r = 8)
-DTYPE_IDS = {torch.float16: "fp16", torch.float32: "fp32"}
+DTYPE_IDS = {torch.float16: "fp16", torch.float32: "fp32"}  # the CUDA EP's (the JIT launch also takes bfloat16)
+JIT_DTYPE_IDS = {**DTYPE_IDS, torch.bfloat16: "bf16"}
 _CHECKS = ("cu", "src", "shapes", "x", "size", "key_bias", "score")
 
 
@@ -48,7 +50,7 @@ def _check(got, case: MergeCase, inputs) -> None:
 
 
 @pytest.mark.parametrize("class_token", [True, False], ids=["cls", "no-cls"])
-@pytest.mark.parametrize("dtype", list(DTYPE_IDS), ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("dtype", list(JIT_DTYPE_IDS), ids=JIT_DTYPE_IDS.get)
 @pytest.mark.parametrize("B", [1, 32, 128])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_jit_kernel_equals_reference(model, B, dtype, class_token):

@@ -54,6 +54,7 @@ MERGE_CASES = [
     MergeCase("deit-b-fp16", 1, 197, 12, 64, 1, 13, True, torch.float16, bias=False),
     MergeCase("p0-order", 3, 40, 2, 32, 0, 5, False, bias=False),
     MergeCase("p2-fp16", 3, 41, 3, 64, 2, 7, True, torch.float16),
+    MergeCase("p2-bf16", 2, 41, 3, 64, 2, 7, False, torch.bfloat16),  # the JIT launch only (no bf16 cubins)
     MergeCase("p5-frac", 1, 30, 2, 16, 5, 4, False, size="frac"),
     MergeCase("r0", 2, 25, 2, 32, 1, 0, True),
     MergeCase("clamped", 3, 24, 2, 16, 2, 100, False, C=48),
