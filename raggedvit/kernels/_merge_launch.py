@@ -78,7 +78,7 @@ def launch_merge(
     mod = _default_kernels() if kernels is None else kernels
     mod._ragged_merge[(B,)](
         x, qkv, qkv if qkv_bias is None else qkv_bias, size_out if size is None else size, x_out, size_out, cu_out,
-        src, key_bias, score, n, C, num_heads, head_dim, num_prefix, r, int(qkv_bias is not None),
+        src, key_bias, score, n, C, num_heads, head_dim, num_prefix, min(r, n), int(qkv_bias is not None),
         int(size is not None), int(bool(class_token)), NP=np_, BLOCK_D=_head_block(head_dim), BLOCK_A=MERGE_BLOCK_A,
         BLOCK_B=MERGE_BLOCK_B, BLOCK_M=MERGE_BLOCK_M, BLOCK_ROWS=MERGE_BLOCK_ROWS,
         BLOCK_C=merge_block_c(x.element_size()), num_warps=warps,
