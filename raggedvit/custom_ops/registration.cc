@@ -17,6 +17,7 @@
 #include "cuda/gather_layer_norm_cuda.h"
 #include "cuda/launcher.h"
 #include "cuda/patch_embed_cuda.h"
+#include "cuda/ragged_merge_cuda.h"
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
 #include "cuda/ragged_select_cuda.h"
@@ -47,6 +48,10 @@ const OpSet& Ops() {
     set.ops.push_back(std::make_unique<PatchEmbedCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     if (cuda::DriverAvailable()) {
       set.ops.push_back(std::make_unique<RaggedSelectCudaOp>(kCudaExecutionProvider));
+      // typed: bfloat16 RaggedMerge nodes find no CUDA kernel and run on the CPU EP (fp16 and fp32 cubins only)
+      for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT}) {
+        set.ops.push_back(std::make_unique<RaggedMergeCudaOp>(kCudaExecutionProvider, dtype));
+      }
       for (auto images : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}) {
         set.ops.push_back(std::make_unique<PatchEmbedCudaOp>(kCudaExecutionProvider, images));
       }
