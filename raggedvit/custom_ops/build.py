@@ -1,5 +1,6 @@
 """Builds libraggedvit_ort.so: Triton AOT cubins of raggedvit/kernels/_kernel.py, _linear_kernel.py (the ragged
-linear and the bias + GELU kernels), _select_kernel.py, _norm_kernel.py and _embed_kernel.py + the C++ op library.
+linear and the bias + GELU kernels), _select_kernel.py, _norm_kernel.py, _embed_kernel.py and _merge_kernel.py + the
+C++ op library.
 
     python raggedvit/custom_ops/build.py --output PATH [--archs 80,86,89,90] [--jobs N]
 
@@ -33,6 +34,7 @@ from raggedvit.custom_ops import (  # noqa: E402
     _aot,
     _aot_embed,
     _aot_linear,
+    _aot_merge,
     _aot_norm,
     _aot_select,
     _codegen,
@@ -43,6 +45,7 @@ SOURCES = (
     "ragged_attention.cc",
     "ragged_linear.cc",
     "ragged_select.cc",
+    "ragged_merge.cc",
     "bias_gelu.cc",
     "gather_layer_norm.cc",
     "patch_embed.cc",
@@ -52,12 +55,15 @@ SOURCES = (
     "cpu/bias_gelu_cpu.cc",
     "cpu/ragged_linear_cpu.cc",
     "cpu/ragged_select_cpu.cc",
+    "cpu/ragged_merge_cpu.cc",
     "cuda/ragged_attention_cuda.cc",
     "cuda/ragged_linear_cuda.cc",
     "cuda/launcher.cc",
     "cuda/linear_launcher.cc",
     "cuda/ragged_select_cuda.cc",
     "cuda/select_launcher.cc",
+    "cuda/ragged_merge_cuda.cc",
+    "cuda/merge_launcher.cc",
     "cuda/bias_gelu_cuda.cc",
     "cuda/gelu_launcher.cc",
     "cuda/gather_layer_norm_cuda.cc",
@@ -115,6 +121,7 @@ class Cubins:
     gelu: list[_aot.AotResult] = field(default_factory=list)
     norm: list[_aot.AotResult] = field(default_factory=list)
     embed: list[_aot.AotResult] = field(default_factory=list)
+    merge: list[_aot.AotResult] = field(default_factory=list)
 
 
 def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> Cubins:
@@ -125,13 +132,14 @@ def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> Cubins
     gelu_work = _aot_linear.make_gelu_plan(archs)
     norm_work = _aot_norm.make_norm_plan(archs)
     embed_work = _aot_embed.make_embed_plan(archs)
+    merge_work = _aot_merge.make_merge_plan(archs)
     if not work and not linear_work:
         return Cubins()
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     # most expensive first (forward kernels, wide heads, large linear tiles), so two workers finish together
     order = sorted(work, key=lambda j: (j.kernel != "fwd", -j.block_d, j.dtype != "fp32"))
     order = sorted(linear_work, key=lambda j: -j.block_m * j.block_n) + order + embed_work + select_work
-    order += gelu_work + norm_work
+    order += merge_work + gelu_work + norm_work
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
         futures = {job: pool.submit(_compile_one, job, cache_dir) for job in order}
         done = {job: f.result() for job, f in futures.items()}
@@ -145,12 +153,13 @@ def compile_cubins(archs: tuple[int, ...], jobs: int, cache_dir: Path) -> Cubins
         gelu=[done[job][0] for job in gelu_work],
         norm=[done[job][0] for job in norm_work],
         embed=[done[job][0] for job in embed_work if fits[job]],
+        merge=[done[job][0] for job in merge_work],
     )
     print(
         f"build: {len(done)} cubins ({hits} from cache), {len(rows)} kernel table rows, {len(out.linear)} linear "
         f"kernel rows ({len(out.skipped)} skipped: shared memory above the arch limit), {len(select_work)} select "
         f"rows, {len(gelu_work)} bias-GELU rows, {len(norm_work)} gather-LayerNorm rows, {len(out.embed)} "
-        f"patch-embedding rows, for sm_{', sm_'.join(map(str, archs))}",
+        f"patch-embedding rows, {len(merge_work)} merge rows, for sm_{', sm_'.join(map(str, archs))}",
         flush=True,
     )
     return out
@@ -214,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_dir.mkdir(parents=True, exist_ok=True)
     generated = gen_dir / "cubins.cc"
     info = _codegen.build_info(c.rows, _version(), triton.__version__, c.linear, c.skipped, c.select, c.gelu, c.norm,
-                               c.embed)  # fmt: skip
+                               c.embed, c.merge)  # fmt: skip
     new_text = gen_dir / f"cubins.cc.new{os.getpid()}"
-    _codegen.write_cubin_source(new_text, c.rows, info, c.linear, c.select, c.gelu, c.norm, c.embed)
+    _codegen.write_cubin_source(new_text, c.rows, info, c.linear, c.select, c.gelu, c.norm, c.embed, c.merge)
     if generated.exists() and generated.read_bytes() == new_text.read_bytes():
         new_text.unlink()
     else:

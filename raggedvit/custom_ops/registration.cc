@@ -9,6 +9,7 @@
 #include "cpu/bias_gelu_cpu.h"
 #include "cpu/gather_layer_norm_cpu.h"
 #include "cpu/patch_embed_cpu.h"
+#include "cpu/ragged_merge_cpu.h"
 #include "cpu/ragged_attention_cpu.h"
 #include "cpu/ragged_linear_cpu.h"
 #include "cpu/ragged_select_cpu.h"
@@ -16,6 +17,7 @@
 #include "cuda/gather_layer_norm_cuda.h"
 #include "cuda/launcher.h"
 #include "cuda/patch_embed_cuda.h"
+#include "cuda/ragged_merge_cuda.h"
 #include "cuda/ragged_attention_cuda.h"
 #include "cuda/ragged_linear_cuda.h"
 #include "cuda/ragged_select_cuda.h"
@@ -41,10 +43,15 @@ const OpSet& Ops() {
       set.ops.push_back(std::make_unique<GatherLayerNormCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, cu));
     }
     set.ops.push_back(std::make_unique<RaggedSelectCpuOp>(nullptr));
+    set.ops.push_back(std::make_unique<RaggedMergeCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     set.ops.push_back(std::make_unique<BiasGeluCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     set.ops.push_back(std::make_unique<PatchEmbedCpuOp>(nullptr, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED));
     if (cuda::DriverAvailable()) {
       set.ops.push_back(std::make_unique<RaggedSelectCudaOp>(kCudaExecutionProvider));
+      // typed: bfloat16 RaggedMerge nodes find no CUDA kernel and run on the CPU EP (fp16 and fp32 cubins only)
+      for (auto dtype : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT}) {
+        set.ops.push_back(std::make_unique<RaggedMergeCudaOp>(kCudaExecutionProvider, dtype));
+      }
       for (auto images : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}) {
         set.ops.push_back(std::make_unique<PatchEmbedCudaOp>(kCudaExecutionProvider, images));
       }
@@ -96,7 +103,7 @@ RAGGEDVIT_EXPORT const char* raggedvit_ort_info() {
     const bool cuda_ok = raggedvit::cuda::DriverAvailable();
     info = std::string("{\"library\": \"libraggedvit_ort\", \"domain\": \"") + raggedvit::kDomain + "\", \"op\": \"" +
            raggedvit::kOpName + "\", \"ops\": [\"" + raggedvit::kOpName + "\", \"" +
-           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
+           raggedvit::kLinearOpName + "\", \"" + raggedvit::kSelectOpName + "\", \"" + raggedvit::kGeluOpName + "\", \"" + raggedvit::kNormOpName + "\", \"" + raggedvit::kEmbedOpName + "\", \"" + raggedvit::kMergeOpName + "\"], \"ort_api_version\": " + std::to_string(ORT_API_VERSION) +
            ", \"cuda_op_registered\": " + (cuda_ok ? "true" : "false") + ", \"build\": " +
            raggedvit::cuda::kBuildInfoJson + "}";
   });

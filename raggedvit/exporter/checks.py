@@ -39,9 +39,8 @@ FORBIDDEN_OPS = frozenset(
 _PRUNE_OPS = (("", "TopK"), ("", "NonZero"), ("", "CumSum"), ("", "ScatterElements"), ("", "Gather"))
 _SELECT_PRUNE_OPS = ((RAGGED_DOMAIN, "RaggedSelect"), ("", "Gather"))
 _CAPACITY_PRUNE_OPS = (("", "TopK"), ("", "CumSum"), ("", "ScatterElements"), ("", "Gather"))
-# tome stages (pruning/merge.py): ArgMax of the similarities, TopK (the stable sorts), GatherElements of the rows,
-# the one-hot sums as MatMul; no scatter
-_MERGE_OPS = (("", "ArgMax"), ("", "TopK"), ("", "GatherElements"), ("", "MatMul"))
+# tome stages (pruning/merge.py): one RaggedMerge node per merging block (matching and sums), no scatter
+_MERGE_OPS = ((RAGGED_DOMAIN, "RaggedMerge"),)
 
 
 def static_shapes(prune: dict, capacity: bool = False) -> bool:

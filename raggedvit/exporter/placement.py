@@ -39,6 +39,7 @@ _INDEX = frozenset({"int32", "int64"})
 RAGGED_CUDA: dict[str, dict[int, frozenset[str]]] = {
     "RaggedAttention": {1: _INDEX},
     "RaggedSelect": {},
+    "RaggedMerge": {0: frozenset({"float", "float16"})},
     "PatchEmbed": {0: frozenset({"float", "float16"})},
     "BiasGelu": {0: _HALF},
     "RaggedLinear": {0: _HALF},

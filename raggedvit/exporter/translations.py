@@ -2,7 +2,8 @@
 
 `torch.ops.raggedvit.ragged_attention` -> `com.raggedvit::RaggedAttention` (DESIGN.md section 3),
 `torch.ops.raggedvit.ragged_linear` -> `com.raggedvit::RaggedLinear`,
-`torch.ops.raggedvit.select_rows` -> `com.raggedvit::RaggedSelect` (a pruning stage's indices), and
+`torch.ops.raggedvit.select_rows` -> `com.raggedvit::RaggedSelect` (a pruning stage's indices),
+`torch.ops.raggedvit.merge_tokens` -> `com.raggedvit::RaggedMerge` (a tome stage's whole merge), and
 `aten.sort` -> ONNX TopK over the whole axis: ONNX TopK orders equal values by ascending index, which is the
 stable sort PrunedViT asks for (ties: the lower position first).
 """
@@ -18,14 +19,17 @@ from onnx.defs import OpSchema
 from onnxscript import opset18 as op
 
 import raggedvit.kernels  # noqa: F401  (registers torch.ops.raggedvit.ragged_attention / ragged_linear)
+import raggedvit.pruning.merge_op  # noqa: F401  (registers torch.ops.raggedvit.merge_tokens)
 import raggedvit.pruning.select_op  # noqa: F401  (registers torch.ops.raggedvit.select_rows)
 from raggedvit.exporter.metadata import RAGGED_DOMAIN
 
 __all__ = [
     "RAGGED_ATTENTION_SCHEMA",
     "RAGGED_LINEAR_SCHEMA",
+    "RAGGED_MERGE_SCHEMA",
     "RAGGED_SELECT_SCHEMA",
     "TRANSLATIONS",
+    "merge_tokens",
     "ragged_attention",
     "ragged_linear",
     "select_rows",
@@ -96,11 +100,43 @@ RAGGED_SELECT_SCHEMA = OpSchema(
         OpSchema.Attribute("mass", OpSchema.AttrType.FLOAT, "kept cls mass (mass)", required=False),
     ],
 )
+RAGGED_MERGE_SCHEMA = OpSchema(
+    "RaggedMerge",
+    RAGGED_DOMAIN,
+    1,
+    inputs=[
+        _P("x", "T"),
+        _P("qkv", "T"),
+        _P("qkv_bias", "T", param_option=_OPTIONAL),
+        _P("size", "F", param_option=_OPTIONAL),
+        _P("cu", "I"),
+    ],
+    outputs=[
+        _P("x_out", "T"),
+        _P("size_out", "F"),
+        _P("cu_out", "I"),
+        _P("src", "I"),
+        _P("key_bias", "F"),
+        _P("score", "F"),
+    ],
+    type_constraints=[
+        ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "x [T, C], qkv [T, 3HD], qkv_bias, x_out"),
+        ("F", ["tensor(float)"], "size [T], size_out, key_bias [B*m], score [B*n_A]"),
+        ("I", ["tensor(int64)"], "cu [B+1], cu_out, src [B*m]"),
+    ],
+    attributes=[
+        OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "H: keys averaged over heads", required=True),
+        OpSchema.Attribute("num_prefix", OpSchema.AttrType.INT, "prefix rows per image (never merged)", required=True),
+        OpSchema.Attribute("r", OpSchema.AttrType.INT, "rows to merge per image (min(r, (n - p) // 2))", required=True),
+        OpSchema.Attribute("class_token", OpSchema.AttrType.INT, "1: unmerged rows in position order", required=True),
+    ],
+)
 _EMPTY_F32 = onnx.helper.make_tensor("empty", onnx.TensorProto.FLOAT, [0], [])
 _RAGGED = onnxscript.values.Opset(RAGGED_DOMAIN, 1)
 _RAGGED_ATTENTION = onnxscript.values.Op(_RAGGED, "RaggedAttention", RAGGED_ATTENTION_SCHEMA)
 _RAGGED_LINEAR = onnxscript.values.Op(_RAGGED, "RaggedLinear", RAGGED_LINEAR_SCHEMA)
 _RAGGED_SELECT = onnxscript.values.Op(_RAGGED, "RaggedSelect", RAGGED_SELECT_SCHEMA)
+_RAGGED_MERGE = onnxscript.values.Op(_RAGGED, "RaggedMerge", RAGGED_MERGE_SCHEMA)
 
 
 def ragged_attention(
@@ -154,6 +190,14 @@ def select_rows(scores, cu, width: int, bound: int, num_prefix: int, policy: int
     return _RAGGED_SELECT(scores, cu, **attrs, keep=float(keep), mass=float(mass), _outputs=5)
 
 
+def merge_tokens(x, qkv, qkv_bias, size, cu, num_heads: int, num_prefix: int, r: int, class_token: bool):
+    """raggedvit::merge_tokens(x [T, C], qkv [T, 3HD], qkv_bias [3HD]?, size [T]?, cu [B+1], num_heads, num_prefix,
+    r, class_token) -> RaggedMerge(x, qkv, qkv_bias, size, cu) -> (x_out, size_out, cu_out, src, key_bias, score);
+    absent optional inputs are empty names, every attribute written."""
+    attrs = {"num_heads": int(num_heads), "num_prefix": int(num_prefix), "r": int(r), "class_token": int(class_token)}
+    return _RAGGED_MERGE(x, qkv, qkv_bias, size, cu, **attrs, _outputs=6)
+
+
 def sort(self, stable=None, dim: int = -1, descending: bool = False):
     """aten.sort(.stable) -> TopK(k = the axis length, sorted): ties in ascending index order (stable)."""
     shape = self.shape
@@ -180,6 +224,7 @@ TRANSLATIONS: dict[Callable, Callable] = {
     torch.ops.raggedvit.ragged_attention.default: ragged_attention,
     torch.ops.raggedvit.ragged_linear.default: ragged_linear,
     torch.ops.raggedvit.select_rows.default: select_rows,
+    torch.ops.raggedvit.merge_tokens.default: merge_tokens,
     torch.ops.aten.sort.default: _sort_default,
     torch.ops.aten.sort.stable: _sort_stable,
 }

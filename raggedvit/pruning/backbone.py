@@ -16,6 +16,8 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import nn
 
+from raggedvit.pruning.merge_op import MergeKeys
+
 __all__ = ["AttentionFn", "Attended", "Backbone", "PackedState", "module_dtype"]
 
 # Same signature and semantics as raggedvit.kernels.ragged_attention (DESIGN.md section 1):
@@ -50,12 +52,12 @@ class PackedState(NamedTuple):
 class Attended(NamedTuple):
     """The first half of a block on packed rows: x [T, C] the residual stream after the attention (x +
     ls1(proj(attention))); cls_attn [T] float32 (each sequence's first row's attention to each row, mean over heads)
-    or None; metric [T, D] float32 (the keys, after q/k norm and with the qkv bias, averaged over heads: ToMe's
-    similarity) or None."""
+    or None; keys: where ToMe's similarity comes from (merge_op.MergeKeys: the block's qkv after q/k norm, the qkv
+    bias not yet added, the head count; the merge averages the keys over heads itself) or None."""
 
     x: torch.Tensor
     cls_attn: torch.Tensor | None = None
-    metric: torch.Tensor | None = None
+    keys: MergeKeys | None = None
 
 
 class Backbone:
@@ -152,7 +154,7 @@ class Backbone:
     ) -> Attended:
         """The first half of blocks[index] (backbones with supports_halves): state.x [T, C] -> Attended: the residual
         stream after the attention [T, C], the block's cls_attn [T] float32 (return_cls_attn) and, with
-        supports_merge, its keys averaged over heads [T, D] float32 (metric). Every row is live."""
+        supports_merge, the block's MergeKeys (metric=True). Every row is live."""
         raise NotImplementedError
 
     def refuse_merge_inputs(self, metric: bool, key_bias: torch.Tensor | None, ragged_linear: bool) -> None:

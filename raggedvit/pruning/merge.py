@@ -35,6 +35,7 @@ __all__ = [
     "Matching",
     "bipartite_soft_matching",
     "carry_rows",
+    "key_metric",
     "merge_rows",
     "merge_sets",
     "merge_tokens_reference",
@@ -51,6 +52,17 @@ def merge_sets(n: int, num_prefix: int) -> tuple[int, int]:
     (slices `a0::2`, `b0::2`)."""
     a0 = num_prefix + num_prefix % 2
     return a0, num_prefix + 1 - num_prefix % 2
+
+
+def key_metric(qkv: torch.Tensor, num_heads: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Step 1's metric: the keys of qkv [T, 3*H*Dh] (+ the k part of the qkv bias [3*H*Dh], both in float32)
+    averaged over the H heads -> [T, Dh] float32."""
+    T, width = qkv.shape
+    hd = width // 3
+    k = qkv[:, hd : 2 * hd].to(torch.float32)
+    if bias is not None:
+        k = k + bias[hd : 2 * hd].to(torch.float32)
+    return k.reshape(T, num_heads, hd // num_heads).mean(dim=1)
 
 
 def merge_widths(n: int, num_prefix: int) -> tuple[int, int]:
@@ -172,11 +184,7 @@ def merge_tokens_reference(
     T, C = x.shape
     B = cu.shape[0] - 1
     n = T // B
-    hd = qkv.shape[1] // 3
-    k = qkv[:, hd : 2 * hd].to(torch.float32)
-    if qkv_bias is not None:
-        k = k + qkv_bias[hd : 2 * hd].to(torch.float32)
-    metric = k.reshape(T, num_heads, hd // num_heads).mean(dim=1)  # [T, Dh]
+    metric = key_metric(qkv, num_heads, qkv_bias)  # [T, Dh]
     r_eff = merged_count(n, num_prefix, r)
     m = n - r_eff
     if size is None:

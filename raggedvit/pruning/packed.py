@@ -14,7 +14,8 @@ from torch import nn
 
 from raggedvit.pruning.backbone import AttentionFn, Backbone, PackedState
 from raggedvit.pruning.families import backbone_for
-from raggedvit.pruning.merge import bipartite_soft_matching, carry_rows, merge_rows, merge_sets
+from raggedvit.pruning.merge import merge_sets, merge_widths
+from raggedvit.pruning.merge_op import MergeKeys, merge_tokens
 from raggedvit.pruning.scorers import scorer_for
 from raggedvit.pruning.select import (
     capacity_order,
@@ -287,48 +288,41 @@ def uniform_prune_stage(
 def merge_stage(
     state: PackedState,
     size: torch.Tensor | None,
-    metric: torch.Tensor,
+    keys: MergeKeys,
     n: int,
     num_prefix: int,
     r: int,
-    steps: torch.Tensor,
     class_token: bool = True,
-) -> tuple[PackedState, torch.Tensor, StageTrace]:
-    """One tome stage (raggedvit/pruning/merge.py) on a uniform state of n rows per image.
+) -> tuple[PackedState, torch.Tensor, torch.Tensor, StageTrace]:
+    """One tome stage (raggedvit/pruning/merge.py) on a uniform state of n rows per image: one op
+    (merge_op.merge_tokens, com.raggedvit::RaggedMerge in an export).
 
     Args:
         state: packed rows, x [B*n, C] the residual stream after the block's attention.
         size: [B*n] float32 tokens in each row, or None (every row one token: before the first merge).
-        metric: [B*n, D] the block's keys averaged over heads.
+        keys: the block's MergeKeys (the metric: its keys averaged over heads).
         n, num_prefix, r: rows per image, prefix rows p, the spec's r (merged_count(n, p, r) rows merge).
-        steps: [B+1] int64 = 0..B (the merged state's cu is steps * m: one Mul in the graph, where cu // n * m
-            would trace a floor division).
         class_token: the model has a class token (ToMe then keeps the unmerged rows in position order).
 
     Returns:
-        (the merged state, uniform with m = n - merged_count rows per image; its sizes [B*m] float32; StageTrace).
+        (the merged state, uniform with m = n - merged_count rows per image; its sizes [B*m] float32; the next
+        blocks' key bias log(size) [B*m] float32; StageTrace).
     """
-    T, C = state.x.shape
-    r_eff = merged_count(n, num_prefix, r)
-    m = n - r_eff
-    if size is None:
-        size = torch.ones(T, dtype=torch.float32, device=state.x.device)
-    match = bipartite_soft_matching(metric.reshape(-1, n, metric.shape[1]), num_prefix, r_eff, class_token=class_token)
-    x, new_size = merge_rows(state.x.reshape(-1, n, C), size.reshape(-1, n), match, num_prefix)
-    rows = torch.arange(T, device=state.x.device)
-    src = carry_rows(rows.reshape(-1, n), match, num_prefix).reshape(-1)  # the row each merged row is named after
+    out = merge_tokens(state.x, keys, size, state.cu, num_prefix, r, class_token=class_token)
+    B = state.cu.shape[0] - 1
+    m = out.x.shape[0] // B
     new = PackedState(
-        x.reshape(-1, C),
-        steps * m,
+        out.x,
+        out.cu,
         state.seq_id.reshape(-1, n)[:, :m].reshape(-1),
         state.pos.reshape(-1, n)[:, :m].reshape(-1),  # uniform rows: positions 0..m-1 in every image
-        next_token_index(state.token_index, src, state.cu.shape[0] - 1, fuse=False),
+        next_token_index(state.token_index, out.src, B, fuse=False),
     )
     a0, _ = merge_sets(n, num_prefix)
-    S = torch.full_like(size.reshape(-1, n), float("-inf"))
-    S = torch.slice_scatter(S, match.score, dim=1, start=a0, step=2)  # A slots: their best similarity
+    S = torch.full((B, n), float("-inf"), dtype=torch.float32, device=state.x.device)
+    S = torch.slice_scatter(S, out.score.reshape(B, merge_widths(n, num_prefix)[0]), dim=1, start=a0, step=2)
     counts = state.cu[1:] - state.cu[:-1]
-    return new, new_size.reshape(-1), StageTrace(S, counts, counts * 0 + r_eff, counts * 0 + m, src)
+    return new, out.size, out.key_bias, StageTrace(S, counts, counts * 0 + (n - m), counts * 0 + m, out.src)
 
 
 def backbone_refusal(spec: PruneSpec, backbone: Backbone) -> str | None:
@@ -439,6 +433,8 @@ class PrunedViT(nn.Module):
         if n is not None and spec.static_shapes:
             run.state, trace = uniform_prune_stage(run.state, scores, n, p, k, spec, run.steps)
             run.uniform = run.width = p + k
+            run.record(trace, count=p + k)
+            return
         elif self.capacity:
             # counts known before the data (evit with fuse on a uniform state): the capacity is exact
             bound = (p + k if known else run.width) + int(spec.fuse)
@@ -457,15 +453,15 @@ class PrunedViT(nn.Module):
         dead_rows = self.capacity and run.uniform is None
         return self.ragged_linear == "all" or (self.ragged_linear == "dead-rows" and dead_rows), dead_rows
 
-    def _merge(self, run: _Run, metric: torch.Tensor) -> None:
+    def _merge(self, run: _Run, keys: MergeKeys) -> None:
         """A tome stage on run.state (the rows after the block's attention): updates run."""
         p, r = self.num_prefix, self.spec.r
         assert run.uniform is not None
-        run.state, run.size, trace = merge_stage(
-            run.state, run.size, metric, run.uniform, p, r, run.steps, self.backbone.has_class_token
+        run.state, run.size, run.key_bias, trace = merge_stage(
+            run.state, run.size, keys, run.uniform, p, r, self.backbone.has_class_token
         )
         run.uniform = run.width = run.uniform - merged_count(run.uniform, p, r)
-        run.record(trace, run.size)
+        run.record(trace, run.size, count=run.uniform)
 
     def forward_packed(self, images: torch.Tensor) -> PrunedOutput:
         """images [B, 3, S, S] -> PrunedOutput (logits [B, classes], token_counts [B, stages], ...)."""
@@ -482,7 +478,7 @@ class PrunedViT(nn.Module):
             if stage is not None and not inside:
                 self._select(run, stage, cls_attn)
             ragged, _ = self._ragged(run)
-            key_bias = torch.log(run.size) if run.size is not None else None  # ToMe's proportional attention
+            key_bias = run.key_bias  # ToMe's proportional attention: log(size), from the merge
             if inside and bb.supports_halves:  # attention, the stage, then the MLP on the rows it left
                 att = bb.attend(
                     bi, run.state, max_seqlen=run.width, return_cls_attn=desc.needs_cls_attn, metric=spec.merges,
@@ -490,8 +486,8 @@ class PrunedViT(nn.Module):
                 )  # fmt: skip
                 run.state = run.state._replace(x=att.x)
                 if spec.merges:
-                    assert att.metric is not None
-                    self._merge(run, att.metric)
+                    assert att.keys is not None
+                    self._merge(run, att.keys)
                 else:
                     self._select(run, stage, att.cls_attn)
                 ragged, dead_rows = self._ragged(run)
@@ -525,11 +521,11 @@ class PrunedViT(nn.Module):
                 self._select(run, stage, cls_attn)
         logits = bb.head(run.state, run.width)
         traces = run.traces
-        token_counts = (
-            torch.stack([t.kept for t in traces], dim=1)
-            if traces
-            else torch.zeros(B, 0, dtype=torch.int64, device=tokens.device)
-        )
+        if all(c is not None for c in run.counts):  # no stage, or every count known before the data: constants
+            counts = torch.tensor(run.counts, dtype=torch.int64, device=tokens.device)
+            token_counts = counts.reshape(1, -1).expand(B, len(run.counts))
+        else:
+            token_counts = torch.stack([t.kept for t in traces], dim=1)
         return PrunedOutput(
             logits, token_counts, tuple(run.index), tuple(run.cu), tuple(traces), tuple(blocks), tuple(run.sizes)
         )
@@ -540,12 +536,14 @@ class _Run:
 
     state: PackedState; width: static max rows per image; uniform: the rows of every image while all are equal, else
     None; patches: P, patch tokens per image before any stage; steps [B+1] int64 = 0..B (uniform states have cu =
-    steps * rows); size: tome's [T] float32 tokens in each row (None before the first merge); per stage: index
-    (token_index), cu, traces, sizes (tome)."""
+    steps * rows); size: tome's [T] float32 tokens in each row and key_bias its log (None before the first merge);
+    per stage: index (token_index), cu, traces, sizes (tome), counts (rows per image when known before the data)."""
 
     def __init__(self, state: PackedState, width: int, patches: int, steps: torch.Tensor) -> None:
         self.state, self.width, self.uniform, self.patches, self.steps = state, width, width, patches, steps
         self.size: torch.Tensor | None = None
+        self.key_bias: torch.Tensor | None = None
+        self.counts: list[int | None] = []
         self.index: list[torch.Tensor] = []
         self.cu: list[torch.Tensor] = []
         self.traces: list[StageTrace] = []
@@ -560,7 +558,10 @@ class _Run:
         state = PackedState(tokens.reshape(B * N, C), steps * N, rows // N, rows % N, rows % N)
         return cls(state, N, N - num_prefix, steps)
 
-    def record(self, trace: StageTrace, size: torch.Tensor | None = None) -> None:
+    def record(self, trace: StageTrace, size: torch.Tensor | None = None, *, count: int | None = None) -> None:
+        """Keep a stage's outputs; count: its rows per image when known before the data (the same for every image),
+        else None."""
+        self.counts.append(count)
         self.index.append(self.state.token_index)
         self.cu.append(self.state.cu)
         self.traces.append(trace)

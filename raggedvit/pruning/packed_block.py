@@ -11,13 +11,13 @@ from torch import nn
 from raggedvit.kernels import ragged_attention
 from raggedvit.kernels import ragged_linear as fused_linear
 from raggedvit.pruning.backbone import Attended, AttentionFn, module_dtype
+from raggedvit.pruning.merge_op import MergeKeys
 
 __all__ = [
     "AttentionFn",
     "Attended",
     "attn_residual",
     "block_tail",
-    "key_metric",
     "mlp_residual",
     "packed_attend",
     "packed_block_forward",
@@ -33,17 +33,6 @@ def _apply_qk_norm(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, head
     return torch.stack((q_norm(q), k_norm(k), v), dim=1).reshape(T, 3 * heads * dim)
 
 
-def key_metric(qkv: torch.Tensor, num_heads: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """ToMe's merge metric: the keys of qkv [T, 3*H*D] (+ the k part of the qkv bias [3*H*D]) averaged over the
-    heads -> [T, D] float32."""
-    T, width = qkv.shape
-    hd = width // 3
-    k = qkv[:, hd : 2 * hd].to(torch.float32)
-    if bias is not None:
-        k = k + bias[hd : 2 * hd].to(torch.float32)
-    return k.reshape(T, num_heads, hd // num_heads).mean(dim=1)
-
-
 def _attention(
     block: Block,
     x: torch.Tensor,
@@ -57,7 +46,8 @@ def _attention(
     metric: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """norm1, qkv and the attention of `block` on packed rows: (h = norm1(x) [T, C], o [T, H*D] heads merged,
-    cls_attn [T] or None, metric [T, D] or None). Arguments as packed_block_forward."""
+    cls_attn [T] or None, MergeKeys (tome's metric: qkv, the qkv bias not yet in it, H) or None). Arguments as
+    packed_block_forward."""
     if type(block) is not Block:
         raise TypeError(f"packed_block_forward supports timm's Block only, got {type(block).__name__}")
     attn = block.attn
@@ -74,7 +64,7 @@ def _attention(
         else:
             qkv = F.linear(hc, attn.qkv.weight)
         res = ragged_attention(qkv, cu_seqlens, attn.num_heads, bias=attn.qkv.bias, **kwargs)
-        keys = key_metric(qkv, attn.num_heads, attn.qkv.bias) if metric else None
+        keys = MergeKeys(qkv, attn.qkv.bias, attn.num_heads) if metric else None
     else:
         if ragged_linear:
             qkv = fused_linear(hc, attn.qkv.weight, attn.qkv.bias, cu_seqlens=cu_seqlens)
@@ -83,7 +73,7 @@ def _attention(
         if qk_norm:
             qkv = _apply_qk_norm(qkv, attn.q_norm, attn.k_norm, attn.num_heads, attn.head_dim)
         res = (attention or ragged_attention)(qkv.contiguous(), cu_seqlens, attn.num_heads, **kwargs)
-        keys = key_metric(qkv, attn.num_heads) if metric else None
+        keys = MergeKeys(qkv, None, attn.num_heads) if metric else None
     o, cls_attn = res if return_cls_attn else (res, None)
     return h, o, cls_attn, keys
 

@@ -187,39 +187,51 @@ def _no_proportional_attention():
     return mock.patch.object(packed_block, "ragged_attention", attention)
 
 
-def _unweighted_merge():
-    """Merged rows averaged without their sizes (sizes still counted): from the first merge of a merged row on."""
+def _merge_call(change: Callable[[dict], None]):
+    """A fault in the arguments PrunedViT gives the merge op (`packed.merge_tokens`, a RaggedMerge node in the
+    export): `change` edits them (x, keys, size, cu, num_prefix, r, class_token) in place."""
     from raggedvit.pruning import packed
 
-    real = packed.merge_rows
+    real = packed.merge_tokens
 
-    def merge_rows(x, size, match, num_prefix):
-        new_x, _ = real(x, torch.ones_like(size), match, num_prefix)
-        return new_x, real(x, size, match, num_prefix)[1]
+    def merge_tokens(x, keys, size, cu, num_prefix, r, *, class_token=True):
+        args = {"x": x, "keys": keys, "size": size, "cu": cu, "num_prefix": num_prefix, "r": r}
+        args["class_token"] = class_token
+        change(args)
+        return real(**args)
 
-    return mock.patch.object(packed, "merge_rows", merge_rows)
+    return mock.patch.object(packed, "merge_tokens", merge_tokens)
 
 
-def _sets_swapped():
-    """Sets A and B exchanged (A = odd positions): other merges from block 0 on."""
-    from raggedvit.pruning import merge
+def _unweighted_merge():
+    """Every merge without the rows' sizes (each row counted as one token: averages unweighted, sizes restarted):
+    from the first merge of a merged row on."""
+    return _merge_call(lambda a: a.update(size=None))
 
-    return mock.patch.object(merge, "merge_sets", lambda n, p: tuple(reversed((p + p % 2, p + 1 - p % 2))))
+
+def _sets_shifted():
+    """The sets A and B of the matching shifted by one prefix row (the op told one more prefix row): other tokens
+    merge from block 0 on."""
+    return _merge_call(lambda a: a.update(num_prefix=a["num_prefix"] + 1))
 
 
 def _metric_from_queries():
-    """The similarity of the queries instead of the keys."""
-    from raggedvit.pruning import packed_block
+    """The similarity of the queries instead of the keys (q and k exchanged in the qkv the op reads)."""
 
-    real = packed_block.key_metric
-
-    def key_metric(qkv, num_heads, bias=None):
+    def swap(a: dict) -> None:
+        qkv, bias, heads = a["keys"]
         hd = qkv.shape[1] // 3
         q_as_k = torch.cat((qkv[:, hd : 2 * hd], qkv[:, :hd], qkv[:, 2 * hd :]), dim=1)
         qb = None if bias is None else torch.cat((bias[hd : 2 * hd], bias[:hd], bias[2 * hd :]))
-        return real(q_as_k, num_heads, qb)
+        a["keys"] = type(a["keys"])(q_as_k, qb, heads)
 
-    return mock.patch.object(packed_block, "key_metric", key_metric)
+    return _merge_call(swap)
+
+
+def _unsorted_kept_rows():
+    """The unmerged rows left in the matching's order although the model has a class token (ToMe's order without
+    one): the same tokens, other rows, from block 0 on."""
+    return _merge_call(lambda a: a.update(class_token=False))
 
 
 def _first_after(stage: int) -> str:
@@ -232,8 +244,9 @@ def _first_after(stage: int) -> str:
 TOME_MUTANTS = [
     Mutant("tome_no_proportional_attention", _same, _first_after(1), patch=_no_proportional_attention),
     Mutant("tome_unweighted_average", _same, _first_after(1), patch=_unweighted_merge),
-    Mutant("tome_sets_swapped", _same, "stage 0 (block 0) kept", patch=_sets_swapped),  # other tokens merged
+    Mutant("tome_sets_shifted", _same, _first_after(0), patch=_sets_shifted),  # other tokens merged
     Mutant("tome_metric_from_queries", _same, "stage 0 (block 0) kept", patch=_metric_from_queries),
+    Mutant("tome_unsorted_kept_rows", _same, _first_after(0), patch=_unsorted_kept_rows),
     Mutant("tome_merge_one_more", _merge_one_more, "moved at stage 0 (block 0)"),
 ]
 

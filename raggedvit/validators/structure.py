@@ -7,7 +7,8 @@ the attributes of the nodes the exporter emits and compares them with the refere
 - norm epsilons: LayerNormalization, com.microsoft SkipLayerNormalization, com.raggedvit GatherLayerNorm (and the
   simplified / RMS norms) by their `epsilon` attribute; an RmsNorm that torch.onnx decomposed by the constant of
   Add(ReduceMean(Pow(x, 2)), eps). Each must be the epsilon of a norm module of its block (LayerNorm, RmsNorm).
-- attention: com.raggedvit RaggedAttention's num_heads and scale against the block's attention module.
+- attention: com.raggedvit RaggedAttention's num_heads and scale against the block's attention module, and
+  RaggedMerge's num_heads (the heads its key metric averages over: tome) against the same module.
 - GELU flavour: Gelu(approximate), BiasGelu (erf), FastGelu (tanh), RaggedLinear(activation=1) (erf) against the
   block's activation modules (nn.GELU and its approximate, timm's GELU / GELUTanh).
 - LayerScale presence: each of the block's LayerScale gammas (timm's LayerScale, or gamma_1 / gamma_2) must be
@@ -60,7 +61,8 @@ PATCH = "the patch embedding"
 @dataclass(frozen=True)
 class StructureCheck:
     """One compared attribute: `where` ("block 3", "the head", "the patch embedding", "the model"), `attribute`
-    ("norm epsilon", "attention heads", "attention scale", "GELU", "LayerScale", "patch size", "patch stride"),
+    ("norm epsilon", "attention heads", "attention scale", "merge heads", "GELU", "LayerScale", "patch size",
+    "patch stride"),
     the export's value and the reference's (text), and whether they agree."""
 
     where: str
@@ -118,6 +120,7 @@ class _Facts:
 
     eps: list[tuple[float, Any]] = field(default_factory=list)
     attention: list[tuple[int, float]] = field(default_factory=list)
+    merge_heads: list[int] = field(default_factory=list)
     gelu: list[str] = field(default_factory=list)
     gammas: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -227,6 +230,8 @@ def graph_facts(model: onnx.ModelProto, block_outputs: list[str]) -> tuple[dict[
         elif n.op_type == "RaggedAttention":
             heads = int(attrs["num_heads"])
             f.attention.append((heads, float(attrs["scale"]) if "scale" in attrs else _default_scale(widths, n, heads)))
+        elif n.op_type == "RaggedMerge":
+            f.merge_heads.append(int(attrs["num_heads"]))
         elif n.op_type == "Mul":
             for i in n.input:
                 c = consts.get(i)
@@ -386,6 +391,10 @@ def check_structure(
                 report.checks.append(
                     StructureCheck(where, "attention scale", f"{scale:.6g}", _fmt(s for _, s in r.attention), ok)
                 )
+        ref_heads = {h for h, _ in r.attention}
+        for heads in sorted(set(f.merge_heads)):
+            text = " / ".join(str(h) for h in sorted(ref_heads)) or "no attention module"
+            report.checks.append(StructureCheck(where, "merge heads", str(heads), text, heads in ref_heads))
         for flavour in sorted(set(f.gelu)):
             ok = flavour in r.gelu
             report.checks.append(

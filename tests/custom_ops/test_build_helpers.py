@@ -178,3 +178,41 @@ def test_linear_configs_over_the_shared_memory_limit_are_skipped(tmp_path):
     text = path.read_text()
     assert '{DType::kFloat16, IndexType::kInt32, 86, LinearConfig::kSmallWide, "_ragged_linear", kCubin0, 2,' in text
     assert "const size_t kNumLinearImages = 1;" in text and text.count("const unsigned char kCubin") == 1
+
+
+def test_merge_plan_signature_and_table(tmp_path):
+    """RaggedMerge: one job per arch x dtype x width x head-dim block with the kernel file's tiles; C and Dh hinted;
+    the generated MergeImage rows and the build info."""
+    from raggedvit.custom_ops import _aot_merge
+    from raggedvit.kernels import _merge_kernel as mk
+
+    jobs = _aot_merge.make_merge_plan((80, 90))
+    assert len(jobs) == len(set(jobs)) == 2 * 2 * len(mk.MERGE_WIDTHS) * len(mk.MERGE_HEAD_DIMS)
+    assert {(j.arch, j.dtype, j.width, j.num_warps, j.block_d) for j in jobs} == {
+        (a, d, w, nw, bd) for a in (80, 90) for d in ("fp16", "fp32") for w, nw in mk.MERGE_WIDTHS
+        for bd in mk.MERGE_HEAD_DIMS
+    }  # fmt: skip
+    job = next(j for j in jobs if j.dtype == "fp32" and j.arch == 90)
+    sig, consts = job.signature()
+    assert list(sig)[:10] == ["X", "QKV", "Bias", "Size", "XOut", "SizeOut", "CuOut", "Src", "KeyBias", "Score"]
+    assert sig["X"] == sig["QKV"] == sig["Bias"] == sig["XOut"] == "*fp32" and sig["CuOut"] == sig["Src"] == "*i64"
+    assert sig["Size"] == sig["SizeOut"] == sig["KeyBias"] == sig["Score"] == "*fp32"
+    assert all(sig[n] == "i32" for n in ("n", "C", "H", "Dh", "num_prefix", "r", "has_bias", "has_size", "class_token"))
+    assert consts == {"NP": job.width, "BLOCK_D": job.block_d, "BLOCK_A": mk.MERGE_BLOCK_A,
+                      "BLOCK_B": mk.MERGE_BLOCK_B, "BLOCK_M": mk.MERGE_BLOCK_M, "BLOCK_ROWS": mk.MERGE_BLOCK_ROWS,
+                      "BLOCK_C": mk.MERGE_ROW_BYTES // 4}  # fmt: skip
+    assert next(j for j in jobs if j.dtype == "fp16").block_c == mk.MERGE_ROW_BYTES // 2
+    assert job.hinted_ints == ("C", "Dh") and job.function == "_ragged_merge" and job.source.name == "_merge_kernel.py"
+    res = _aot.AotResult(job, b"\x01\x02\x03", "_ragged_merge", 49152, job.num_warps, 21)
+    info = _codegen.build_info([], "0.1", "3.8", merge=[res])
+    merge = info["merge"]
+    assert merge["num_cubins"] == 1 and merge["cubin_bytes"] == 3 and merge["archs"] == [90]
+    assert merge["rule"]["widths"] == {str(w): nw for w, nw in mk.MERGE_WIDTHS}
+    assert merge["rule"]["head_dims"] == list(mk.MERGE_HEAD_DIMS)
+    path = tmp_path / "cubins.cc"
+    _codegen.write_cubin_source(path, [], info, merge=[res])
+    text = path.read_text()
+    row = f'{{DType::kFloat32, 90, {job.width}, {job.block_d}, "_ragged_merge", kCubin0, 3, 49152, {job.num_warps}, '
+    assert row in text and "const size_t kNumMergeImages = 1;" in text
+    _codegen.write_cubin_source(path, [], _codegen.build_info([], "0.1", "3.8"))
+    assert "const size_t kNumMergeImages = 0;" in path.read_text()  # the placeholder row keeps the array non-empty

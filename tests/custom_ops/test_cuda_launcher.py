@@ -53,6 +53,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(CUDA_SRC / "select_launcher.cc"),
             str(CUDA_SRC / "gelu_launcher.cc"),
             str(CUDA_SRC / "embed_launcher.cc"),
+            str(CUDA_SRC / "merge_launcher.cc"),
             "-ldl",
             "-o",
             str(d / "harness"),
@@ -713,3 +714,100 @@ def test_embed_empty_launches_nothing(harness, tmp_path):
     # B = 0, N = 0, and no rows at all (P = 0 and an image smaller than one patch)
     res, log = run(harness, tmp_path, [embed(B=0), embed(N=0), embed(H=15, P=0), embed(B=0, C=0, H=0, W=0, P=0)])
     assert res == ["OK"] * 4 and not launches(log)
+
+
+def merge(*, dtype=1, T=394, B=2, C=384, H=6, Dh=64, num_prefix=1, r=8, class_token=1, bias=1, size=1, misalign=0):
+    """misalign i > 0: the i-th buffer of x, qkv, qkv_bias, size, x_out, size_out, cu_out, src, key_bias, score is
+    8 bytes off."""
+    return f"M {dtype} {T} {B} {C} {H} {Dh} {num_prefix} {r} {class_token} {bias} {size} {misalign}"
+
+
+def test_merge_launch_parameters(harness, tmp_path):
+    res, log = run(harness, tmp_path, [merge(), merge(T=394, B=2, bias=0, size=0, class_token=0, r=1000)])
+    assert res == ["OK", "OK"]
+    first, second = launches(log)
+    # n = 197, p = 1: n_A = 98 -> width 128, Dh 64 -> d64; grid (B,), 32 * the image's num_warps threads
+    assert first["name"] == "_ragged_merge" and first["image"] == "merge/kFloat16/sm90/w128/d64"
+    assert first["grid"] == "2,1,1" and first["block"] == "256,1,1" and first["smem"] == "24576"
+    assert first["stream"] == "5000"
+    # X, QKV, Bias, Size, XOut, SizeOut, CuOut, Src, KeyBias, Score, n, C, H, Dh, num_prefix, r, has_bias, has_size,
+    # class_token, global/profile scratch
+    ptrs = "a00000,a80000,b00000,b40000,c00000,c80000,cc0000,d00000,d80000,e00000"
+    assert first["args"] == f"{ptrs},197,384,6,64,1,8,1,1,1,0,0"
+    # absent bias / size: qkv's and size_out's pointers (never read, flags 0); r above n passed as n (int32)
+    ptrs = "a00000,a80000,a80000,c80000,c00000,c80000,cc0000,d00000,d80000,e00000"
+    assert second["args"] == f"{ptrs},197,384,6,64,1,197,0,0,0,0,0"
+    assert len([x for x in log if x.startswith("load")]) == 1  # one module per image and context
+
+
+@pytest.mark.parametrize(
+    ("kw", "image", "block"),
+    [
+        ({}, "w128/d64", "256,1,1"),
+        ({"T": 257, "B": 1, "num_prefix": 1}, "w128/d64", "256,1,1"),
+        ({"T": 260, "B": 1, "num_prefix": 1}, "w512/d64", "256,1,1"),
+        ({"T": 258, "B": 1, "num_prefix": 0}, "w512/d64", "256,1,1"),
+        ({"T": 1026, "B": 1}, "w512/d64", "256,1,1"),
+        ({"T": 1028, "B": 1}, "w2048/d64", "512,1,1"),
+        ({"T": 4097, "B": 1}, "w2048/d64", "512,1,1"),
+        ({"Dh": 16}, "w128/d64", "256,1,1"),
+        ({"Dh": 80}, "w128/d128", "256,1,1"),
+        ({"Dh": 128}, "w128/d128", "256,1,1"),
+    ],
+)  # fmt: skip
+def test_merge_cubin_choice_by_width_and_head_dim(harness, tmp_path, kw, image, block):
+    # p = 1: n_A = 128 at n = 257, 129 at n = 260, 512 at n = 1026, 513 at n = 1028, 2048 at n = 4097 (p = 0: 129 at
+    # n = 258): the smallest width >= n_A, then the smallest block_d >= Dh
+    res, log = run(harness, tmp_path, [merge(**kw)])
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == f"merge/kFloat16/sm90/{image}" and launch["block"] == block
+
+
+@pytest.mark.parametrize(("arch", "image", "block"), [(90, "sm90", "256,1,1"), (80, "sm80", "128,1,1"),
+                                                      (86, "sm80", "128,1,1"), (89, "sm80", "128,1,1")])  # fmt: skip
+def test_merge_cubin_choice_by_compute_capability(harness, tmp_path, arch, image, block):
+    res, log = run(harness, tmp_path, [merge()], FAKE_CUDA_ARCH=str(arch))
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["image"] == f"merge/kFloat16/{image}/w128/d64" and launch["block"] == block
+
+
+@pytest.mark.parametrize(
+    ("kw", "env", "message"),
+    [
+        ({}, {"FAKE_CUDA_ARCH": "70"}, "no RaggedMerge cubin for sm_70 fp16 (n_A = 98, Dh = 64) in this library"),
+        ({"T": 260, "B": 1}, {"FAKE_CUDA_ARCH": "80"}, "no RaggedMerge cubin for sm_80 fp16 (n_A = 129, Dh = 64)"),
+        ({"dtype": 0}, {}, "_ragged_merge: cubin expects 20 parameters, launcher passes 21"),
+        ({"dtype": 2}, {}, "element type bf16 has no CUDA merge kernel (float16 and float do)"),
+        ({"B": 0}, {}, "sizes must be T >= 0, B >= 1, C >= 0, H >= 1, Dh >= 1, num_prefix >= 0, r >= 0, got T = 394"),
+        ({"T": -1}, {}, "sizes must be"),
+        ({"H": 0}, {}, "sizes must be"),
+        ({"r": -1}, {}, "sizes must be"),
+        ({"T": 395}, {}, "T = 395, B = 2, C = 384, H = 6, Dh = 64, num_prefix = 1: T is not a multiple of B"),
+        ({"num_prefix": 198}, {}, "num_prefix exceeds the n = 197 rows per image"),
+        ({"C": 392}, {}, "C and Dh must be multiples of 16 on the CUDA EP"),
+        ({"Dh": 72}, {}, "C and Dh must be multiples of 16 on the CUDA EP"),
+        ({"Dh": 144}, {}, "head dim Dh = 144 exceeds the widest compiled head-dim block of this library (128)"),
+        ({"T": 4099, "B": 1}, {}, "n_A = 2049 rows of set A per image (n = 4099, num_prefix = 1) exceed the widest"),
+        ({"H": 2**30}, {}, "exceed the int32 sizes of the kernel"),
+        ({"T": 2**31, "B": 1}, {}, "exceed the int32 sizes of the kernel"),
+        ({"misalign": 1}, {}, "device buffer 'x' is not 16-byte aligned"),
+        ({"misalign": 3}, {}, "device buffer 'qkv_bias' is not 16-byte aligned"),
+        ({"misalign": 10}, {}, "device buffer 'score' is not 16-byte aligned"),
+        ({}, {"FAKE_CUDA_LAUNCH_ERR": "700"}, "cuLaunchKernel(_ragged_merge) failed: CUDA_ERROR_ILLEGAL_ADDRESS"),
+        ({}, {"FAKE_CUDA_LOAD_ERR": "209"}, "cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU (209)"),
+    ],
+)
+def test_merge_errors_launch_nothing(harness, tmp_path, kw, env, message):
+    res, log = run(harness, tmp_path, [merge(**kw)], **env)
+    assert res[0].startswith("ERR ") and message in res[0], res
+    assert not launches(log)
+
+
+def test_merge_empty_images_still_write_cu_out(harness, tmp_path):
+    # T = 0 (n = 0): one launch of grid (B,), which writes cu_out = 0
+    res, log = run(harness, tmp_path, [merge(T=0, B=3, num_prefix=0)])
+    assert res == ["OK"]
+    (launch,) = launches(log)
+    assert launch["grid"] == "3,1,1" and launch["args"].endswith(",0,384,6,64,0,0,1,1,1,0,0")

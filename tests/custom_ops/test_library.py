@@ -82,6 +82,7 @@ def test_library_info(ort_library):
         "BiasGelu",
         "GatherLayerNorm",
         "PatchEmbed",
+        "RaggedMerge",
     ]
 
 
@@ -109,6 +110,19 @@ def test_library_info_select(ort_library):
     assert select["num_cubins"] == 2 * 4 * len(SELECT_SORT_WIDTHS) and select["cubin_bytes"] > 0
     assert select["block"] == [SELECT_BLOCK]
     assert select["sort_widths"] == {str(wp): warps for wp, warps in SELECT_SORT_WIDTHS}
+
+
+def test_library_info_merge(ort_library):
+    """RaggedMerge cubins: fp16/fp32 x every width x every head-dim block x 4 archs, with the kernel file's rule."""
+    from raggedvit.kernels import _merge_kernel as mk
+
+    merge = library_info()["build"]["merge"]
+    assert merge["archs"] == [80, 86, 89, 90] and merge["dtypes"] == ["fp16", "fp32"]
+    n = 2 * len(mk.MERGE_WIDTHS) * len(mk.MERGE_HEAD_DIMS) * 4
+    assert merge["num_cubins"] == n == len(merge["shared_bytes"]) and merge["cubin_bytes"] > 0
+    assert merge["rule"]["widths"] == {str(w): warps for w, warps in mk.MERGE_WIDTHS}
+    assert merge["rule"]["head_dims"] == list(mk.MERGE_HEAD_DIMS)
+    assert max(merge["shared_bytes"].values()) <= 48 * 1024  # no opt-in: every arch's default limit
 
 
 def test_library_info_gelu(ort_library):

@@ -1,5 +1,5 @@
-"""ONNX models with com.raggedvit::RaggedAttention / RaggedLinear / RaggedSelect / BiasGelu nodes (IR 10, opset 17 +
-com.raggedvit 1) and inputs."""
+"""ONNX models with com.raggedvit::RaggedAttention / RaggedLinear / RaggedSelect / RaggedMerge / BiasGelu nodes (IR
+10, opset 17 + com.raggedvit 1) and inputs."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from onnx import TensorProto, helper
 __all__ = [
     "DTYPES",
     "LINEAR_INPUTS",
+    "MERGE_INPUTS",
+    "MERGE_OUTPUTS",
     "NORM_INPUTS",
     "SELECT_OUTPUTS",
     "attention_model",
     "chained_model",
     "gelu_model",
     "linear_model",
+    "merge_model",
     "model_bytes",
     "norm_model",
     "random_batch",
@@ -223,6 +226,40 @@ def select_model(
     inputs = [helper.make_tensor_value_info(n, types[n], None if any_rank else declared[n]) for n in declared]
     outputs = [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in SELECT_OUTPUTS]
     return model_bytes(helper.make_graph([node], "ragged_select", inputs, outputs))
+
+
+MERGE_INPUTS = ("x", "qkv", "qkv_bias", "size", "cu")  # RaggedMerge's input order
+MERGE_OUTPUTS = ("x_out", "size_out", "cu_out", "src", "key_bias", "score")  # and its output order
+_MERGE_OUTPUT_ELEMS = (None, TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT64, TensorProto.FLOAT,
+                       TensorProto.FLOAT)  # fmt: skip
+
+
+def merge_model(
+    elem: int,
+    attrs: dict[str, int | float],
+    *,
+    qkv_bias: bool = False,
+    size: bool = False,
+    elems: dict[str, int] | None = None,
+    any_rank: bool = False,
+) -> bytes:
+    """One RaggedMerge node: x [T, C], qkv [T, W] (, qkv_bias [W]) (, size [T] float), cu [B1] int64 -> x_out [R, C],
+    size_out [R], cu_out [B1], src [R], key_bias [R], score [S], element type `elem` for x, qkv, qkv_bias and x_out.
+
+    attrs are written as given (num_heads, num_prefix, r, class_token; ints and floats as typed, to test the op's
+    checks); absent optional inputs are empty names; elems overrides an input's element type; any_rank declares the
+    inputs without a shape (bad ranks reach the op)."""
+    present = {"qkv_bias": qkv_bias, "size": size}
+    names = [n if present.get(n, True) else "" for n in MERGE_INPUTS]
+    types = {n: elem for n in MERGE_INPUTS} | {"size": TensorProto.FLOAT, "cu": TensorProto.INT64} | (elems or {})
+    declared = {"x": ["T", "C"], "qkv": ["T", "W"], "qkv_bias": ["W"], "size": ["T"], "cu": ["B1"]}
+    node = helper.make_node("RaggedMerge", names, list(MERGE_OUTPUTS), domain="com.raggedvit", **attrs)
+    inputs = [helper.make_tensor_value_info(n, types[n], None if any_rank else declared[n]) for n in names if n]
+    outputs = [
+        helper.make_tensor_value_info(n, types["x"] if e is None else e, None)
+        for n, e in zip(MERGE_OUTPUTS, _MERGE_OUTPUT_ELEMS)
+    ]
+    return model_bytes(helper.make_graph([node], "ragged_merge", inputs, outputs))
 
 
 def chained_model(

@@ -129,3 +129,18 @@ def test_an_omitted_attention_scale_is_the_ops_default(rich):
     other = copy.deepcopy(rich)
     _scale(other)
     assert [c.text()[:24] for c in check_structure(model, other, names).mismatches] == ["block 1: attention scale"]
+
+
+def test_a_merge_averages_over_the_blocks_heads():
+    """tome: each block's RaggedMerge averages its keys over the block's attention heads; a node told another head
+    count is named."""
+    vit = _vit()
+    model = ir.to_proto(build_model(vit, PruneSpec("tome", r=2)))
+    names = read_recipe(model)["block_outputs"]
+    report = check_structure(model, vit, names)
+    assert not report.mismatches and report.counts()["merge heads"] == 2
+    for node in model.graph.node:
+        if node.op_type == "RaggedMerge":
+            next(a for a in node.attribute if a.name == "num_heads").i = 4
+    texts = [c.text() for c in check_structure(model, vit, names).mismatches]
+    assert texts == [f"block {b}: merge heads 4 in the export, 2 in the reference" for b in (0, 1)], texts

@@ -225,6 +225,43 @@ struct EmbedLaunch {
   int device_ordinal = 0;
 };
 
+// One AOT-compiled token merging kernel (_merge_kernel._ragged_merge; the seventh generated table): the launcher
+// takes the image of the launch's dtype with the smallest width >= n_A (the padded A rows of the kernel's vectors
+// and sort) and, of those, the smallest block_d >= Dh (merge_launch_config / merge_head_block of _merge_kernel.py).
+struct MergeImage {
+  DType dtype;  // of x, qkv, qkv_bias, x_out
+  int arch;
+  int width;    // NP: images with n_A <= width
+  int block_d;  // BLOCK_D: head dims Dh <= block_d
+  const char* function_name;
+  const unsigned char* cubin;
+  size_t cubin_size;
+  int shared_bytes;
+  int num_warps;
+  int num_params;  // kernel params including Triton's trailing scratch pointers
+};
+
+extern const MergeImage kMergeImages[];
+extern const size_t kNumMergeImages;
+
+struct MergeLaunch {
+  DType dtype = DType::kFloat16;  // of x / qkv / qkv_bias / x_out: fp16 or fp32 (the compiled dtypes)
+  const void* x = nullptr;         // [T, C] device
+  const void* qkv = nullptr;       // [T, 3*H*Dh] device
+  const void* qkv_bias = nullptr;  // [3*H*Dh] device or nullptr
+  const void* size = nullptr;      // [T] fp32 device or nullptr (every row one token)
+  void* x_out = nullptr;           // [B*m, C] device, m = n - r_eff
+  void* size_out = nullptr;        // [B*m] fp32 device
+  void* cu_out = nullptr;          // [B+1] int64 device
+  void* src = nullptr;             // [B*m] int64 device
+  void* key_bias = nullptr;        // [B*m] fp32 device
+  void* score = nullptr;           // [B*n_A] fp32 device
+  int64_t T = 0, B = 0, C = 0, H = 0, Dh = 0, num_prefix = 0, r = 0;  // n = T / B rows per image
+  bool class_token = true;
+  void* stream = nullptr;          // CUstream; nullptr = legacy default stream of device_ordinal
+  int device_ordinal = 0;
+};
+
 struct AttentionLaunch {
   DType dtype = DType::kFloat16;
   IndexType index_type = IndexType::kInt32;
@@ -286,6 +323,13 @@ std::string CheckNormSupported(const NormLaunch& n);
 
 // Enqueues _gather_layer_norm on n.stream (never synchronises, never reads device data); "" on success.
 std::string LaunchGatherLayerNorm(const NormLaunch& n);
+
+// Checks what the AOT merge kernel supports (dtype, C % 16 == 0, Dh % 16 == 0 and <= the widest block_d, n_A <=
+// the widest width, int32 sizes, 16-byte alignment); "" when supported.
+std::string CheckMergeSupported(const MergeLaunch& m);
+
+// Enqueues _ragged_merge on m.stream, grid (B,) (never synchronises, never reads device data); "" on success.
+std::string LaunchRaggedMerge(const MergeLaunch& m);
 
 // The config embed_config(M) asks for, M = B * L patch rows (before any per-arch fallback).
 EmbedConfig PreferredEmbedConfig(int64_t M);

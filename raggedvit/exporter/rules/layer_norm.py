@@ -24,7 +24,8 @@
   token) -> com.raggedvit::GatherLayerNorm(x, Range(0, T, 1), gamma, beta), the same math on the same rows (the
   identity index; its Sum output, a copy of x, is not read); T from Shape / Squeeze, which ONNX Runtime folds into
   an index initializer once the batch is fixed (the op is faster than ONNX Runtime's LayerNormalization kernel:
-  docs/decisions.md).
+  docs/decisions.md). Not the rows of a RaggedMerge (a tome stage): their norm stays one LayerNormalization node,
+  where the index would cost three (Shape, Squeeze, Range) in every merging block.
 """
 
 from __future__ import annotations
@@ -190,6 +191,9 @@ class LayerNormRows(pattern.RewriteRuleClassBase):
             return ok.fail("the mean / inverse std outputs are read")
         if (why := not_norm_kernel_rows(x, gamma, beta)) is not None:
             return ok.fail(why)
+        src = x.producer()
+        if src is not None and src.domain == RAGGED and src.op_type == "RaggedMerge":
+            return ok.fail("rows of a RaggedMerge: one LayerNormalization node, not an index and a GatherLayerNorm")
         return ok
 
     def rewrite(self, op, x, gamma, beta, ln, **_):

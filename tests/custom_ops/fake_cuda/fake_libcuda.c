@@ -161,14 +161,15 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   int linear = strcmp(fn->name, "_ragged_linear") == 0;
   int count = strcmp(fn->name, "_select_count") == 0, scatter = strcmp(fn->name, "_select_scatter") == 0;
   int gelu = strcmp(fn->name, "_bias_gelu") == 0, norm = strcmp(fn->name, "_gather_layer_norm") == 0;
-  int embed = strcmp(fn->name, "_patch_embed") == 0;
+  int embed = strcmp(fn->name, "_patch_embed") == 0, merge = strcmp(fn->name, "_ragged_merge") == 0;
   /* attention: 8 pointers (QKV, Bias, CU, Out/Lse or Lse/ClsAttn, PosTable, TokPos, KeyBias), then int32s; linear: 6
      pointers (X, W, Bias, Res, CU, Y), then 8 int32s; select count: 3 pointers (Scores, CU, K), then 7 int32s;
      select scatter: 7 pointers (Scores, CU, K, Src, CuNew, SeqId, Pos), then 5 int32s; bias gelu: 3 pointers (X,
      Bias, Y), then 3 int32s; gather layer norm: 9 pointers (X, Skip, Bias, Index, Gamma, Beta, CU, N, Sum), then T,
-     R, D, B, eps (fp32 bits), has_skip, has_bias, has_live; patch embed: 5 pointers (Img, W, Prefix, Pos, Out), then 10 int32s; then
-     Triton's 2 scratch pointers */
-  int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 9 : (embed ? 5 : (scatter ? 7 : 8))));
+     R, D, B, eps (fp32 bits), has_skip, has_bias, has_live; patch embed: 5 pointers (Img, W, Prefix, Pos, Out), then 10 int32s; merge:
+     10 pointers (X, QKV, Bias, Size, XOut, SizeOut, CuOut, Src, KeyBias, Score), then 9 int32s; then Triton's 2
+     scratch pointers */
+  int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 9 : (embed ? 5 : (scatter ? 7 : (merge ? 10 : 8)))));
   int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd ? 11 : 9))))));
   char args[1024];
   int pos = 0;

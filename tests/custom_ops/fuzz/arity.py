@@ -1,5 +1,5 @@
 """Fuzz cases of every op's input count (calls with index % ARITY_EVERY == ARITY_AT of `fuzz.linear.draw_any`, taken
-from RaggedAttention's calls): a valid node of one of the six ops with a required input left out (the node's inputs
+from RaggedAttention's calls): a valid node of one of the seven ops with a required input left out (the node's inputs
 end before it), given as "" (an empty name in its place), or with one input more than the op declares.
 
 A missing or empty required input must be refused at session creation by the op itself, naming the input (every
@@ -29,6 +29,7 @@ EXTRA_INPUT_TEXT = "has input size"  # ONNX's schema check of the input count (i
 KINDS = ("missing", "empty", "extra")
 
 _SELECT = {"width": 4, "bound": 4, "num_prefix": 1, "policy": 0, "keep": 0.5, "mass": 0.0}
+_MERGE = {"num_heads": 2, "num_prefix": 1, "r": 2, "class_token": 1}
 
 
 def _builders() -> dict[str, Callable[[], bytes]]:
@@ -37,6 +38,7 @@ def _builders() -> dict[str, Callable[[], bytes]]:
         embed_model,
         gelu_model,
         linear_model,
+        merge_model,
         norm_model,
         select_model,
     )
@@ -48,17 +50,19 @@ def _builders() -> dict[str, Callable[[], bytes]]:
         "BiasGelu": lambda: gelu_model(TensorProto.FLOAT),
         "GatherLayerNorm": lambda: norm_model(TensorProto.FLOAT, cu=TensorProto.INT64),
         "PatchEmbed": lambda: embed_model(),
+        "RaggedMerge": lambda: merge_model(TensorProto.FLOAT, _MERGE, qkv_bias=True, size=True),
     }
 
 
-# op -> (its inputs in order, how many of them lead as required): the op's contract, written apart from the C++
+# op -> (its inputs in order, the positions of the required ones): the op's contract, written apart from the C++
 OP_INPUTS = {
-    "RaggedAttention": (("qkv", "cu_seqlens", "bias", "pos_table", "token_pos", "key_bias"), 2),
-    "RaggedLinear": (("X", "W", "Bias", "Residual", "CuSeqlens"), 2),
-    "RaggedSelect": (("scores", "cu"), 2),
-    "BiasGelu": (("X", "Bias"), 1),
-    "GatherLayerNorm": (("X", "Index", "Gamma", "Beta", "Skip", "Bias", "CuSeqlens"), 4),
-    "PatchEmbed": (("Images", "Weight", "Prefix", "Pos"), 4),
+    "RaggedAttention": (("qkv", "cu_seqlens", "bias", "pos_table", "token_pos", "key_bias"), (0, 1)),
+    "RaggedLinear": (("X", "W", "Bias", "Residual", "CuSeqlens"), (0, 1)),
+    "RaggedSelect": (("scores", "cu"), (0, 1)),
+    "BiasGelu": (("X", "Bias"), (0,)),
+    "GatherLayerNorm": (("X", "Index", "Gamma", "Beta", "Skip", "Bias", "CuSeqlens"), (0, 1, 2, 3)),
+    "PatchEmbed": (("Images", "Weight", "Prefix", "Pos"), (0, 1, 2, 3)),
+    "RaggedMerge": (("x", "qkv", "qkv_bias", "size", "cu"), (0, 1, 4)),
 }
 
 
@@ -79,7 +83,7 @@ def draw_arity_case(seed: int, index: int) -> ArityCase:
     op = rng.choice(sorted(OP_INPUTS))
     names, required = OP_INPUTS[op]
     kind = rng.choice(KINDS)
-    position = len(names) if kind == "extra" else rng.randrange(required)
+    position = len(names) if kind == "extra" else rng.choice(required)
     return ArityCase(index, op, kind, position)
 
 

@@ -1,0 +1,86 @@
+"""Host launcher of the Triton merge kernel (`_merge_kernel._ragged_merge`, one tome stage's merge in one launch).
+
+`launch_merge` takes validated, contiguous tensors: CUDA tensors with the JIT kernel, or CPU tensors in a process
+started with TRITON_INTERPRET=1. No host read of device data (n = T / B from the shapes); grid (B,).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from raggedvit.kernels._merge_kernel import (
+    MERGE_BLOCK_A,
+    MERGE_BLOCK_B,
+    MERGE_BLOCK_M,
+    MERGE_BLOCK_ROWS,
+    merge_block_c,
+    merge_head_block,
+    merge_launch_config,
+)
+
+__all__ = ["launch_merge", "merge_outputs"]
+
+
+def _default_kernels() -> ModuleType:
+    from raggedvit.kernels import _merge_kernel
+
+    return _merge_kernel
+
+
+def _head_block(head_dim: int) -> int:
+    """BLOCK_D of the JIT launch: the AOT build's (`merge_head_block`: the same bits as the CUDA EP), else the next
+    power of two >= head_dim."""
+    return merge_head_block(head_dim) or 1 << max(0, head_dim - 1).bit_length()
+
+
+def merge_outputs(n: int, num_prefix: int, r: int) -> tuple[int, int, int]:
+    """(r_eff, m, n_A) of images of n rows: rows merged away, rows out, rows of set A (`merge.merged_count`,
+    `merge.merge_widths`)."""
+    p = num_prefix
+    r_eff = min(max(r, 0), max(n - p, 0) // 2)
+    a0 = p + p % 2
+    return r_eff, n - r_eff, max(0, (n - a0 + 1) // 2)
+
+
+def launch_merge(
+    x: torch.Tensor,
+    qkv: torch.Tensor,
+    qkv_bias: torch.Tensor | None,
+    size: torch.Tensor | None,
+    cu: torch.Tensor,
+    num_heads: int,
+    num_prefix: int,
+    r: int,
+    class_token: bool,
+    *,
+    kernels: ModuleType | None = None,
+    config: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, C], qkv [T, 3*H*Dh] (x's dtype), qkv_bias [3*H*Dh] or None, size [T] float32 or None, cu [B+1] int64
+    (only its length is read) -> (x_out [B*m, C], size_out [B*m] float32, cu_out [B+1] int64, src [B*m] int64,
+    key_bias [B*m] float32, score [B*n_A] float32): `merge.merge_tokens_reference`'s outputs.
+    config: (NP, num_warps) instead of merge_launch_config(n_A) (tests: a wider NP than needed)."""
+    T, C = x.shape
+    B = cu.shape[0] - 1
+    n = T // B
+    head_dim = qkv.shape[1] // 3 // num_heads
+    r_eff, m, n_a = merge_outputs(n, num_prefix, r)
+    dev = x.device
+    x_out = torch.empty(B * m, C, dtype=x.dtype, device=dev)
+    size_out = torch.empty(B * m, dtype=torch.float32, device=dev)
+    cu_out = torch.empty(B + 1, dtype=torch.int64, device=dev)
+    src = torch.empty(B * m, dtype=torch.int64, device=dev)
+    key_bias = torch.empty(B * m, dtype=torch.float32, device=dev)
+    score = torch.empty(B * n_a, dtype=torch.float32, device=dev)
+    np_, warps = merge_launch_config(n_a) if config is None else config
+    mod = _default_kernels() if kernels is None else kernels
+    mod._ragged_merge[(B,)](
+        x, qkv, qkv if qkv_bias is None else qkv_bias, size_out if size is None else size, x_out, size_out, cu_out,
+        src, key_bias, score, n, C, num_heads, head_dim, num_prefix, min(r, n), int(qkv_bias is not None),
+        int(size is not None), int(bool(class_token)), NP=np_, BLOCK_D=_head_block(head_dim), BLOCK_A=MERGE_BLOCK_A,
+        BLOCK_B=MERGE_BLOCK_B, BLOCK_M=MERGE_BLOCK_M, BLOCK_ROWS=MERGE_BLOCK_ROWS,
+        BLOCK_C=merge_block_c(x.element_size()), num_warps=warps,
+    )  # fmt: skip
+    return x_out, size_out, cu_out, src, key_bias, score
