@@ -51,6 +51,7 @@ _CUBIN_PARTS = (
     ("BiasGelu", "gelu"),
     ("GatherLayerNorm", "norm"),
     ("PatchEmbed", "embed"),
+    ("RaggedMerge", "merge"),
 )
 
 
