@@ -118,6 +118,7 @@ def test_info():
         assert word in res.stdout
     listed = res.stdout.split("\ncubins\n", 1)[1].splitlines()  # one line per CUDA op: its cubins and archs
     ops = ("RaggedAttention", "RaggedLinear", "RaggedSelect", "BiasGelu", "GatherLayerNorm", "PatchEmbed")
+    ops += ("RaggedMerge",)
     assert [line.split()[0] for line in listed] == list(ops)
     assert all(int(line.split()[1]) > 0 and "sm_90" in line for line in listed)
 
