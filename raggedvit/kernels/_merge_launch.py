@@ -19,8 +19,9 @@ from raggedvit.kernels._merge_kernel import (
     merge_head_block,
     merge_launch_config,
 )
+from raggedvit.pruning.merge import merge_widths, merged_count
 
-__all__ = ["launch_merge", "merge_outputs"]
+__all__ = ["launch_merge"]
 
 
 def _default_kernels() -> ModuleType:
@@ -33,15 +34,6 @@ def _head_block(head_dim: int) -> int:
     """BLOCK_D of the JIT launch: the AOT build's (`merge_head_block`: the same bits as the CUDA EP), else the next
     power of two >= head_dim."""
     return merge_head_block(head_dim) or 1 << max(0, head_dim - 1).bit_length()
-
-
-def merge_outputs(n: int, num_prefix: int, r: int) -> tuple[int, int, int]:
-    """(r_eff, m, n_A) of images of n rows: rows merged away, rows out, rows of set A (`merge.merged_count`,
-    `merge.merge_widths`)."""
-    p = num_prefix
-    r_eff = min(max(r, 0), max(n - p, 0) // 2)
-    a0 = p + p % 2
-    return r_eff, n - r_eff, max(0, (n - a0 + 1) // 2)
 
 
 def launch_merge(
@@ -66,7 +58,7 @@ def launch_merge(
     B = cu.shape[0] - 1
     n = T // B
     head_dim = qkv.shape[1] // 3 // num_heads
-    r_eff, m, n_a = merge_outputs(n, num_prefix, r)
+    m, n_a = n - merged_count(n, num_prefix, r), merge_widths(n, num_prefix)[0]
     dev = x.device
     x_out = torch.empty(B * m, C, dtype=x.dtype, device=dev)
     size_out = torch.empty(B * m, dtype=torch.float32, device=dev)
