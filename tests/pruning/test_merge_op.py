@@ -9,16 +9,14 @@ import torch
 
 from raggedvit.pruning.merge import merge_tokens_reference, merge_widths, merged_count
 from raggedvit.pruning.merge_op import MergeKeys, merge_tokens, merge_tokens_op
+from tests.support.merge_cases import MergeCase, make_merge_inputs
 
 
-def _inputs(B=3, n=17, C=8, H=2, Dh=4, seed=0, dtype=torch.float32, size=True, bias=True):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(B * n, C, generator=gen).to(dtype)
-    qkv = torch.randn(B * n, 3 * H * Dh, generator=gen).to(dtype)
-    b = torch.randn(3 * H * Dh, generator=gen).to(dtype) if bias else None
-    s = torch.randint(1, 5, (B * n,), generator=gen).to(torch.float32) if size else None
-    cu = torch.arange(B + 1) * n
-    return x, MergeKeys(qkv, b, H), s, cu
+def _inputs():
+    """x [51, 8], MergeKeys (qkv [51, 24], its bias, H = 2), size [51], cu: 3 images of 17 rows (the op tests' inputs:
+    tests/support/merge_cases.py)."""
+    t = make_merge_inputs(MergeCase("op", B=3, n=17, H=2, Dh=4, C=8, num_prefix=1, r=4))
+    return t["x"], MergeKeys(t["qkv"], t["qkv_bias"], 2), t["size"], t["cu"]
 
 
 @pytest.mark.parametrize(("p", "r", "class_token"), [(0, 3, False), (1, 4, True), (2, 100, True), (5, 2, False)])
