@@ -60,6 +60,8 @@ MergeValues ReadMergeInputs(Ort::KernelContext& ctx) {
   if (count > kMergeQkvBias) v.qkv_bias = ctx.GetInput(kMergeQkvBias);
   if (count > kMergeSize) v.size = ctx.GetInput(kMergeSize);
   v.cu = ctx.GetInput(kMergeCu);  // required: MissingInputError refused a node without it
+  if (count > kMergeSkip) v.skip = ctx.GetInput(kMergeSkip);
+  if (count > kMergeSkipBias) v.skip_bias = ctx.GetInput(kMergeSkipBias);
   MergeInputs& in = v.info;
   Describe(v.x, &in.x, &in.x_type);
   Describe(v.qkv, &in.qkv, &in.qkv_type);
@@ -68,6 +70,10 @@ MergeValues ReadMergeInputs(Ort::KernelContext& ctx) {
   in.has_size = static_cast<bool>(v.size);
   if (in.has_qkv_bias) Describe(v.qkv_bias, &in.qkv_bias, &in.qkv_bias_type);
   if (in.has_size) Describe(v.size, &in.size, &in.size_type);
+  in.has_skip = static_cast<bool>(v.skip);
+  in.has_skip_bias = static_cast<bool>(v.skip_bias);
+  if (in.has_skip) Describe(v.skip, &in.skip, &in.skip_type);
+  if (in.has_skip_bias) Describe(v.skip_bias, &in.skip_bias, &in.skip_bias_type);
   return v;
 }
 
@@ -75,7 +81,10 @@ std::string CheckMergeInputs(const MergeInputs& in, const MergeAttrs& attrs, Mer
   std::string shapes = "(x shape " + ShapeString(in.x) + ", qkv shape " + ShapeString(in.qkv);
   if (in.has_qkv_bias) shapes += ", qkv_bias shape " + ShapeString(in.qkv_bias);
   if (in.has_size) shapes += ", size shape " + ShapeString(in.size);
-  shapes += ", cu shape " + ShapeString(in.cu) + ")";
+  shapes += ", cu shape " + ShapeString(in.cu);
+  if (in.has_skip) shapes += ", skip shape " + ShapeString(in.skip);
+  if (in.has_skip_bias) shapes += ", skip_bias shape " + ShapeString(in.skip_bias);
+  shapes += ")";
   if (in.x.size() != 2) return "input 'x' must be 2-D [T, C] " + shapes;
   if (!IsMergeFloat(in.x_type)) {
     return std::string("input 'x' must be float, float16 or bfloat16, got ") + ElementTypeName(in.x_type) + " " +
@@ -111,6 +120,23 @@ std::string CheckMergeInputs(const MergeInputs& in, const MergeAttrs& attrs, Mer
     }
     if (in.size_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
       return std::string("input 'size' must be float, got ") + ElementTypeName(in.size_type) + " " + shapes;
+    }
+  }
+  if (in.has_skip_bias && !in.has_skip) return "input 'skip_bias' is given without input 'skip' " + shapes;
+  if (in.has_skip) {
+    if (in.skip != in.x) return "input 'skip' must have x's shape [T, C] " + shapes;
+    if (in.skip_type != in.x_type) {
+      return std::string("input 'skip' has element type ") + ElementTypeName(in.skip_type) + ", x has " +
+             ElementTypeName(in.x_type) + " " + shapes;
+    }
+  }
+  if (in.has_skip_bias) {
+    if (in.skip_bias.size() != 1 || in.skip_bias[0] != C) {
+      return "input 'skip_bias' must be 1-D [" + std::to_string(C) + "] (x's width) " + shapes;
+    }
+    if (in.skip_bias_type != in.x_type) {
+      return std::string("input 'skip_bias' has element type ") + ElementTypeName(in.skip_bias_type) + ", x has " +
+             ElementTypeName(in.x_type) + " " + shapes;
     }
   }
   if (in.cu.size() != 1 || in.cu[0] < 2) return "input 'cu' must be 1-D [B+1] with B >= 1 " + shapes;
@@ -167,7 +193,7 @@ OrtStatusPtr InferRaggedMergeShapes(OrtShapeInferContext* raw) noexcept {
   return GuardStatus(
       [&]() -> OrtStatusPtr {
         Ort::ShapeInferContext ctx(&Ort::GetApi(), raw);
-        if (ctx.GetInputCount() < kMergeNumInputs) return nullptr;  // the kernel names the missing input
+        if (ctx.GetInputCount() <= kMergeCu) return nullptr;  // the kernel names the missing input
         OrtTensorTypeAndShapeInfo* raw_info = nullptr;              // owned by ORT
         Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(raw, kMergeX, &raw_info));
         ONNXTensorElementDataType x_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;

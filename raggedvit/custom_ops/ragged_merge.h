@@ -10,6 +10,10 @@
 //   size     [T]          float (optional input): tokens in each row (absent: every row 1)
 //   cu       [B+1]        int64, B >= 1, cu[b] = b*n: the CPU EP checks the values on the host; the CUDA EP never
 //                         reads them (n = T / B from the shapes)
+//   skip     [T, C]       x's type (optional input): the block's attention branch; the rows merged are then
+//                         x + (skip + skip_bias), each sum in float32 rounded to x's type (the two ONNX Adds the
+//                         exporter folds in: merge.residual_rows), and prefix and kept rows are copied from that sum
+//   skip_bias [C]         x's type (optional input, only with skip): the branch's bias (the proj Linear's)
 //   attributes (int) num_heads (>= 1, required; qkv width a multiple of 3*num_heads), num_prefix (>= 0, <= n,
 //   default 0: prefix rows never merge), r (>= 0, required: r_eff = min(r, (n - p) / 2) rows merge per image),
 //   class_token (0 or 1, required: 1 keeps the unmerged A rows in position order, 0 in the matching's order)
@@ -45,9 +49,11 @@ namespace raggedvit {
 constexpr const char* kMergeOpName = "RaggedMerge";
 
 // Input positions.
-constexpr size_t kMergeX = 0, kMergeQkv = 1, kMergeQkvBias = 2, kMergeSize = 3, kMergeCu = 4, kMergeNumInputs = 5;
-constexpr InputSpec kMergeInputs[kMergeNumInputs] = {
-    {"x", true}, {"qkv", true}, {"qkv_bias", false}, {"size", false}, {"cu", true}};
+constexpr size_t kMergeX = 0, kMergeQkv = 1, kMergeQkvBias = 2, kMergeSize = 3, kMergeCu = 4, kMergeSkip = 5,
+                 kMergeSkipBias = 6, kMergeNumInputs = 7;
+constexpr InputSpec kMergeInputs[kMergeNumInputs] = {{"x", true},   {"qkv", true},  {"qkv_bias", false},
+                                                     {"size", false}, {"cu", true}, {"skip", false},
+                                                     {"skip_bias", false}};
 // Output positions.
 constexpr size_t kMergeXOut = 0, kMergeSizeOut = 1, kMergeCuOut = 2, kMergeSrc = 3, kMergeKeyBias = 4,
                  kMergeScore = 5, kMergeNumOutputs = 6;
@@ -71,18 +77,21 @@ struct MergeDims {
 
 // Shapes and element types of the inputs of one call (has_* false: the optional input is absent).
 struct MergeInputs {
-  std::vector<int64_t> x, qkv, qkv_bias, size, cu;
+  std::vector<int64_t> x, qkv, qkv_bias, size, cu, skip, skip_bias;
   ONNXTensorElementDataType x_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   ONNXTensorElementDataType qkv_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   ONNXTensorElementDataType qkv_bias_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   ONNXTensorElementDataType size_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   ONNXTensorElementDataType cu_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  bool has_qkv_bias = false, has_size = false;
+  ONNXTensorElementDataType skip_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  ONNXTensorElementDataType skip_bias_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  bool has_qkv_bias = false, has_size = false, has_skip = false, has_skip_bias = false;
 };
 
 // The inputs of a kernel call (ctx must outlive the returned values).
 struct MergeValues {
-  Ort::ConstValue x{nullptr}, qkv{nullptr}, qkv_bias{nullptr}, size{nullptr}, cu{nullptr};
+  Ort::ConstValue x{nullptr}, qkv{nullptr}, qkv_bias{nullptr}, size{nullptr}, cu{nullptr}, skip{nullptr},
+      skip_bias{nullptr};
   MergeInputs info;
 };
 
@@ -108,8 +117,9 @@ std::string ReadMergeAttrs(const OrtKernelInfo* info, MergeAttrs* attrs);
 // Reads the inputs of a call (absent optional inputs stay null).
 MergeValues ReadMergeInputs(Ort::KernelContext& ctx);
 
-// Checks ranks and element types (x float, float16 or bfloat16; qkv and qkv_bias x's type; size float; cu int64),
-// shapes (qkv [T, 3*H*Dh] with Dh >= 1, qkv_bias [3*H*Dh], size [T], cu [B+1] with B >= 1 and T % B == 0),
+// Checks ranks and element types (x float, float16 or bfloat16; qkv, qkv_bias, skip and skip_bias x's type; size
+// float; cu int64), shapes (qkv [T, 3*H*Dh] with Dh >= 1, qkv_bias [3*H*Dh], size [T], cu [B+1] with B >= 1 and
+// T % B == 0, skip [T, C], skip_bias [C] and only with skip),
 // num_prefix <= n, and that every element count and its float32 byte size fits int64; fills dims. "" on success, else
 // the error text naming the input or attribute and the shapes. Reads no tensor data (any EP).
 std::string CheckMergeInputs(const MergeInputs& in, const MergeAttrs& attrs, MergeDims* dims);
@@ -121,9 +131,9 @@ std::string CheckMergeCu(const int64_t* cu, const MergeDims& d);
 // B (and C) are static and the attributes valid; unknown dims otherwise (the kernel reports what is wrong).
 OrtStatusPtr InferRaggedMergeShapes(OrtShapeInferContext* ctx) noexcept;
 
-// One OrtCustomOp per (EP, data type): data type UNDEFINED (the CPU op) leaves the types of x, qkv and qkv_bias to
-// CheckMergeInputs (ORT types x_out after the last of them given and refuses a graph declaring x_out otherwise; any
-// other mix reaches the op); a concrete type (a CUDA op per float16 / bfloat16) makes ORT place other types
+// One OrtCustomOp per (EP, data type): data type UNDEFINED (the CPU op) leaves the types of x, qkv, qkv_bias, skip
+// and skip_bias to CheckMergeInputs (ORT types x_out after the last of them given and refuses a graph declaring x_out
+// otherwise; any other mix reaches the op); a concrete type (a CUDA op per float16 / bfloat16) makes ORT place other types
 // elsewhere. size is declared float and cu int64 (ORT refuses other types at session creation, naming the input).
 template <typename TKernel>
 struct RaggedMergeOp : Ort::CustomOpBase<RaggedMergeOp<TKernel>, TKernel, /*WithStatus=*/true> {
@@ -152,7 +162,7 @@ struct RaggedMergeOp : Ort::CustomOpBase<RaggedMergeOp<TKernel>, TKernel, /*With
   const char* GetExecutionProviderType() const { return provider_; }
   size_t GetInputTypeCount() const { return kMergeNumInputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    if (i == kMergeSize) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (i == kMergeSize) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;  // skip and skip_bias: x's type
     return i == kMergeCu ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : data_type_;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return InputCharacteristic(); }

@@ -110,6 +110,8 @@ RAGGED_MERGE_SCHEMA = OpSchema(
         _P("qkv_bias", "T", param_option=_OPTIONAL),
         _P("size", "F", param_option=_OPTIONAL),
         _P("cu", "I"),
+        _P("skip", "T", param_option=_OPTIONAL),
+        _P("skip_bias", "T", param_option=_OPTIONAL),
     ],
     outputs=[
         _P("x_out", "T"),
@@ -120,7 +122,8 @@ RAGGED_MERGE_SCHEMA = OpSchema(
         _P("score", "F"),
     ],
     type_constraints=[
-        ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "x [T, C], qkv [T, 3HD], qkv_bias, x_out"),
+        ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"],
+         "x [T, C], qkv [T, 3HD], qkv_bias, skip [T, C], skip_bias [C], x_out"),
         ("F", ["tensor(float)"], "size [T], size_out, key_bias [B*m], score [B*n_A]"),
         ("I", ["tensor(int64)"], "cu [B+1], cu_out, src [B*m]"),
     ],

@@ -2,6 +2,8 @@
 are `merge_tokens_reference`'s), shared by the torch op's CUDA path (JIT) and the AOT build.
 
 One program per image (grid (B,)), image b = rows [b*n, (b+1)*n) of X / QKV / Size (T = B*n; CU is never read).
+With has_skip, the rows merged are X + (Skip + SkipBias) (`merge.residual_rows`: each sum in float32, rounded to x's
+dtype; SkipBias only with has_skip_bias), formed wherever a row of X is read.
 Set A = positions a0, a0+2, ... (n_A rows), set B = b0, b0+2, ... (n_B rows) after the p prefix rows
 (`merge_sets`); r_eff = min(r, (n - p) // 2) rows merge; m = n - r_eff rows come out. Steps, all in one program:
 
@@ -29,7 +31,7 @@ Set A = positions a0, a0+2, ... (n_A rows), set B = b0, b0+2, ... (n_B rows) aft
 
 Tunables (the JIT launch and the AOT plan both read them): MERGE_WIDTHS (NP, num_warps), MERGE_HEAD_DIMS (BLOCK_D),
 the tile sizes below, and MERGE_ROW_BYTES (BLOCK_C = MERGE_ROW_BYTES / x's element size). Runtime ints: n, C, H, Dh,
-num_prefix, r, has_bias, has_size, class_token. Constexpr: NP, BLOCK_D and the tiles (and x's dtype).
+num_prefix, r, has_bias, has_size, has_skip, has_skip_bias, class_token. Constexpr: NP, BLOCK_D and the tiles (and x's dtype).
 """
 
 from __future__ import annotations
@@ -125,6 +127,21 @@ def _metric(QKV, Bias, row0, pos, valid, H, Dh, has_bias, ROWS: tl.constexpr, BL
 
 
 @triton.jit
+def _rows(X, Skip, SkipBias, rows, c, mask, C, has_skip, has_skip_bias):
+    """Rows `rows` [R] (int64), columns c [BLOCK_C] of the rows merged, in x's dtype (masked entries 0): X, or
+    X + (Skip + SkipBias) with each sum in float32 rounded to x's dtype (`merge.residual_rows`)."""
+    offs = rows[:, None] * C + c[None, :]
+    v = tl.load(X + offs, mask=mask, other=0.0)
+    if has_skip != 0:
+        branch = tl.load(Skip + offs, mask=mask, other=0.0)
+        if has_skip_bias != 0:
+            bias = tl.load(SkipBias + c, mask=c < C, other=0.0).to(tl.float32)
+            branch = (branch.to(tl.float32) + bias[None, :]).to(X.dtype.element_ty)
+        v = (v.to(tl.float32) + branch.to(tl.float32)).to(X.dtype.element_ty)
+    return v
+
+
+@triton.jit
 def _lanes(vec, t, NP: tl.constexpr, BLOCK: tl.constexpr):
     """Lanes t*BLOCK .. t*BLOCK + BLOCK - 1 of the [NP] vector vec (a masked sum over its [NP // BLOCK, BLOCK]
     view: one nonzero term per lane, exact for ints)."""
@@ -134,17 +151,17 @@ def _lanes(vec, t, NP: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _copy_rows(X, XOut, Size, SizeOut, Src, KeyBias, row0, out0, pos, slot, active, C, has_size,
-               BLOCK_C: tl.constexpr):  # fmt: skip
-    """Copies rows row0 + pos of X to rows out0 + slot of XOut (active lanes), with their size, src and
-    key_bias = log(size)."""
+def _copy_rows(X, Skip, SkipBias, XOut, Size, SizeOut, Src, KeyBias, row0, out0, pos, slot, active, C, has_size,
+               has_skip, has_skip_bias, BLOCK_C: tl.constexpr):  # fmt: skip
+    """Copies rows row0 + pos of the rows merged (`_rows`) to rows out0 + slot of XOut (active lanes), with their
+    size, src and key_bias = log(size)."""
     src = (row0 + pos).to(tl.int64)
     dst = (out0 + slot).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
     for c0 in range(0, C, BLOCK_C):
         c = c0 + cols
         mask = active[:, None] & (c < C)[None, :]
-        v = tl.load(X + src[:, None] * C + c[None, :], mask=mask)
+        v = _rows(X, Skip, SkipBias, src, c, mask, C, has_skip, has_skip_bias)
         tl.store(XOut + dst[:, None] * C + c[None, :], v, mask=mask)
     size = tl.load(Size + src, mask=active & (has_size != 0), other=1.0)
     tl.store(SizeOut + dst, size, mask=active)
@@ -168,10 +185,11 @@ def _merged_chunk(srt, t, r_eff, Size, row0, a0, has_size, NP: tl.constexpr, BLO
 
 # C and Dh stay specialised (multiples of 16: aligned rows, vector loads; the AOT build hints both and the C++ launcher
 # requires them); n changes from block to block and the rest are flags
-@triton.jit(do_not_specialize=["n", "H", "num_prefix", "r", "has_bias", "has_size", "class_token"])
+@triton.jit(do_not_specialize=["n", "H", "num_prefix", "r", "has_bias", "has_size", "has_skip", "has_skip_bias",
+                                "class_token"])  # fmt: skip
 def _ragged_merge(
-    X, QKV, Bias, Size, XOut, SizeOut, CuOut, Src, KeyBias, Score, n, C, H, Dh, num_prefix, r, has_bias, has_size,
-    class_token, NP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+    X, QKV, Bias, Size, Skip, SkipBias, XOut, SizeOut, CuOut, Src, KeyBias, Score, n, C, H, Dh, num_prefix, r,
+    has_bias, has_size, has_skip, has_skip_bias, class_token, NP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
@@ -239,13 +257,14 @@ def _ragged_merge(
     ur = tl.arange(0, BLOCK_ROWS)
     for t0 in range(0, p, BLOCK_ROWS):
         i = t0 + ur
-        _copy_rows(X, XOut, Size, SizeOut, Src, KeyBias, row0, out0, i, i, i < p, C, has_size, BLOCK_C)
+        _copy_rows(X, Skip, SkipBias, XOut, Size, SizeOut, Src, KeyBias, row0, out0, i, i, i < p, C, has_size,
+                   has_skip, has_skip_bias, BLOCK_C)  # fmt: skip
     for t in range(0, tl.cdiv(n_a, BLOCK_ROWS)):
         a = _lanes(a_lane, t, NP, BLOCK_ROWS)
         slot = _lanes(slot_lane, t, NP, BLOCK_ROWS)
         act = _lanes(act_lane, t, NP, BLOCK_ROWS) != 0
-        _copy_rows(X, XOut, Size, SizeOut, Src, KeyBias, row0, out0, tl.where(act, a0 + 2 * a, 0), slot, act, C,
-                   has_size, BLOCK_C)  # fmt: skip
+        _copy_rows(X, Skip, SkipBias, XOut, Size, SizeOut, Src, KeyBias, row0, out0, tl.where(act, a0 + 2 * a, 0),
+                   slot, act, C, has_size, has_skip, has_skip_bias, BLOCK_C)  # fmt: skip
     # B rows that no A row merges into: x_B * s_B / s_B, a stream
     cols = tl.arange(0, BLOCK_C)
     n_chunks = tl.cdiv(r_eff, BLOCK_M)
@@ -262,7 +281,7 @@ def _ragged_merge(
         for c0 in range(0, C, BLOCK_C):
             c = c0 + cols
             mask = plain[:, None] & (c < C)[None, :]
-            xb = tl.load(X + src[:, None] * C + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            xb = _rows(X, Skip, SkipBias, src, c, mask, C, has_skip, has_skip_bias).to(tl.float32)
             out = tl.div_rn(xb * s_b[:, None] + 0.0, s_b[:, None] + tl.zeros_like(xb))  # + 0.0: as x_B s_B + 0
             tl.store(XOut + dst[:, None] * C + c[None, :], out.to(XOut.dtype.element_ty), mask=mask)
         tl.store(SizeOut + dst, s_b, mask=plain)
@@ -294,11 +313,11 @@ def _ragged_merge(
                 to_v, s_v, pos_v, ok_v = _merged_chunk(srt, tv, r_eff, Size, row0, a0, has_size, NP, BLOCK_M)
                 w = tl.where((to_v[None, :] == to_c[:, None]) & ok_v[None, :], s_v[None, :], 0.0)
                 rows_v = (row0 + pos_v).to(tl.int64)
-                xv = tl.load(X + rows_v[:, None] * C + c[None, :], mask=ok_v[:, None] & cm[None, :], other=0.0)
+                xv = _rows(X, Skip, SkipBias, rows_v, c, ok_v[:, None] & cm[None, :], C, has_skip, has_skip_bias)
                 xv = xv.to(tl.float32)
                 acc = tl.dot(w, xv, acc, input_precision="ieee")
             mask = first[:, None] & cm[None, :]
-            xb = tl.load(X + src[:, None] * C + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            xb = _rows(X, Skip, SkipBias, src, c, mask, C, has_skip, has_skip_bias).to(tl.float32)
             out = tl.div_rn(xb * s_b[:, None] + acc, size_b[:, None] + tl.zeros_like(acc))
             tl.store(XOut + dst[:, None] * C + c[None, :], out.to(XOut.dtype.element_ty), mask=mask)
         tl.store(SizeOut + dst, size_b, mask=first)

@@ -47,12 +47,15 @@ def launch_merge(
     r: int,
     class_token: bool,
     *,
+    skip: torch.Tensor | None = None,
+    skip_bias: torch.Tensor | None = None,
     kernels: ModuleType | None = None,
     config: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, C], qkv [T, 3*H*Dh] (x's dtype), qkv_bias [3*H*Dh] or None, size [T] float32 or None, cu [B+1] int64
     (only its length is read) -> (x_out [B*m, C], size_out [B*m] float32, cu_out [B+1] int64, src [B*m] int64,
-    key_bias [B*m] float32, score [B*n_A] float32): `merge.merge_tokens_reference`'s outputs.
+    key_bias [B*m] float32, score [B*n_A] float32): `merge.merge_tokens_reference`'s outputs; skip [T, C] and
+    skip_bias [C] (x's dtype, or None): its fused attention residual (`merge.residual_rows`).
     config: (NP, num_warps) instead of merge_launch_config(n_A) (tests: a wider NP than needed)."""
     T, C = x.shape
     B = cu.shape[0] - 1
@@ -69,9 +72,10 @@ def launch_merge(
     np_, warps = merge_launch_config(n_a) if config is None else config
     mod = _default_kernels() if kernels is None else kernels
     mod._ragged_merge[(B,)](
-        x, qkv, qkv if qkv_bias is None else qkv_bias, size_out if size is None else size, x_out, size_out, cu_out,
-        src, key_bias, score, n, C, num_heads, head_dim, num_prefix, min(r, n), int(qkv_bias is not None),
-        int(size is not None), int(bool(class_token)), NP=np_, BLOCK_D=_head_block(head_dim), BLOCK_A=MERGE_BLOCK_A,
+        x, qkv, qkv if qkv_bias is None else qkv_bias, size_out if size is None else size,
+        x if skip is None else skip, x if skip_bias is None else skip_bias, x_out, size_out, cu_out, src, key_bias,
+        score, n, C, num_heads, head_dim, num_prefix, min(r, n), int(qkv_bias is not None), int(size is not None),
+        int(skip is not None), int(skip_bias is not None), int(bool(class_token)), NP=np_, BLOCK_D=_head_block(head_dim), BLOCK_A=MERGE_BLOCK_A,
         BLOCK_B=MERGE_BLOCK_B, BLOCK_M=MERGE_BLOCK_M, BLOCK_ROWS=MERGE_BLOCK_ROWS,
         BLOCK_C=merge_block_c(x.element_size()), num_warps=warps,
     )  # fmt: skip

@@ -42,6 +42,7 @@ __all__ = [
     "merge_widths",
     "merged_count",
     "MergedRows",
+    "residual_rows",
 ]
 
 METRIC_EPS = 1e-12  # floor of a metric row's norm before the cosine similarity (a zero key has no direction)
@@ -154,6 +155,20 @@ class MergedRows(NamedTuple):
     score: torch.Tensor
 
 
+def residual_rows(
+    x: torch.Tensor, skip: torch.Tensor | None = None, skip_bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The rows a merge takes when the block's attention residual is the op's (RaggedMerge's skip inputs, which the
+    exporter folds the residual Add and the proj bias Add into): x + (skip + skip_bias), each sum in float32 and
+    rounded to x's dtype, as the two ONNX Adds it replaces round them. x [T, C], skip [T, C] (x's dtype) or None
+    (x unchanged), skip_bias [C] (x's dtype) or None."""
+    if skip is None:
+        return x
+    if skip_bias is not None:
+        skip = (skip.to(torch.float32) + skip_bias.to(torch.float32)).to(x.dtype)
+    return (x.to(torch.float32) + skip.to(torch.float32)).to(x.dtype)
+
+
 def merge_tokens_reference(
     x: torch.Tensor,
     qkv: torch.Tensor,
@@ -164,12 +179,14 @@ def merge_tokens_reference(
     num_prefix: int,
     r: int,
     class_token: bool,
+    skip: torch.Tensor | None = None,
+    skip_bias: torch.Tensor | None = None,
 ) -> MergedRows:
     """One tome stage's merge from the block's qkv (steps 1-4): the one definition of com.raggedvit::RaggedMerge.
 
     Args:
-        x: [T, C] float32 / float16 / bfloat16, the rows after the block's attention residual; T = B*n (every image n
-            rows, image b the rows [b*n, (b+1)*n)).
+        x: [T, C] float32 / float16 / bfloat16, the rows after the block's attention residual (with skip: the
+            residual stream before it); T = B*n (every image n rows, image b the rows [b*n, (b+1)*n)).
         qkv: [T, 3*H*Dh] (x's dtype), the block's qkv (q, k, v, each H heads of Dh); the metric is the k part
             (+ qkv_bias's k part, both in float32) averaged over the H heads: [T, Dh] float32.
         qkv_bias: [3*H*Dh] (x's dtype) or None.
@@ -177,10 +194,13 @@ def merge_tokens_reference(
         cu: [B+1] int64 (B >= 1), cu[b] = b*n (only its length is read here).
         num_heads: H; num_prefix: p (prefix rows never merge); r: the spec's r (merged_count(n, p, r) merge);
         class_token: ToMe's order of the unmerged A rows (module docstring, step 4).
+        skip: [T, C] (x's dtype) or None; skip_bias: [C] (x's dtype) or None: the rows merged are
+            `residual_rows(x, skip, skip_bias)` (the export's fused attention residual; PrunedViT passes neither).
 
     Returns:
         MergedRows.
     """
+    x = residual_rows(x, skip, skip_bias)
     T, C = x.shape
     B = cu.shape[0] - 1
     n = T // B

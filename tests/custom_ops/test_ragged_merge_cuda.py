@@ -1,7 +1,8 @@
 """RaggedMerge on a GPU: (a) the JIT Triton kernel (`_merge_launch.launch_merge` on CUDA tensors) and (b) the CUDA EP
 node (the AOT cubins of libraggedvit_ort.so through onnxruntime-gpu) against `merge_tokens_reference` (float32 on
 the CPU) at deit_small / deit_base shapes, B = 1, 32, 128, float16 and float32 (the JIT also bfloat16), with and
-without a class token; the EP also bit-identical across two runs, and a wide image (n = 577: the width-512 cubins).
+without a class token; the EP also bit-identical across two runs, a wide image (n = 577: the width-512 cubins), and
+the fused attention residual (skip, skip_bias) against the reference and against the CUDA EP's own two Adds.
 GPU only.
 
 Inputs: tests/support/merge_kernel_cases.py's planted keys. src, sizes and rows are compared exactly (x within
@@ -20,7 +21,14 @@ import torch
 from onnx import TensorProto
 
 from raggedvit.pruning.merge import merge_tokens_reference, merged_count
-from tests.support.merge_kernel_cases import MARGIN, MergeCase, compare_merge, decision_margins, make_merge_inputs
+from tests.support.merge_kernel_cases import (
+    MARGIN,
+    MergeCase,
+    compare_merge,
+    decision_margins,
+    make_merge_inputs,
+    make_skip_inputs,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 needs_ort_gpu = pytest.mark.skipif(
@@ -38,10 +46,10 @@ def _case(model: str, B: int, dtype: torch.dtype, class_token: bool, *, n: int =
     return MergeCase(f"{model}-b{B}", B, n, H, C // H, 1, 8, class_token, dtype, size=size)
 
 
-def _check(got, case: MergeCase, inputs) -> None:
+def _check(got, case: MergeCase, inputs, skip: dict | None = None) -> None:
     """got equals the CPU reference on the images whose decisions are safe (>= 85% of them), cu and score on all."""
     x, qkv, bias, size, cu = inputs
-    ref = merge_tokens_reference(x, qkv, bias, size, cu, case.H, case.p, case.r, case.class_token)
+    ref = merge_tokens_reference(x, qkv, bias, size, cu, case.H, case.p, case.r, case.class_token, **(skip or {}))
     safe = decision_margins(qkv, bias, case.B, case.n, case.H, case.p, case.r, case.class_token) > MARGIN
     assert safe.float().mean() >= 0.85, f"only {int(safe.sum())} of {case.B} images clear of near ties"
     m = case.n - merged_count(case.n, case.p, case.r)
@@ -80,16 +88,21 @@ def test_jit_kernel_wide_images_and_no_bias_no_size(dtype):
     _check([t.cpu() for t in got], case, inputs)
 
 
-def _run_ep(case: MergeCase, inputs) -> list[torch.Tensor]:
+def _run_ep(case: MergeCase, inputs, skip: dict | None = None, *, adds: bool = False) -> list[torch.Tensor]:
+    """The node on the CUDA EP (no CPU fallback); skip: make_skip_inputs' tensors, as the node's inputs or (adds) as
+    two Adds before it."""
     from raggedvit.runtime import create_session, run_with_iobinding
     from tests.support.ort_models import MERGE_OUTPUTS, merge_model
 
     x, qkv, bias, size, cu = inputs
+    skip = skip or {}
     elem = TensorProto.FLOAT16 if case.dtype == torch.float16 else TensorProto.FLOAT
     attrs = {"num_heads": case.H, "num_prefix": case.p, "r": case.r, "class_token": int(case.class_token)}
-    model = merge_model(elem, attrs, qkv_bias=bias is not None, size=size is not None)
+    model = merge_model(elem, attrs, qkv_bias=bias is not None, size=size is not None, skip="skip" in skip,
+                        skip_bias="skip_bias" in skip, adds=adds)  # fmt: skip
     sess = create_session(model, "cuda", disable_cpu_fallback=True)
     feeds = {k: v.cuda() for k, v in zip(("x", "qkv", "qkv_bias", "size", "cu"), inputs) if v is not None}
+    feeds |= {k: v.cuda() for k, v in skip.items()}
     B, n = case.B, case.n
     m, n_a = n - merged_count(n, case.p, case.r), (n - (case.p + case.p % 2) + 1) // 2
     dev, f32, i64 = "cuda", torch.float32, torch.int64
@@ -123,3 +136,20 @@ def test_cuda_ep_wide_images_without_bias_and_size(ort_library, dtype):
     case = MergeCase("n577", 4, 577, 6, 64, 1, 40, True, dtype, bias=False, size="none")
     inputs = make_merge_inputs(case, seed=6)
     _check(_run_ep(case, inputs), case, inputs)
+
+
+@needs_ort_gpu
+@pytest.mark.parametrize("skip", ["skip", "skip-bias"])
+@pytest.mark.parametrize("dtype", list(DTYPE_IDS), ids=DTYPE_IDS.get)
+def test_cuda_ep_fused_residual_equals_reference_and_the_adds(ort_library, dtype, skip):
+    """skip (and skip_bias): the node equals the reference on x + (skip + skip_bias), and gives the bits of the CUDA
+    EP's own Add(x, Add(skip, skip_bias)) before an unfused node (each sum rounded to x's type, as its Adds do)."""
+    case = _case("deit_small", 32, dtype, True)._replace(skip=skip)
+    inputs = make_merge_inputs(case, seed=9)
+    extra = make_skip_inputs(case, seed=9)
+    got = _run_ep(case, inputs, extra)
+    _check(got, case, inputs, extra)
+    unfused = _run_ep(case, inputs, extra, adds=True)
+    for a, b in zip(got, unfused):
+        assert torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
+                           b.view(torch.uint8) if b.is_floating_point() else b)  # fmt: skip

@@ -21,7 +21,8 @@ def run(
     (numpy has no bfloat16), the other types into outputs ORT allocates (so that bad shapes reach the op)."""
     given = {k: v for k, v in inputs.items() if v is not None}
     elem = model_kw.pop("elem", DTYPES.get(inputs["x"].dtype, TensorProto.DOUBLE))
-    model = merge_model(elem, attrs, qkv_bias="qkv_bias" in given, size="size" in given, **model_kw)
+    present = {name: name in given for name in ("qkv_bias", "size", "skip", "skip_bias")}
+    model = merge_model(elem, attrs, **present, **model_kw)
     sess = create_session(model, "cpu", intra_op_threads=threads)
     if inputs["x"].dtype != torch.bfloat16:
         return [torch.from_numpy(o.numpy()) for o in run_with_iobinding(sess, given, output_device="cpu")]
@@ -39,7 +40,8 @@ def run(
 def reference(inputs: dict[str, torch.Tensor | None], attrs: dict[str, int]) -> list[torch.Tensor]:
     tensors = (inputs[name] for name in ("x", "qkv", "qkv_bias", "size", "cu"))
     heads, p, r, class_token = (attrs[name] for name in ("num_heads", "num_prefix", "r", "class_token"))
-    return list(merge_tokens_reference(*tensors, heads, p, r, bool(class_token)))
+    skip = {name: inputs.get(name) for name in ("skip", "skip_bias")}
+    return list(merge_tokens_reference(*tensors, heads, p, r, bool(class_token), **skip))
 
 
 def assert_merge_equal(got: list[torch.Tensor], ref: list[torch.Tensor], *, exact_scores: bool = False) -> None:
@@ -80,6 +82,37 @@ def test_half_precision_equals_reference_on_the_same_inputs(ort_library, dtype, 
     for class_token in (True, False):
         attrs = merge_attrs(case, class_token)
         assert_merge_equal(run(inputs, attrs), reference(inputs, attrs), exact_scores=case.ties)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("skip_bias", [True, False], ids=["skip-bias", "skip"])
+@pytest.mark.parametrize("case", [MERGE_CASES[0], MERGE_CASES[4], MERGE_CASES[13]], ids=lambda c: c.name)
+def test_skip_inputs_equal_the_reference(ort_library, dtype, skip_bias, case):
+    """skip (and skip_bias): the rows merged are x + (skip + skip_bias), each sum rounded to x's type
+    (merge.residual_rows), prefix and kept rows copied from that sum."""
+    inputs = make_merge_inputs(case, seed=7, dtype=dtype, skip=True, skip_bias=skip_bias)
+    for class_token in (True, False):
+        attrs = merge_attrs(case, class_token)
+        assert_merge_equal(run(inputs, attrs), reference(inputs, attrs), exact_scores=case.ties)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("skip_bias", [True, False], ids=["skip-bias", "skip"])
+def test_skip_inputs_give_the_bits_of_the_adds_they_replace(ort_library, dtype, skip_bias):
+    """The exporter's merge_residual folds Add(x, Add(skip, skip_bias)) into the node. float32: both graphs give the
+    same bits on the CPU EP. float16: the op rounds each sum to float16, as the CUDA EP's float16 Adds do; the CPU
+    EP has no float16 Add and runs the pair in float32 between Casts it inserts (one rounding), so x_out differs there
+    by float16 rounding (sizes, src and the decisions, which read qkv only, are the same bits)."""
+    case = MERGE_CASES[0]
+    inputs = make_merge_inputs(case, seed=8, dtype=dtype, skip=True, skip_bias=skip_bias)
+    attrs = merge_attrs(case, True)
+    fused, unfused = run(inputs, attrs), run(inputs, attrs, adds=True)
+    exact = MERGE_OUTPUTS if dtype == torch.float32 else MERGE_OUTPUTS[1:]
+    for name, a, b in zip(MERGE_OUTPUTS, fused, unfused):
+        if name in exact:
+            assert a.numpy().tobytes() == b.numpy().tobytes(), name
+        else:
+            torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3)
 
 
 def test_the_tie_rules_by_hand(ort_library):
@@ -221,6 +254,32 @@ BAD_INPUTS = [
 @pytest.mark.parametrize(("change", "message"), BAD_INPUTS, ids=[m.split(" (")[0][:50] for _, m in BAD_INPUTS])
 def test_input_errors(ort_library, change, message):
     expect_error("RaggedMerge: " + message, small_inputs() | change, any_rank=True)
+
+
+SKIPPED = SHAPES[:-1] + ", skip shape [10, 3], skip_bias shape [4])"
+BAD_SKIPS = [
+    ({"skip": torch.zeros(10, 4)}, "input 'skip' must have x's shape [T, C] (x shape [10, 3]" + ", qkv shape"),
+    ({"skip": torch.zeros(30)}, "input 'skip' must have x's shape [T, C]"),
+    ({"skip_bias": torch.zeros(4)}, "input 'skip_bias' must be 1-D [3] (x's width) " + SKIPPED),
+    ({"skip_bias": torch.zeros(1, 3)}, "input 'skip_bias' must be 1-D [3] (x's width)"),
+    ({"skip": None}, "input 'skip_bias' is given without input 'skip'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_SKIPS, ids=[m.split(" (")[0][:50] for _, m in BAD_SKIPS])
+def test_skip_input_errors(ort_library, change, message):
+    inputs = small_inputs() | {"skip": torch.randn(10, 3), "skip_bias": torch.randn(3)} | change
+    expect_error("RaggedMerge: " + message, inputs, any_rank=True)
+
+
+def test_skip_of_another_type_than_x(ort_library):
+    """As qkv_bias (test_a_float_input_of_another_type_than_x): ORT refuses a graph whose last UNDEFINED-typed input
+    (here skip) does not have x_out's declared type; with a float skip_bias after it the op refuses by name."""
+    half = {"skip": torch.zeros(10, 3).half()}
+    expect_error("Type (tensor(float)) of output arg (x_out) && does not match expected type (tensor(float16))",
+                 small_inputs() | half, elems={"skip": TensorProto.FLOAT16})  # fmt: skip
+    expect_error(f"RaggedMerge: input 'skip' has element type float16, x has float {SHAPES[:-1]}, skip shape [10, 3]",
+                 small_inputs() | half | {"skip_bias": torch.zeros(3)}, elems={"skip": TensorProto.FLOAT16})  # fmt: skip
 
 
 @pytest.mark.parametrize(

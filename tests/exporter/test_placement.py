@@ -6,7 +6,8 @@ placement, with 3 nodes fewer, and 9 fewer with fuse: the fused token is no long
 fp16-all exports were recorded again when the MatMul before a bias got its type: their 2 BiasGelus of float16 rows are
 com.raggedvit's, as bias_gelu intends, not com.microsoft's, which it chose while it read no dtype; and again when a
 tome stage became one RaggedMerge node and the token_counts of stages with counts known before the data became
-constants: tome 48-66 nodes where the traced merge took 261-279, uniform stages 4-11 fewer). Every value of an
+constants: tome 48-66 nodes where the traced merge took 261-279, uniform stages 4-11 fewer; and again when the
+attention residual moved into RaggedMerge: tome 45-63). Every value of an
 export has a recorded type: the check judges a node by the types the file records, and never guesses one."""
 
 from __future__ import annotations

@@ -81,17 +81,21 @@ def test_fp16_all_export_runs(images, ort_session):
     assert np.abs(logits - ref.logits.numpy()).max() < 0.05 * max(1.0, float(ref.logits.abs().max()))
 
 
-def test_deit_small_merge_costs_two_nodes_per_merging_block():
-    """deit_small, tome r = 8 in every block, fp16-all: at most the unpruned export's nodes + 2 per merging block
-    (the RaggedMerge node, and the attention residual's Add that SkipLayerNormalization can no longer hold); none
-    of the traced merge's ops. Seeded weights, whose proj biases are zero: with nonzero ones (any trained
-    checkpoint) the bias Add that SkipLayerNormalization held is a third node a merging block (152 against 119)."""
+@pytest.mark.parametrize("biased", [False, True], ids=["seeded", "biased"])
+def test_deit_small_merge_costs_one_node_per_merging_block(biased):
+    """deit_small, tome r = 8 in every block, fp16-all: at most the unpruned export's nodes + 1 per merging block (the
+    budget: + 2; 126 against 117, 128 against 119 biased: the constant token_counts save 3), with the seeded weights' zero proj biases and with nonzero ones (any trained checkpoint). An unpruned block's
+    SkipLayerNormalization holds the proj bias, the attention residual and norm2; a merging block has the RaggedMerge
+    (which takes the residual and the bias: the exporter's merge_residual) and norm2's LayerNormalization. None of
+    the traced merge's ops."""
     vit, _ = load_vit("deit_small_patch16_224", seed=1, img_size=224)
+    if biased:
+        perturb_biases_and_norms_(vit)
     counts = {}
     for spec in (PruneSpec("none"), PruneSpec("tome", r=8)):
         model = to_proto(build_model(vit.eval(), spec, dtype="fp16-all"))
         counts[spec.policy] = Counter(n.op_type for n in model.graph.node)
     tome, unpruned = counts["tome"], counts["none"]
     assert tome["RaggedMerge"] == 12
-    assert sum(tome.values()) <= sum(unpruned.values()) + 2 * 12, (sum(tome.values()), sum(unpruned.values()))
+    assert sum(tome.values()) <= sum(unpruned.values()) + 12, (sum(tome.values()), sum(unpruned.values()))
     assert tome["TopK"] == tome["ArgMax"] == tome["GatherElements"] == tome["Log"] == 0, tome

@@ -26,18 +26,20 @@ def _run_interpreted(which: str) -> dict[str, dict[str, bool]]:
         compare_merge,
         decision_margins,
         make_merge_inputs,
+        make_skip_inputs,
     )
 
     out: dict[str, dict[str, bool]] = {}
     for case in MERGE_CASES if which == "fast" else MERGE_SLOW_CASES:
         x, qkv, bias, size, cu = make_merge_inputs(case)
         args = (x, qkv, bias, size, cu, case.H, case.p, case.r, case.class_token)
-        ref = merge_tokens_reference(*args)
-        got = launch_merge(*args, kernels=_merge_kernel, config=case.config)
+        skip = make_skip_inputs(case)
+        ref = merge_tokens_reference(*args, **skip)
+        got = launch_merge(*args, **skip, kernels=_merge_kernel, config=case.config)
         res = compare_merge(got, ref, case.dtype, case.size)
         margins = decision_margins(qkv, bias, case.B, case.n, case.H, case.p, case.r, case.class_token)
         res["margins"] = case.ties or bool((margins > MARGIN).all())
-        again = launch_merge(*args, kernels=_merge_kernel, config=case.config)
+        again = launch_merge(*args, **skip, kernels=_merge_kernel, config=case.config)
         res["deterministic"] = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(got, again))
         out[case.name] = res
     return out

@@ -53,10 +53,18 @@ def merge_attrs(case: MergeCase, class_token: bool) -> dict[str, int]:
 
 
 def make_merge_inputs(
-    case: MergeCase, seed: int = 0, *, dtype: torch.dtype = torch.float32, bias: bool = True, size: bool = True
+    case: MergeCase,
+    seed: int = 0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    bias: bool = True,
+    size: bool = True,
+    skip: bool = False,
+    skip_bias: bool = False,
 ) -> dict[str, torch.Tensor | None]:
     """x [T, C], qkv [T, 3*H*Dh], qkv_bias [3*H*Dh] (or None), size [T] float32 integer-valued in [1, 6] (or None),
-    cu [B+1] int64 = b*n, for a case. A tie case has every head's key in {-1, 1}^4 and a zero k bias."""
+    cu [B+1] int64 = b*n, for a case; with skip also skip [T, C] and skip_bias [C] (or None): the attention branch the
+    op adds to x first. A tie case has every head's key in {-1, 1}^4 and a zero k bias."""
     gen = torch.Generator().manual_seed(seed)
     T, HD = case.B * case.n, case.H * case.Dh
     x = torch.randn(T, case.C, generator=gen)
@@ -69,10 +77,14 @@ def make_merge_inputs(
         qkv[:, HD : 2 * HD] = signs.repeat(1, case.H)
         qkv_bias[HD : 2 * HD] = 0
     sizes = torch.randint(1, 7, (T,), generator=gen).float()
-    return {
+    out = {
         "x": x.to(dtype),
         "qkv": qkv.to(dtype),
         "qkv_bias": qkv_bias.to(dtype) if bias else None,
         "size": sizes if size else None,
         "cu": torch.arange(case.B + 1, dtype=torch.int64) * case.n,
     }
+    if skip:
+        out["skip"] = torch.randn(T, case.C, generator=gen).to(dtype)
+        out["skip_bias"] = torch.randn(case.C, generator=gen).to(dtype) if skip_bias else None
+    return out

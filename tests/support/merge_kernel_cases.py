@@ -12,7 +12,8 @@ Two kinds of keys:
   bits everywhere and the tie rules (lowest B index; stable descending order of the A rows) decide.
 
 Sizes: "none" (every row 1), "int" (1..4: exact sums in any order) or "frac" (non-integer: sizes compared within
-float32 rounding).
+float32 rounding). skip: "" (x is the rows merged), "skip" or "skip-bias" (the op adds the attention branch, and
+its bias, to x first: `make_skip_inputs`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from raggedvit.pruning.merge import merge_sets, merge_widths, merged_count
 
 __all__ = ["MARGIN", "MERGE_CASES", "MERGE_SLOW_CASES", "MergeCase", "compare_merge", "decision_margins",
-           "make_merge_inputs"]  # fmt: skip
+           "make_merge_inputs", "make_skip_inputs"]  # fmt: skip
 
 MARGIN = 2e-6  # decisions closer than this (float64 scores) may differ between two float32 computations
 
@@ -46,6 +47,7 @@ class MergeCase(NamedTuple):
     C: int = 0  # 0: H * Dh
     config: tuple[int, int] | None = None  # launch_merge's (NP, num_warps) instead of the width's
     nan: str = ""  # "a" / "b": one k entry of an A / B row of the last image is NaN (its scores are NaN)
+    skip: str = ""  # "" | "skip" | "skip-bias": the fused attention residual's inputs (make_skip_inputs)
 
 
 MERGE_CASES = [
@@ -67,6 +69,8 @@ MERGE_CASES = [
     MergeCase("b1-small", 1, 9, 1, 16, 1, 2, True, size="none"),
     MergeCase("nan-a-row", 2, 41, 2, 32, 1, 6, False, nan="a"),  # that row ranks first (torch: NaN is the largest)
     MergeCase("nan-b-row", 2, 41, 2, 32, 1, 6, True, torch.float16, nan="b"),  # every A row of the image matches it
+    MergeCase("skip-bias-fp16", 3, 41, 2, 32, 1, 7, True, torch.float16, skip="skip-bias"),
+    MergeCase("skip-order", 2, 40, 2, 32, 0, 9, False, skip="skip"),
 ]
 MERGE_SLOW_CASES = [
     MergeCase("n577-fp16", 1, 577, 6, 64, 1, 40, True, torch.float16),  # NP 512: 5 A tiles, 9 B tiles, 3 chunks
@@ -103,6 +107,19 @@ def make_merge_inputs(case: MergeCase, seed: int = 0):
         size = torch.rand(T, generator=gen) * 3 + 0.5
     cu = torch.arange(B + 1, dtype=torch.int64) * n
     return x.to(case.dtype), qkv.to(case.dtype), bias.to(case.dtype) if case.bias else None, size, cu
+
+
+def make_skip_inputs(case: MergeCase, seed: int = 0) -> dict[str, torch.Tensor]:
+    """{"skip": [T, C], "skip_bias": [C]} in the case's dtype as its `skip` asks ({} for "", no skip_bias for
+    "skip"): keyword arguments of merge_tokens_reference and launch_merge."""
+    if not case.skip:
+        return {}
+    gen = torch.Generator().manual_seed(seed + 1000)
+    T, C = case.B * case.n, case.C or case.H * case.Dh
+    out = {"skip": torch.randn(T, C, generator=gen).to(case.dtype)}
+    if case.skip == "skip-bias":
+        out["skip_bias"] = torch.randn(C, generator=gen).to(case.dtype)
+    return out
 
 
 def _planted_keys(gen: torch.Generator, B: int, n: int, p: int, Dh: int) -> torch.Tensor:

@@ -228,7 +228,7 @@ def select_model(
     return model_bytes(helper.make_graph([node], "ragged_select", inputs, outputs))
 
 
-MERGE_INPUTS = ("x", "qkv", "qkv_bias", "size", "cu")  # RaggedMerge's input order
+MERGE_INPUTS = ("x", "qkv", "qkv_bias", "size", "cu", "skip", "skip_bias")  # RaggedMerge's input order
 MERGE_OUTPUTS = ("x_out", "size_out", "cu_out", "src", "key_bias", "score")  # and its output order
 _MERGE_OUTPUT_ELEMS = (None, TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT64, TensorProto.FLOAT,
                        TensorProto.FLOAT)  # fmt: skip
@@ -240,26 +240,42 @@ def merge_model(
     *,
     qkv_bias: bool = False,
     size: bool = False,
+    skip: bool = False,
+    skip_bias: bool = False,
+    adds: bool = False,
     elems: dict[str, int] | None = None,
     any_rank: bool = False,
 ) -> bytes:
-    """One RaggedMerge node: x [T, C], qkv [T, W] (, qkv_bias [W]) (, size [T] float), cu [B1] int64 -> x_out [R, C],
-    size_out [R], cu_out [B1], src [R], key_bias [R], score [S], element type `elem` for x, qkv, qkv_bias and x_out.
+    """One RaggedMerge node: x [T, C], qkv [T, W] (, qkv_bias [W]) (, size [T] float), cu [B1] int64 (, skip [T, C])
+    (, skip_bias [C]) -> x_out [R, C], size_out [R], cu_out [B1], src [R], key_bias [R], score [S], element type
+    `elem` for x, qkv, qkv_bias, skip, skip_bias and x_out.
 
     attrs are written as given (num_heads, num_prefix, r, class_token; ints and floats as typed, to test the op's
     checks); absent optional inputs are empty names; elems overrides an input's element type; any_rank declares the
-    inputs without a shape (bad ranks reach the op)."""
-    present = {"qkv_bias": qkv_bias, "size": size}
+    inputs without a shape (bad ranks reach the op). adds: skip and skip_bias are graph inputs that two ONNX Adds
+    join to x before the node (x + (skip + skip_bias): the graph the exporter's merge_residual fuses)."""
+    present = {"qkv_bias": qkv_bias, "size": size, "skip": skip, "skip_bias": skip_bias}
     names = [n if present.get(n, True) else "" for n in MERGE_INPUTS]
+    while not names[-1]:  # trailing absent inputs: left out
+        names.pop()
     types = {n: elem for n in MERGE_INPUTS} | {"size": TensorProto.FLOAT, "cu": TensorProto.INT64} | (elems or {})
-    declared = {"x": ["T", "C"], "qkv": ["T", "W"], "qkv_bias": ["W"], "size": ["T"], "cu": ["B1"]}
-    node = helper.make_node("RaggedMerge", names, list(MERGE_OUTPUTS), domain="com.raggedvit", **attrs)
+    declared = {"x": ["T", "C"], "qkv": ["T", "W"], "qkv_bias": ["W"], "size": ["T"], "cu": ["B1"], "skip": ["T", "C"],
+                "skip_bias": ["C"]}  # fmt: skip
     inputs = [helper.make_tensor_value_info(n, types[n], None if any_rank else declared[n]) for n in names if n]
+    nodes = []
+    if adds:
+        branch = "skip"
+        if skip_bias:
+            nodes.append(helper.make_node("Add", ["skip", "skip_bias"], ["branch"]))
+            branch = "branch"
+        nodes.append(helper.make_node("Add", ["x", branch], ["residual"]))
+        names = ["residual", *names[1:5]]
+    nodes.append(helper.make_node("RaggedMerge", names, list(MERGE_OUTPUTS), domain="com.raggedvit", **attrs))
     outputs = [
         helper.make_tensor_value_info(n, types["x"] if e is None else e, None)
         for n, e in zip(MERGE_OUTPUTS, _MERGE_OUTPUT_ELEMS)
     ]
-    return model_bytes(helper.make_graph([node], "ragged_merge", inputs, outputs))
+    return model_bytes(helper.make_graph(nodes, "ragged_merge", inputs, outputs))
 
 
 def chained_model(

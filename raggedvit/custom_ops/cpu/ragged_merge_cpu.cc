@@ -6,6 +6,9 @@
 // (score, A index): no allocation), then the output rows. A B row's value is (x_B s_B + sum x_a s_a) / (s_B +
 // sum s_a) in float32 with the merged rows summed in merge order (most similar first), as merge_rows writes it.
 //
+// With skip (the block's attention branch, and its bias) the task first forms its image's rows x + (skip + bias), each
+// sum in float32 rounded to T (merge.residual_rows: the two ONNX Adds the exporter folded in), in a per-thread buffer.
+//
 // Scores are ordered as torch orders them: -0 = +0, NaN above everything (torch.max and torch.sort both treat NaN
 // as the largest value), so NaN keys merge first instead of breaking the sort.
 #include "ragged_merge_cpu.h"
@@ -117,6 +120,8 @@ struct Scratch {
 template <typename T>
 struct Job {
   const T *x, *qkv;
+  const T* skip;          // [T, C] or nullptr
+  const float* skip_bias;  // [C] as float, or nullptr
   const float* k_bias;  // the k part of qkv_bias as float [H*Dh], or nullptr
   const float* size;            // nullptr: every row 1
   T* x_out;
@@ -188,6 +193,24 @@ void BestMatches(const Job<T>& job, int64_t rows_a, int64_t cols_b, Scratch& s) 
   }
 }
 
+// The image's n rows that merge, [n, C] from input row in0: x itself, or x + (skip + skip_bias) in a per-thread buffer
+// (each sum in float32, rounded to T: merge.residual_rows).
+template <typename T>
+const T* ImageRows(const Job<T>& job, int64_t in0) {
+  const int64_t C = job.d.C;
+  const T* x = job.x + in0 * C;
+  if (job.skip == nullptr) return x;
+  thread_local std::vector<T> rows;
+  rows.resize(static_cast<size_t>(job.d.n * C));
+  const T* skip = job.skip + in0 * C;
+  for (int64_t i = 0; i < job.d.n * C; ++i) {
+    T branch = skip[i];
+    if (job.skip_bias != nullptr) branch = FromFloat<T>(ToFloat(branch) + job.skip_bias[i % C]);
+    rows[static_cast<size_t>(i)] = FromFloat<T>(ToFloat(x[i]) + ToFloat(branch));
+  }
+  return rows.data();
+}
+
 template <typename T>
 void MergeImage(const Job<T>& job, int64_t b) {
   const MergeDims& d = job.d;
@@ -195,6 +218,7 @@ void MergeImage(const Job<T>& job, int64_t b) {
   const int64_t rows_a = RoundUp(nA, kScoreRows), cols_b = RoundUp(nB, kScoreCols);
   thread_local Scratch s;
   const int64_t in0 = b * n, out0 = b * m;  // first input / output row of the image
+  const T* x = ImageRows(job, in0);         // x[t * C]: the image's row t
   MetricRows(job, job.qkv + in0 * 3 * d.H * d.Dh, rows_a, cols_b, s);
   BestMatches(job, rows_a, cols_b, s);
 
@@ -234,7 +258,7 @@ void MergeImage(const Job<T>& job, int64_t b) {
 
   auto size_of = [&job, in0](int64_t t) { return job.size != nullptr ? job.size[in0 + t] : 1.0f; };
   auto copy_row = [&](int64_t o, int64_t t) {  // output row o of the image <- input row t, unchanged
-    std::memcpy(job.x_out + (out0 + o) * C, job.x + (in0 + t) * C, static_cast<size_t>(C) * sizeof(T));
+    std::memcpy(job.x_out + (out0 + o) * C, x + t * C, static_cast<size_t>(C) * sizeof(T));
     job.size_out[out0 + o] = size_of(t);
     job.src[out0 + o] = in0 + t;
   };
@@ -250,12 +274,12 @@ void MergeImage(const Job<T>& job, int64_t b) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t ta = d.a0 + 2 * s.merged_into[static_cast<size_t>(k)];
       const float sa = size_of(ta);
-      const T* xa = job.x + (in0 + ta) * C;
+      const T* xa = x + ta * C;
       for (int64_t c = 0; c < C; ++c) acc[c] += ToFloat(xa[c]) * sa;
       merged_size += sa;
     }
     const float sb = size_of(t), total = sb + merged_size;
-    const T* xb = job.x + (in0 + t) * C;
+    const T* xb = x + t * C;
     T* out = job.x_out + (out0 + o) * C;
     for (int64_t c = 0; c < C; ++c) out[c] = FromFloat<T>((ToFloat(xb[c]) * sb + acc[c]) / total);
     job.size_out[out0 + o] = total;
@@ -295,6 +319,15 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const MergeAttrs& attrs, const Mer
     job.k_bias = k_bias.data();
   }
   job.size = v.info.has_size ? v.size.GetTensorData<float>() : nullptr;
+  job.skip = v.info.has_skip ? v.skip.GetTensorData<T>() : nullptr;
+  job.skip_bias = nullptr;
+  if (v.info.has_skip_bias) {  // as float, once per call
+    thread_local std::vector<float> skip_bias;
+    const T* bias = v.skip_bias.GetTensorData<T>();
+    skip_bias.resize(static_cast<size_t>(d.C));
+    for (int64_t c = 0; c < d.C; ++c) skip_bias[static_cast<size_t>(c)] = ToFloat(bias[c]);
+    job.skip_bias = skip_bias.data();
+  }
   job.x_out = ctx.GetOutput(kMergeXOut, {rows, d.C}).GetTensorMutableData<T>();
   job.size_out = ctx.GetOutput(kMergeSizeOut, {rows}).GetTensorMutableData<float>();
   int64_t* cu_out = ctx.GetOutput(kMergeCuOut, {d.B + 1}).GetTensorMutableData<int64_t>();

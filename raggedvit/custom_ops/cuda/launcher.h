@@ -245,11 +245,13 @@ extern const MergeImage kMergeImages[];
 extern const size_t kNumMergeImages;
 
 struct MergeLaunch {
-  DType dtype = DType::kFloat16;  // of x / qkv / qkv_bias / x_out: fp16 or fp32 (the compiled dtypes)
+  DType dtype = DType::kFloat16;  // of x / qkv / qkv_bias / skip / skip_bias / x_out: fp16 or fp32 (compiled)
   const void* x = nullptr;         // [T, C] device
   const void* qkv = nullptr;       // [T, 3*H*Dh] device
   const void* qkv_bias = nullptr;  // [3*H*Dh] device or nullptr
   const void* size = nullptr;      // [T] fp32 device or nullptr (every row one token)
+  const void* skip = nullptr;      // [T, C] device or nullptr: the rows merged are x + (skip + skip_bias)
+  const void* skip_bias = nullptr;  // [C] device or nullptr (only with skip)
   void* x_out = nullptr;           // [B*m, C] device, m = n - r_eff
   void* size_out = nullptr;        // [B*m] fp32 device
   void* cu_out = nullptr;          // [B+1] int64 device

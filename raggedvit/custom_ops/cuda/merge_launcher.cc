@@ -90,9 +90,13 @@ std::string CheckMergeSupported(const MergeLaunch& m) {
            ", num_prefix = " + std::to_string(m.num_prefix) + ") exceed the widest compiled width of this library (" +
            std::to_string(widest) + ")";
   }
-  const void* ptrs[] = {m.x, m.qkv, m.qkv_bias, m.size, m.x_out, m.size_out, m.cu_out, m.src, m.key_bias, m.score};
-  const char* names[] = {"x", "qkv", "qkv_bias", "size", "x_out", "size_out", "cu_out", "src", "key_bias", "score"};
-  for (int i = 0; i < 10; ++i) {
+  if (m.skip_bias != nullptr && m.skip == nullptr) return "skip_bias is given without skip";
+  const void* ptrs[] = {m.x,      m.qkv,    m.qkv_bias, m.size,     m.skip, m.skip_bias,
+                        m.x_out,  m.size_out, m.cu_out, m.src,      m.key_bias, m.score};
+  const char* names[] = {"x",     "qkv",      "qkv_bias", "size", "skip",     "skip_bias",
+                         "x_out", "size_out", "cu_out",   "src",  "key_bias", "score"};
+  static_assert(sizeof(ptrs) / sizeof(ptrs[0]) == sizeof(names) / sizeof(names[0]), "one name per buffer");
+  for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i) {
     if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) {
       return std::string("device buffer '") + names[i] + "' is not 16-byte aligned";
     }
@@ -127,6 +131,8 @@ std::string LaunchRaggedMerge(const MergeLaunch& m) {
   CUdeviceptr x = reinterpret_cast<CUdeviceptr>(m.x), qkv = reinterpret_cast<CUdeviceptr>(m.qkv);
   CUdeviceptr bias = reinterpret_cast<CUdeviceptr>(m.qkv_bias != nullptr ? m.qkv_bias : m.qkv);
   CUdeviceptr size = reinterpret_cast<CUdeviceptr>(m.size != nullptr ? m.size : m.size_out);
+  CUdeviceptr skip = reinterpret_cast<CUdeviceptr>(m.skip != nullptr ? m.skip : m.x);
+  CUdeviceptr skip_bias = reinterpret_cast<CUdeviceptr>(m.skip_bias != nullptr ? m.skip_bias : m.x);
   CUdeviceptr x_out = reinterpret_cast<CUdeviceptr>(m.x_out), size_out = reinterpret_cast<CUdeviceptr>(m.size_out);
   CUdeviceptr cu_out = reinterpret_cast<CUdeviceptr>(m.cu_out), src = reinterpret_cast<CUdeviceptr>(m.src);
   CUdeviceptr key_bias = reinterpret_cast<CUdeviceptr>(m.key_bias), score = reinterpret_cast<CUdeviceptr>(m.score);
@@ -135,8 +141,11 @@ std::string LaunchRaggedMerge(const MergeLaunch& m) {
   int32_t n32 = static_cast<int32_t>(n), C = static_cast<int32_t>(m.C), H = static_cast<int32_t>(m.H);
   int32_t Dh = static_cast<int32_t>(m.Dh), p = static_cast<int32_t>(m.num_prefix), r32 = static_cast<int32_t>(r);
   int32_t has_bias = m.qkv_bias != nullptr, has_size = m.size != nullptr, class_token = m.class_token ? 1 : 0;
-  void* args[] = {&x,  &qkv, &bias, &size, &x_out,    &size_out, &cu_out,      &src,    &key_bias,       &score, &n32,
-                  &C,  &H,   &Dh,   &p,    &r32,      &has_bias, &has_size,    &class_token, &scratch, &profile_scratch};
+  int32_t has_skip = m.skip != nullptr, has_skip_bias = m.skip_bias != nullptr;
+  void* args[] = {&x,         &qkv,      &bias,        &size,    &skip,     &skip_bias,     &x_out, &size_out,
+                  &cu_out,    &src,      &key_bias,    &score,   &n32,      &C,             &H,     &Dh,
+                  &p,         &r32,      &has_bias,    &has_size, &has_skip, &has_skip_bias, &class_token,
+                  &scratch,   &profile_scratch};
   const int count = static_cast<int>(sizeof(args) / sizeof(void*));
   if (im.num_params != count) {
     return std::string(im.function_name) + ": cubin expects " + std::to_string(im.num_params) +

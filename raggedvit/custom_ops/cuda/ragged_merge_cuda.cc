@@ -26,6 +26,8 @@ OrtStatusPtr RaggedMergeCudaKernel::ComputeV2(OrtKernelContext* context) {
         l.qkv = v.qkv.GetTensorRawData();
         if (v.info.has_qkv_bias) l.qkv_bias = v.qkv_bias.GetTensorRawData();
         if (v.info.has_size) l.size = v.size.GetTensorRawData();
+        if (v.info.has_skip) l.skip = v.skip.GetTensorRawData();
+        if (v.info.has_skip_bias) l.skip_bias = v.skip_bias.GetTensorRawData();
         l.x_out = ctx.GetOutput(kMergeXOut, {rows, d.C}).GetTensorMutableRawData();
         l.size_out = ctx.GetOutput(kMergeSizeOut, {rows}).GetTensorMutableRawData();
         l.cu_out = ctx.GetOutput(kMergeCuOut, {d.B + 1}).GetTensorMutableRawData();

@@ -1,6 +1,6 @@
 """Graph rewrites on the traced model: the fusions ONNX Runtime does not find by itself in a traced ViT.
 
-One module per rule family (`passes`, `embedding`, `gelu`, `layer_norm`, `index`), each rule small, named and
+One module per rule family (`passes`, `embedding`, `gelu`, `layer_norm`, `merge`, `index`), each rule small, named and
 tested on its own (tests/exporter/rules/). `PIPELINE` is the order `fuse_for_ort` applies them in, one `Step` per
 pass or rule set with the reason it runs where it does (DESIGN.md section 5). Rule sets run one after another: every
 match of a set is rewritten before the next set looks at the graph.
@@ -25,6 +25,7 @@ from raggedvit.exporter.rules.layer_norm import (
     RaggedLinearSkipLayerNorm,
     SkipLayerNorm,
 )
+from raggedvit.exporter.rules.merge import merge_residual
 from raggedvit.exporter.rules.passes import drop_unused_outputs, fold_weight_layout, gemm_to_matmul
 
 __all__ = ["PIPELINE", "Step", "fuse_for_ort", "rule_names", "untyped_values"]
@@ -66,6 +67,12 @@ PIPELINE: tuple[Step, ...] = (
         "drop_unused_outputs",
         "independent of the rules; early so that no rule sees an unread cls_attn output",
         run=drop_unused_outputs,
+    ),
+    Step(
+        "merge_residual",
+        "after gemm_to_matmul, whose bias Add it folds with the residual Add into a RaggedMerge; no other rule "
+        "matches these Adds (no LayerNormalization reads their sum)",
+        run=merge_residual,
     ),
     Step(
         "patch_bias_into_position",
