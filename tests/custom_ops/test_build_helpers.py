@@ -194,10 +194,13 @@ def test_merge_plan_signature_and_table(tmp_path):
     }  # fmt: skip
     job = next(j for j in jobs if j.dtype == "fp32" and j.arch == 90)
     sig, consts = job.signature()
-    assert list(sig)[:10] == ["X", "QKV", "Bias", "Size", "XOut", "SizeOut", "CuOut", "Src", "KeyBias", "Score"]
-    assert sig["X"] == sig["QKV"] == sig["Bias"] == sig["XOut"] == "*fp32" and sig["CuOut"] == sig["Src"] == "*i64"
+    assert list(sig)[:12] == ["X", "QKV", "Bias", "Size", "Skip", "SkipBias", "XOut", "SizeOut", "CuOut", "Src",
+                              "KeyBias", "Score"]  # fmt: skip
+    assert sig["X"] == sig["QKV"] == sig["Bias"] == sig["Skip"] == sig["SkipBias"] == sig["XOut"] == "*fp32"
+    assert sig["CuOut"] == sig["Src"] == "*i64"
     assert sig["Size"] == sig["SizeOut"] == sig["KeyBias"] == sig["Score"] == "*fp32"
-    assert all(sig[n] == "i32" for n in ("n", "C", "H", "Dh", "num_prefix", "r", "has_bias", "has_size", "class_token"))
+    ints = ("n", "C", "H", "Dh", "num_prefix", "r", "has_bias", "has_size", "has_skip", "has_skip_bias", "class_token")
+    assert all(sig[n] == "i32" for n in ints)
     assert consts == {"NP": job.width, "BLOCK_D": job.block_d, "BLOCK_A": mk.MERGE_BLOCK_A,
                       "BLOCK_B": mk.MERGE_BLOCK_B, "BLOCK_M": mk.MERGE_BLOCK_M, "BLOCK_ROWS": mk.MERGE_BLOCK_ROWS,
                       "BLOCK_C": mk.MERGE_ROW_BYTES // 4}  # fmt: skip

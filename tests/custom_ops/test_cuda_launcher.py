@@ -716,27 +716,31 @@ def test_embed_empty_launches_nothing(harness, tmp_path):
     assert res == ["OK"] * 4 and not launches(log)
 
 
-def merge(*, dtype=1, T=394, B=2, C=384, H=6, Dh=64, num_prefix=1, r=8, class_token=1, bias=1, size=1, misalign=0):
-    """misalign i > 0: the i-th buffer of x, qkv, qkv_bias, size, x_out, size_out, cu_out, src, key_bias, score is
-    8 bytes off."""
-    return f"M {dtype} {T} {B} {C} {H} {Dh} {num_prefix} {r} {class_token} {bias} {size} {misalign}"
+def merge(*, dtype=1, T=394, B=2, C=384, H=6, Dh=64, num_prefix=1, r=8, class_token=1, bias=1, size=1, skip=0,
+          skip_bias=0, misalign=0):  # fmt: skip
+    """misalign i > 0: the i-th buffer of x, qkv, qkv_bias, size, skip, skip_bias, x_out, size_out, cu_out, src,
+    key_bias, score is 8 bytes off."""
+    return (f"M {dtype} {T} {B} {C} {H} {Dh} {num_prefix} {r} {class_token} {bias} {size} {skip} {skip_bias} "
+            f"{misalign}")  # fmt: skip
 
 
 def test_merge_launch_parameters(harness, tmp_path):
-    res, log = run(harness, tmp_path, [merge(), merge(T=394, B=2, bias=0, size=0, class_token=0, r=1000)])
-    assert res == ["OK", "OK"]
-    first, second = launches(log)
+    res, log = run(harness, tmp_path, [merge(), merge(T=394, B=2, bias=0, size=0, class_token=0, r=1000),
+                                       merge(skip=1, skip_bias=1)])  # fmt: skip
+    assert res == ["OK", "OK", "OK"]
+    first, second, third = launches(log)
     # n = 197, p = 1: n_A = 98 -> width 128, Dh 64 -> d64; grid (B,), 32 * the image's num_warps threads
     assert first["name"] == "_ragged_merge" and first["image"] == "merge/kFloat16/sm90/w128/d64"
     assert first["grid"] == "2,1,1" and first["block"] == "256,1,1" and first["smem"] == "24576"
     assert first["stream"] == "5000"
-    # X, QKV, Bias, Size, XOut, SizeOut, CuOut, Src, KeyBias, Score, n, C, H, Dh, num_prefix, r, has_bias, has_size,
-    # class_token, global/profile scratch
-    ptrs = "a00000,a80000,b00000,b40000,c00000,c80000,cc0000,d00000,d80000,e00000"
-    assert first["args"] == f"{ptrs},197,384,6,64,1,8,1,1,1,0,0"
+    # X, QKV, Bias, Size, Skip, SkipBias, XOut, SizeOut, CuOut, Src, KeyBias, Score, n, C, H, Dh, num_prefix, r,
+    # has_bias, has_size, has_skip, has_skip_bias, class_token, global/profile scratch; absent skip / skip_bias: x's
+    # pointer (never read, flags 0)
+    outs = "c00000,c80000,cc0000,d00000,d80000,e00000"
+    assert first["args"] == f"a00000,a80000,b00000,b40000,a00000,a00000,{outs},197,384,6,64,1,8,1,1,0,0,1,0,0"
     # absent bias / size: qkv's and size_out's pointers (never read, flags 0); r above n passed as n (int32)
-    ptrs = "a00000,a80000,a80000,c80000,c00000,c80000,cc0000,d00000,d80000,e00000"
-    assert second["args"] == f"{ptrs},197,384,6,64,1,197,0,0,0,0,0"
+    assert second["args"] == f"a00000,a80000,a80000,c80000,a00000,a00000,{outs},197,384,6,64,1,197,0,0,0,0,0,0,0"
+    assert third["args"] == f"a00000,a80000,b00000,b40000,b80000,bc0000,{outs},197,384,6,64,1,8,1,1,1,1,1,0,0"
     assert len([x for x in log if x.startswith("load")]) == 1  # one module per image and context
 
 
@@ -778,7 +782,7 @@ def test_merge_cubin_choice_by_compute_capability(harness, tmp_path, arch, image
     [
         ({}, {"FAKE_CUDA_ARCH": "70"}, "no RaggedMerge cubin for sm_70 fp16 (n_A = 98, Dh = 64) in this library"),
         ({"T": 260, "B": 1}, {"FAKE_CUDA_ARCH": "80"}, "no RaggedMerge cubin for sm_80 fp16 (n_A = 129, Dh = 64)"),
-        ({"dtype": 0}, {}, "_ragged_merge: cubin expects 20 parameters, launcher passes 21"),
+        ({"dtype": 0}, {}, "_ragged_merge: cubin expects 24 parameters, launcher passes 25"),
         ({"dtype": 2}, {}, "element type bf16 has no CUDA merge kernel (float16 and float do)"),
         ({"B": 0}, {}, "sizes must be T >= 0, B >= 1, C >= 0, H >= 1, Dh >= 1, num_prefix >= 0, r >= 0, got T = 394"),
         ({"T": -1}, {}, "sizes must be"),
@@ -794,7 +798,10 @@ def test_merge_cubin_choice_by_compute_capability(harness, tmp_path, arch, image
         ({"T": 2**31, "B": 1}, {}, "exceed the int32 sizes of the kernel"),
         ({"misalign": 1}, {}, "device buffer 'x' is not 16-byte aligned"),
         ({"misalign": 3}, {}, "device buffer 'qkv_bias' is not 16-byte aligned"),
-        ({"misalign": 10}, {}, "device buffer 'score' is not 16-byte aligned"),
+        ({"skip": 1, "skip_bias": 1, "misalign": 5}, {}, "device buffer 'skip' is not 16-byte aligned"),
+        ({"skip": 1, "skip_bias": 1, "misalign": 6}, {}, "device buffer 'skip_bias' is not 16-byte aligned"),
+        ({"misalign": 12}, {}, "device buffer 'score' is not 16-byte aligned"),
+        ({"skip_bias": 1}, {}, "skip_bias is given without skip"),
         ({}, {"FAKE_CUDA_LAUNCH_ERR": "700"}, "cuLaunchKernel(_ragged_merge) failed: CUDA_ERROR_ILLEGAL_ADDRESS"),
         ({}, {"FAKE_CUDA_LOAD_ERR": "209"}, "cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU (209)"),
     ],
@@ -810,4 +817,4 @@ def test_merge_empty_images_still_write_cu_out(harness, tmp_path):
     res, log = run(harness, tmp_path, [merge(T=0, B=3, num_prefix=0)])
     assert res == ["OK"]
     (launch,) = launches(log)
-    assert launch["grid"] == "3,1,1" and launch["args"].endswith(",0,384,6,64,0,0,1,1,1,0,0")
+    assert launch["grid"] == "3,1,1" and launch["args"].endswith(",0,384,6,64,0,0,1,1,0,0,1,0,0")

@@ -167,10 +167,10 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
      select scatter: 7 pointers (Scores, CU, K, Src, CuNew, SeqId, Pos), then 5 int32s; bias gelu: 3 pointers (X,
      Bias, Y), then 3 int32s; gather layer norm: 9 pointers (X, Skip, Bias, Index, Gamma, Beta, CU, N, Sum), then T,
      R, D, B, eps (fp32 bits), has_skip, has_bias, has_live; patch embed: 5 pointers (Img, W, Prefix, Pos, Out), then 10 int32s; merge:
-     10 pointers (X, QKV, Bias, Size, XOut, SizeOut, CuOut, Src, KeyBias, Score), then 9 int32s; then Triton's 2
-     scratch pointers */
-  int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 9 : (embed ? 5 : (scatter ? 7 : (merge ? 10 : 8)))));
-  int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd ? 11 : 9))))));
+     12 pointers (X, QKV, Bias, Size, Skip, SkipBias, XOut, SizeOut, CuOut, Src, KeyBias, Score), then 11 int32s;
+     then Triton's 2 scratch pointers */
+  int n_ptr = linear ? 6 : (count || gelu ? 3 : (norm ? 9 : (embed ? 5 : (scatter ? 7 : (merge ? 12 : 8)))));
+  int n_int = linear ? 8 : (count ? 7 : (scatter ? 5 : (gelu ? 3 : (norm ? 8 : (embed ? 10 : (fwd || merge ? 11 : 9))))));
   char args[1024];
   int pos = 0;
   if (strcmp(fn->name, "_ragged_linear_tma") == 0) {

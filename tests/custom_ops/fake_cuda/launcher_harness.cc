@@ -10,8 +10,9 @@
 //        i-th buffer of scores, cu, k, src, cu_new, seq_id, pos 8 bytes off)
 //        or a PatchEmbed launch: E dtype B C H W patch P N misalign   (misalign i > 0: the i-th buffer of Images,
 //        Weight, Prefix, Pos, Out 8 bytes off)
-//        or a RaggedMerge launch: M dtype T B C H Dh num_prefix r class_token bias size misalign   (misalign i > 0:
-//        the i-th buffer of x, qkv, qkv_bias, size, x_out, size_out, cu_out, src, key_bias, score 8 bytes off)
+//        or a RaggedMerge launch: M dtype T B C H Dh num_prefix r class_token bias size skip skip_bias misalign
+//        (misalign i > 0: the i-th buffer of x, qkv, qkv_bias, size, skip, skip_bias, x_out, size_out, cu_out, src,
+//        key_bias, score 8 bytes off)
 // stdout: "OK" or "ERR <message>" per line.
 #include <cstdint>
 #include <iostream>
@@ -191,12 +192,12 @@ namespace {
 // smallest width >= n_A, then the smallest block_d >= Dh); fp16 on sm_80: width 128 / d64 only, with other warps;
 // fp32 on sm_90 with a wrong parameter count; no bf16 image
 const MergeImage kMergeImages[] = {
-    MRG(kFloat16, 90, 2048, 64, 16, 24576, 21),
-    MRG(kFloat16, 90, 128, 128, 8, 49152, 21),
-    MRG(kFloat16, 90, 128, 64, 8, 24576, 21),
-    MRG(kFloat16, 90, 512, 64, 8, 24576, 21),
-    MRG(kFloat16, 80, 128, 64, 4, 24576, 21),
-    MRG(kFloat32, 90, 128, 64, 8, 24576, 20),
+    MRG(kFloat16, 90, 2048, 64, 16, 24576, 25),
+    MRG(kFloat16, 90, 128, 128, 8, 49152, 25),
+    MRG(kFloat16, 90, 128, 64, 8, 24576, 25),
+    MRG(kFloat16, 90, 512, 64, 8, 24576, 25),
+    MRG(kFloat16, 80, 128, 64, 4, 24576, 25),
+    MRG(kFloat32, 90, 128, 64, 8, 24576, 24),
 };
 const size_t kNumMergeImages = sizeof(kMergeImages) / sizeof(kMergeImages[0]);
 const char* const kBuildInfoJson = "{}";
@@ -284,25 +285,27 @@ int main() {
     }
     if (line[0] == 'M') {
       std::string tag;
-      int dtype, class_token, bias, size, misalign;
+      int dtype, class_token, bias, size, skip, skip_bias, misalign;
       MergeLaunch m;
       in >> tag >> dtype >> m.T >> m.B >> m.C >> m.H >> m.Dh >> m.num_prefix >> m.r >> class_token >> bias >> size >>
-          misalign;
+          skip >> skip_bias >> misalign;
       m.dtype = static_cast<DType>(dtype);
       m.class_token = class_token != 0;
-      uintptr_t addr[10] = {0xa00000, 0xa80000, 0xb00000, 0xb40000, 0xc00000,
-                            0xc80000, 0xcc0000, 0xd00000, 0xd80000, 0xe00000};
-      if (misalign > 0 && misalign <= 10) addr[misalign - 1] += 8;
+      uintptr_t addr[12] = {0xa00000, 0xa80000, 0xb00000, 0xb40000, 0xb80000, 0xbc0000,
+                            0xc00000, 0xc80000, 0xcc0000, 0xd00000, 0xd80000, 0xe00000};
+      if (misalign > 0 && misalign <= 12) addr[misalign - 1] += 8;
       m.x = reinterpret_cast<const void*>(addr[0]);
       m.qkv = reinterpret_cast<const void*>(addr[1]);
       if (bias) m.qkv_bias = reinterpret_cast<const void*>(addr[2]);
       if (size) m.size = reinterpret_cast<const void*>(addr[3]);
-      m.x_out = reinterpret_cast<void*>(addr[4]);
-      m.size_out = reinterpret_cast<void*>(addr[5]);
-      m.cu_out = reinterpret_cast<void*>(addr[6]);
-      m.src = reinterpret_cast<void*>(addr[7]);
-      m.key_bias = reinterpret_cast<void*>(addr[8]);
-      m.score = reinterpret_cast<void*>(addr[9]);
+      if (skip) m.skip = reinterpret_cast<const void*>(addr[4]);
+      if (skip_bias) m.skip_bias = reinterpret_cast<const void*>(addr[5]);
+      m.x_out = reinterpret_cast<void*>(addr[6]);
+      m.size_out = reinterpret_cast<void*>(addr[7]);
+      m.cu_out = reinterpret_cast<void*>(addr[8]);
+      m.src = reinterpret_cast<void*>(addr[9]);
+      m.key_bias = reinterpret_cast<void*>(addr[10]);
+      m.score = reinterpret_cast<void*>(addr[11]);
       m.stream = reinterpret_cast<void*>(uintptr_t{0x5000});
       std::string err = LaunchRaggedMerge(m);
       std::cout << (err.empty() ? "OK" : "ERR " + err) << std::endl;

@@ -62,7 +62,7 @@ OP_INPUTS = {
     "BiasGelu": (("X", "Bias"), (0,)),
     "GatherLayerNorm": (("X", "Index", "Gamma", "Beta", "Skip", "Bias", "CuSeqlens"), (0, 1, 2, 3)),
     "PatchEmbed": (("Images", "Weight", "Prefix", "Pos"), (0, 1, 2, 3)),
-    "RaggedMerge": (("x", "qkv", "qkv_bias", "size", "cu"), (0, 1, 4)),
+    "RaggedMerge": (("x", "qkv", "qkv_bias", "size", "cu", "skip", "skip_bias"), (0, 1, 4)),
 }
 
 
