@@ -34,8 +34,11 @@ def _commit() -> str | None:
 
 
 def environment() -> dict[str, Any]:
-    """GPU (name, driver), package versions, date (UTC), commit (env RAGGEDVIT_COMMIT or git), host."""
+    """GPU (name, driver), CPU (model and cores), package versions, date (UTC), commit (env RAGGEDVIT_COMMIT or git),
+    host."""
     import torch
+
+    from raggedvit.timing import cpu_name
 
     gpu = None
     if torch.cuda.is_available():
@@ -55,6 +58,7 @@ def environment() -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": _commit(),
         "gpu": gpu,
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "cpu_cores": os.cpu_count(),
         "packages": {name: _version(name) for name in _PACKAGES},

@@ -4,7 +4,8 @@
 
 The traced merge is `merge_tokens_reference` exported as the exporter exports a tome stage (torch.onnx dynamo, the
 exporter's translations and opset, optimize); the fused one is a single RaggedMerge node. deit_small sizes (n = 197,
-C = 384, H = 6, Dh = 64, one class token, r = 8), float32, qkv bias and sizes given, B = 1 and 8. Both run on the
+C = 384, H = 6, Dh = 64, one class token, r = 8: tests/support/merge_cases.py's deit_small cases), float32, qkv bias
+and sizes given, B = 1 and 8. Both run on the
 CPU EP with one intra-op thread (ORT runs the graph on the calling thread), inputs and outputs bound once; the
 per-call time is the minimum over rounds of the calling thread's CPU time (other load on a shared machine barely
 moves it) and of the wall time. Writes merge_op_cpu.json under --out (overwritten in place) and prints a table.
@@ -13,10 +14,7 @@ moves it) and of the wall time. Writes merge_op_cpu.json under --out (overwritte
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 import time
 import warnings
@@ -26,27 +24,34 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto
 
-from benchmarks.env import result_path
+from benchmarks.env import environment, result_path
 from raggedvit.exporter.checks import OPSET
 from raggedvit.exporter.translations import TRANSLATIONS
 from raggedvit.pruning.merge import merge_tokens_reference
 from raggedvit.runtime import create_session
+from tests.support.merge_cases import MERGE_CASES, make_merge_inputs, merge_attrs
 from tests.support.ort_models import MERGE_INPUTS, MERGE_OUTPUTS, merge_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-N, C, H, DH, PREFIX, R = 197, 384, 6, 64, 1, 8
+CASES = {case.B: case for case in MERGE_CASES if case.name.startswith("deit_small-")}  # B = 1 and 8
+_INPUTS = MERGE_INPUTS[:5]  # x, qkv, qkv_bias, size, cu (no fused residual: the traced merge has none either)
 
 
 class _Traced(torch.nn.Module):
+    def __init__(self, attrs: dict[str, int]) -> None:
+        super().__init__()
+        self.attrs = attrs
+
     def forward(self, x, qkv, qkv_bias, size, cu):
-        return tuple(merge_tokens_reference(x, qkv, qkv_bias, size, cu, H, PREFIX, R, True))
+        a = self.attrs
+        return tuple(merge_tokens_reference(x, qkv, qkv_bias, size, cu, a["num_heads"], a["num_prefix"], a["r"], True))
 
 
-def traced_model(feeds: dict[str, torch.Tensor]) -> tuple[bytes, int]:
+def traced_model(feeds: dict[str, torch.Tensor], attrs: dict[str, int]) -> tuple[bytes, int]:
     """The standard-op merge for these input shapes and its node count."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(_Traced(), tuple(feeds.values()), dynamo=True, input_names=list(MERGE_INPUTS),
+        program = torch.onnx.export(_Traced(attrs), tuple(feeds.values()), dynamo=True, input_names=list(_INPUTS),
                                     output_names=list(MERGE_OUTPUTS), custom_translation_table=TRANSLATIONS,
                                     opset_version=OPSET, optimize=True, verbose=False)  # fmt: skip
     return program.model_proto.SerializeToString(), len(program.model_proto.graph.node)
@@ -72,33 +77,17 @@ def time_call(model: bytes, feeds: dict[str, torch.Tensor], rounds: int, reps: i
     return min(cpu), min(wall)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux), else the platform's processor string."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
-    fused = merge_model(TensorProto.FLOAT, {"num_heads": H, "num_prefix": PREFIX, "r": R, "class_token": 1},
-                        qkv_bias=True, size=True)  # fmt: skip
     rows = []
-    for B in (1, 8):
-        gen = torch.Generator().manual_seed(B)
-        feeds = {
-            "x": torch.randn(B * N, C, generator=gen),
-            "qkv": torch.randn(B * N, 3 * H * DH, generator=gen),
-            "qkv_bias": torch.randn(3 * H * DH, generator=gen),
-            "size": torch.randint(1, 4, (B * N,), generator=gen).float(),  # as after earlier merges
-            "cu": torch.arange(B + 1) * N,
-        }
-        traced, nodes = traced_model(feeds)
+    for B, case in sorted(CASES.items()):
+        attrs = merge_attrs(case, True)
+        fused = merge_model(TensorProto.FLOAT, attrs, qkv_bias=True, size=True)
+        feeds = make_merge_inputs(case, seed=B)
+        traced, nodes = traced_model(feeds, attrs)
         reps = 300 // B
         t_cpu, t_wall = time_call(traced, feeds, args.rounds, reps)
         f_cpu, f_wall = time_call(fused, feeds, args.rounds, reps)
@@ -107,14 +96,20 @@ def main() -> int:
         rows.append({"B": B, "traced_nodes": nodes} | {k: round(v, 1) for k, v in times.items()})
         print(f"B={B}: traced merge ({nodes} nodes) {t_cpu:7.1f} us, RaggedMerge {f_cpu:6.1f} us "
               f"(thread CPU time; wall {t_wall:.1f} / {f_wall:.1f} us)", flush=True)  # fmt: skip
+    case = CASES[1]
     result = {
         "machine": "cpu",
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "onnxruntime": ort.__version__,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "env": environment(),
         "dtype": "float32",
-        "shape": {"n": N, "C": C, "H": H, "Dh": DH, "num_prefix": PREFIX, "r": R, "class_token": 1},
+        "shape": {
+            "n": case.n,
+            "C": case.C,
+            "H": case.H,
+            "Dh": case.Dh,
+            "num_prefix": case.num_prefix,
+            "r": case.r,
+            "class_token": 1,
+        },  # fmt: skip
         "rounds": args.rounds,
         "method": "one intra-op thread, IO bound once; per call the minimum over rounds of thread CPU time and wall",
         "rows": rows,

@@ -6,7 +6,6 @@ import contextlib
 import copy
 import dataclasses
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +25,7 @@ from raggedvit.sweep.inputs import SweepImages, sweep_images
 from raggedvit.sweep.measure import measure_accuracy, measure_speed, reference
 from raggedvit.sweep.progress import Progress
 from raggedvit.sweep.report import FILES, PointResult, SweepResult
+from raggedvit.timing import cpu_name
 from raggedvit.weights import WeightsInfo
 
 __all__ = ["DTYPES", "check_out_folder", "default_dtype", "run_sweep", "write_outputs"]
@@ -396,11 +396,4 @@ def _settings(
 def _device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name(torch.cuda.current_device())
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    return cpu_name()

@@ -6,12 +6,14 @@ The one timing loop of `raggedvit bench` (raggedvit.timing.bench), `raggedvit sw
 from __future__ import annotations
 
 import math
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Timing", "device_sync", "gpu_time_ms", "measure", "start_cupti"]
+__all__ = ["Timing", "cpu_name", "device_sync", "gpu_time_ms", "measure", "start_cupti"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,18 @@ class Timing:
     p90_ms: float
     runs: int
     warmup_runs: int
+
+
+def cpu_name() -> str:
+    """The host CPU as a result records it: its model name (Linux /proc/cpuinfo, else the platform's processor) and
+    core count, e.g. "AMD EPYC 7B13 (2 cores)"."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} cores)"
 
 
 def device_sync(device: str) -> Callable[[], None]:
