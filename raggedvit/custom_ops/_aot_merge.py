@@ -2,9 +2,9 @@
 
 One job per arch x x dtype x padded width (MERGE_WIDTHS: NP, num_warps) x head-dim block (MERGE_HEAD_DIMS), with
 the kernel file's tile sizes, as the JIT launch uses them; compiled by `_aot.compile_job` like the other jobs. Bias,
-size, the fused residual (skip, skip bias) and the class-token order are runtime flags (no variants). C and Dh are hinted as multiples of 16 (aligned rows:
-vector loads), which the C++ launcher requires. The launcher takes the smallest NP >= n_A and the smallest BLOCK_D
->= Dh.
+size, the fused residual (skip, skip bias) and the class-token order are runtime flags (no variants). C and Dh are
+hinted as multiples of 16 (aligned rows: vector loads), which the C++ launcher requires. The launcher takes the
+smallest NP >= n_A and the smallest BLOCK_D >= Dh.
 
 This module must not import torch or raggedvit: it runs inside the package build.
 """
@@ -24,7 +24,8 @@ MERGE_DTYPES = ("fp16", "fp32")  # x / qkv / qkv_bias / x_out; the CUDA EP regis
 _ARGS = ("X", "QKV", "Bias", "Size", "Skip", "SkipBias", "XOut", "SizeOut", "CuOut", "Src", "KeyBias", "Score", "n",
          "C", "H", "Dh", "num_prefix", "r", "has_bias", "has_size", "has_skip", "has_skip_bias",
          "class_token")  # fmt: skip
-_TYPED = ("X", "QKV", "Bias", "Skip", "SkipBias", "XOut")  # of the dtype; Size, SizeOut, KeyBias, Score fp32; CuOut, Src int64
+_TYPED = ("X", "QKV", "Bias", "Skip", "SkipBias", "XOut")  # of the dtype (Size, SizeOut, KeyBias, Score fp32; CuOut,
+# Src int64)
 _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
@@ -56,8 +57,8 @@ class MergeJob:
         return ("C", "Dh")  # 16-divisible rows (the launcher checks C % 16 == 0 and Dh % 16 == 0)
 
     def signature(self) -> tuple[dict[str, str], dict[str, int]]:
-        """Triton signature (arg -> type) and constexprs: X, QKV, Bias, Skip, SkipBias, XOut of dtype, Size, SizeOut, KeyBias, Score
-        fp32, CuOut, Src int64, ints i32 (the flags too)."""
+        """Triton signature (arg -> type) and constexprs: X, QKV, Bias, Skip, SkipBias, XOut of dtype, Size, SizeOut,
+        KeyBias, Score fp32, CuOut, Src int64, ints i32 (the flags too)."""
         sig = {n: "i32" for n in _ARGS}
         sig.update({n: "*" + self.dtype for n in _TYPED})
         sig.update({n: "*fp32" for n in ("Size", "SizeOut", "KeyBias", "Score")})

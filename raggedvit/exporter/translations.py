@@ -122,8 +122,11 @@ RAGGED_MERGE_SCHEMA = OpSchema(
         _P("score", "F"),
     ],
     type_constraints=[
-        ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"],
-         "x [T, C], qkv [T, 3HD], qkv_bias, skip [T, C], skip_bias [C], x_out"),
+        (
+            "T",
+            ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"],
+            "x [T, C], qkv [T, 3HD], qkv_bias, skip [T, C], skip_bias [C], x_out",
+        ),
         ("F", ["tensor(float)"], "size [T], size_out, key_bias [B*m], score [B*n_A]"),
         ("I", ["tensor(int64)"], "cu [B+1], cu_out, src [B*m]"),
     ],

@@ -31,7 +31,8 @@ Set A = positions a0, a0+2, ... (n_A rows), set B = b0, b0+2, ... (n_B rows) aft
 
 Tunables (the JIT launch and the AOT plan both read them): MERGE_WIDTHS (NP, num_warps), MERGE_HEAD_DIMS (BLOCK_D),
 the tile sizes below, and MERGE_ROW_BYTES (BLOCK_C = MERGE_ROW_BYTES / x's element size). Runtime ints: n, C, H, Dh,
-num_prefix, r, has_bias, has_size, has_skip, has_skip_bias, class_token. Constexpr: NP, BLOCK_D and the tiles (and x's dtype).
+num_prefix, r, has_bias, has_size, has_skip, has_skip_bias, class_token. Constexpr: NP, BLOCK_D and the tiles (and
+x's dtype).
 """
 
 from __future__ import annotations
@@ -189,8 +190,9 @@ def _merged_chunk(srt, t, r_eff, Size, row0, a0, has_size, NP: tl.constexpr, BLO
                                 "class_token"])  # fmt: skip
 def _ragged_merge(
     X, QKV, Bias, Size, Skip, SkipBias, XOut, SizeOut, CuOut, Src, KeyBias, Score, n, C, H, Dh, num_prefix, r,
-    has_bias, has_size, has_skip, has_skip_bias, class_token, NP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+    has_bias, has_size, has_skip, has_skip_bias, class_token, NP: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     p = num_prefix

@@ -75,8 +75,8 @@ def launch_merge(
         x, qkv, qkv if qkv_bias is None else qkv_bias, size_out if size is None else size,
         x if skip is None else skip, x if skip_bias is None else skip_bias, x_out, size_out, cu_out, src, key_bias,
         score, n, C, num_heads, head_dim, num_prefix, min(r, n), int(qkv_bias is not None), int(size is not None),
-        int(skip is not None), int(skip_bias is not None), int(bool(class_token)), NP=np_, BLOCK_D=_head_block(head_dim), BLOCK_A=MERGE_BLOCK_A,
-        BLOCK_B=MERGE_BLOCK_B, BLOCK_M=MERGE_BLOCK_M, BLOCK_ROWS=MERGE_BLOCK_ROWS,
-        BLOCK_C=merge_block_c(x.element_size()), num_warps=warps,
+        int(skip is not None), int(skip_bias is not None), int(bool(class_token)), NP=np_,
+        BLOCK_D=_head_block(head_dim), BLOCK_A=MERGE_BLOCK_A, BLOCK_B=MERGE_BLOCK_B, BLOCK_M=MERGE_BLOCK_M,
+        BLOCK_ROWS=MERGE_BLOCK_ROWS, BLOCK_C=merge_block_c(x.element_size()), num_warps=warps,
     )  # fmt: skip
     return x_out, size_out, cu_out, src, key_bias, score

@@ -84,7 +84,8 @@ def test_fp16_all_export_runs(images, ort_session):
 @pytest.mark.parametrize("biased", [False, True], ids=["seeded", "biased"])
 def test_deit_small_merge_costs_one_node_per_merging_block(biased):
     """deit_small, tome r = 8 in every block, fp16-all: at most the unpruned export's nodes + 1 per merging block (the
-    budget: + 2; 126 against 117, 128 against 119 biased: the constant token_counts save 3), with the seeded weights' zero proj biases and with nonzero ones (any trained checkpoint). An unpruned block's
+    budget: + 2; 126 against 117, 128 against 119 biased: the constant token_counts save 3), with the seeded weights'
+    zero proj biases and with nonzero ones (any trained checkpoint). An unpruned block's
     SkipLayerNormalization holds the proj bias, the attention residual and norm2; a merging block has the RaggedMerge
     (which takes the residual and the bias: the exporter's merge_residual) and norm2's LayerNormalization. None of
     the traced merge's ops."""

@@ -2,8 +2,8 @@
 against `merge_tokens_reference`: exact cu / src / sizes, x within float32 rounding (1e-6) or one ulp of float16,
 key_bias and score within 1e-6, the same bits on a second launch. The cases (tests/support/merge_kernel_cases.py) cover
 p = 0, 1, 2, 5, with and without a class token, bias and sizes, r = 0 / small / clamped / past one chunk of merged
-rows, B = 1, 2, 3, ties, NaN keys, no B row, p = n, the fused attention residual (skip, skip bias), and (slow) the tiled wide images n = 577 and 1025 and the widest
-variant. On a GPU: tests/custom_ops/test_ragged_merge_cuda.py."""
+rows, B = 1, 2, 3, ties, NaN keys, no B row, p = n, the fused attention residual (skip, skip bias), and (slow) the
+tiled wide images n = 577 and 1025 and the widest variant. On a GPU: tests/custom_ops/test_ragged_merge_cuda.py."""
 
 from __future__ import annotations
 
