@@ -129,17 +129,15 @@ def _untyped(sig: Signature) -> str | None:
 
 def _judge(sig: Signature, table: PlacementTable) -> str | None:
     domain, op, _, ins, _ = sig
+    if (why := _untyped(sig)) is not None:  # any node, any input or output: never judged on a guessed type
+        return why
     if domain == RAGGED_DOMAIN:
         if op not in RAGGED_CUDA:
             return "the op library has no CUDA kernel for it"
         for i, allowed in RAGGED_CUDA[op].items():
-            if i < len(ins) and ins[i] == "?":
-                return _untyped(sig)
             if i < len(ins) and ins[i] != "-" and ins[i] not in allowed:
                 return f"input {i} is {ins[i]}; the op library's CUDA kernel takes {' or '.join(sorted(allowed))}"
         return None
-    if (why := _untyped(sig)) is not None:
-        return why
     known = table.cuda.get(sig)
     if known is None:
         return (

@@ -134,6 +134,11 @@ def test_a_node_of_an_unrecorded_type_is_never_placed_by_a_guess() -> None:
     ragged = _model(helper.make_node("BiasGelu", ["h", "x"], ["y"], domain="com.raggedvit"))
     (u,) = cuda_unplaced(ragged, _table(ragged, cuda=True))
     assert "records no type for its input 0" in u.reason
+    # a raggedvit op is judged on every input and output too, not only on the inputs its CUDA types constrain
+    gelu = helper.make_node("BiasGelu", ["x", "x"], ["h"], name="gelu", domain="com.raggedvit")
+    ragged = _model(gelu, helper.make_node("Relu", ["h"], ["y"]), x_type=TensorProto.FLOAT16)
+    first, _ = cuda_unplaced(ragged, _table(ragged, cuda=True))
+    assert first.node == "gelu" and "records no type for its output 0" in first.reason
 
 
 def test_raggedvit_ops_follow_the_op_library_cuda_types() -> None:
