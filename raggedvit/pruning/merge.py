@@ -209,7 +209,7 @@ def merge_tokens_reference(
     m = n - r_eff
     if size is None:
         size = torch.ones(T, dtype=torch.float32, device=x.device)
-    match = bipartite_soft_matching(metric.reshape(B, n, -1), num_prefix, r_eff, class_token=class_token)
+    match = bipartite_soft_matching(metric.reshape(B, n, metric.shape[1]), num_prefix, r_eff, class_token=class_token)
     new_x, new_size = merge_rows(x.reshape(B, n, C), size.reshape(B, n), match, num_prefix)
     rows = torch.arange(T, device=x.device).reshape(B, n)
     src = carry_rows(rows, match, num_prefix).reshape(-1)

@@ -1,5 +1,6 @@
-"""The seeded CPU-EP fuzz of RaggedAttention and RaggedLinear (10,000 calls, every fifth a RaggedLinear one, each
-batch in a child process): no crash, every invalid input refused with an ORT error, every valid one equal to the
+"""The seeded CPU-EP fuzz of the op library's CPU kernels (10,000 calls: RaggedAttention, every fifth a RaggedLinear
+one, and RaggedSelect, BiasGelu, GatherLayerNorm, PatchEmbed, RaggedMerge and input-count cases; each batch in a
+child process): no crash, every invalid input refused with an ORT error, every valid one equal to the
 float64 torch reference.
 
 The seed is fixed so that CI is reproducible; RAGGEDVIT_FUZZ_SEED=<n> explores another run. The summary line
@@ -23,6 +24,8 @@ from fuzz.cases import BAD_CU, CRAFTED_NUM_HEADS, FLOATS, draw_case, expected_er
 from fuzz.driver import run_fuzz
 from fuzz.embed import EMBED_AT, EmbedCase, check_embed_output, draw_embed_case, embed_feeds
 from fuzz.linear import LinearCase, draw_any, draw_linear_case, expected_any
+from fuzz.merge import FAULTS as MERGE_FAULTS
+from fuzz.merge import MERGE_AT, MERGE_EVERY, MergeFuzzCase, merge_expected_error
 from fuzz.norm import NORM_AT, NormCase, draw_norm_case, live_rows
 from fuzz.select import SelectFuzzCase, draw_select_case
 
@@ -39,6 +42,20 @@ def test_cpu_fuzz(ort_library, record_property):
     assert not summary.failures, summary.report()
     assert summary.calls >= CALLS and not summary.timed_out, summary.report()
     assert summary.outcomes["checked"] > CALLS // 4, summary.report()  # the valid path is exercised too
+
+
+def test_merge_cases_cover_every_fault_and_the_fused_residual():
+    """index % MERGE_EVERY == MERGE_AT is a RaggedMerge case (and no other index): every fault, and valid calls of
+    each float type, with and without skip / skip_bias, empty images and every head dim."""
+    cases = [draw_any(SEED, i) for i in range(CALLS)]
+    merge = [c for c in cases if isinstance(c, MergeFuzzCase)]
+    assert all(c.index % MERGE_EVERY == MERGE_AT for c in merge) and len(merge) == CALLS // MERGE_EVERY
+    faults = Counter(c.fault for c in merge)
+    assert set(faults) == {"", *MERGE_FAULTS} and faults[""] > 250, faults
+    valid = [c for c in merge if merge_expected_error(c) is None]
+    assert {c.x_elem for c in valid} == {"float", "float16", "bfloat16"} and {c.Dh for c in valid} == {1, 4, 16, 64}
+    assert sum(c.skip_bias for c in valid) > 50 and sum(c.skip and not c.skip_bias for c in valid) > 30
+    assert sum(not c.skip for c in valid) > 100 and any(c.n == 0 for c in valid) and any(c.r > c.n for c in valid)
 
 
 def test_cases_cover_the_crafted_inputs():

@@ -453,7 +453,7 @@ ARGUMENT_NAMES = (
     "qkv", "cu_seqlens", "bias", "pos_table", "token_pos", "num_heads", "scale", "max_seqlen", "grid_h", "grid_w",
     "num_prefix", "X", "W", "Bias", "Residual", "CuSeqlens", "activation", "scores", "cu", "width", "bound",
     "policy", "keep", "mass", "Index", "Gamma", "Beta", "Skip", "epsilon", "Images", "Weight", "Prefix", "Pos",
-    "patch",
+    "patch", "x", "qkv_bias", "size", "skip", "skip_bias", "r", "class_token",
 )  # fmt: skip
 
 # categories whose refusal may name any of several attributes; other categories name theirs in their words
@@ -462,8 +462,9 @@ _NAMED = {
     "select fraction": ("keep", "mass"),
     "select huge width": ("width",),
     "pos attributes": ("grid_h", "grid_w", "num_prefix"),
+    "merge attributes": ("num_heads", "r", "class_token"),
 }
-_OPS = ("linear", "norm", "embed", "gelu", "select")
+_OPS = ("linear", "norm", "embed", "gelu", "select", "merge")
 _DESCRIPTORS = ("type", "rank", "shape", "values", "width")
 
 

@@ -1,13 +1,12 @@
-"""Seeded, time-boxed CPU-EP fuzz of RaggedAttention and RaggedLinear, each batch of calls in a child process.
+"""Seeded, time-boxed CPU-EP fuzz of the op library's CPU kernels, each batch of calls in a child process.
 
     summary = run_fuzz(seed=14, calls=10_000)      # or: python3 scripts/fuzz_ort_cpu.py --seed 14
 
-A child (`python3 -m fuzz.driver --worker ...`) runs the cases [first, first + count) of
-`fuzz.linear.draw_any(seed, i)` (every fifth call a RaggedLinear case, then RaggedSelect, BiasGelu,
-GatherLayerNorm, PatchEmbed and RaggedAttention ones by i % 10) and announces each call on stdout before making it,
-so a crash (a signal, an abort) or a hang is pinned to one call: it is reported with the seed, the call index, the
-case and a replay command, and the batch resumes after that call in a fresh child. pytest never runs the op in its
-own process.
+A child (`python3 -m fuzz.driver --worker ...`) runs the cases [first, first + count) of `fuzz.linear.draw_any(seed, i)`
+(every fifth call a RaggedLinear case, then RaggedSelect, BiasGelu, GatherLayerNorm, PatchEmbed, RaggedMerge and
+RaggedAttention ones by i % 10 and i % 20) and announces each call on stdout before making it, so a crash (a signal, an
+abort) or a hang is pinned to one call: it is reported with the seed, the call index, the case and a replay command, and
+the batch resumes after that call in a fresh child. pytest never runs the op in its own process.
 """
 
 from __future__ import annotations

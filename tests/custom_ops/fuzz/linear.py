@@ -1,14 +1,14 @@
 """Fuzz cases of com.raggedvit::RaggedLinear on the CPU EP, and the dispatch over the ops of the CPU fuzz.
 
-Every FIFTH call of a fuzz run (index % 5 == 4) is a RaggedLinear case (`draw_any`), index % 10 == 2 a RaggedSelect
-case (`fuzz.select`), index % 10 == 7 a BiasGelu case (`fuzz.gelu`), index % 10 == 5 a GatherLayerNorm case
-(`fuzz.norm`), index % 10 == 3 a PatchEmbed case (`fuzz.embed`), index % 40 == 8 an input-count case of any op
-(`fuzz.arity`), the others RaggedAttention cases of `fuzz.cases`. A linear case is a pure function of (seed, index)
-too: random T (0 included), N, K, dead rows through CuSeqlens values of any kind (above T, negative, the dtype's
-extremes, B = 0: all valid, the op clamps cu[B]), optional Bias / Residual / CuSeqlens, activation 0 / 1; and broken
-ones (ranks, K mismatch, Bias and Residual shapes and types, CuSeqlens shapes and types, X types the CPU EP lacks,
-bad activation values and types).
-`linear_expected_error` is the contract written independently of the C++ checks.
+Every FIFTH call of a fuzz run (index % 5 == 4) is a RaggedLinear case (`draw_any`), index % 10 == 2 a RaggedSelect case
+(`fuzz.select`), index % 10 == 7 a BiasGelu case (`fuzz.gelu`), index % 10 == 5 a GatherLayerNorm case (`fuzz.norm`),
+index % 10 == 3 a PatchEmbed case (`fuzz.embed`), index % 40 == 8 an input-count case of any op (`fuzz.arity`), index %
+20 == 6 a RaggedMerge case (`fuzz.merge`), the others RaggedAttention cases of `fuzz.cases`. A linear case is a pure
+function of (seed, index) too: random T (0 included), N, K, dead rows through CuSeqlens values of any kind (above T,
+negative, the dtype's extremes, B = 0: all valid, the op clamps cu[B]), optional Bias / Residual / CuSeqlens, activation
+0 / 1; and broken ones (ranks, K mismatch, Bias and Residual shapes and types, CuSeqlens shapes and types, X types the
+CPU EP lacks, bad activation values and types). `linear_expected_error` is the contract written independently of the C++
+checks.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from fuzz.arity import ARITY_AT, ARITY_EVERY, ArityCase, arity_expected_error, d
 from fuzz.cases import ELEM, TORCH, Case, cpu_session, quiet_run_options, refusal
 from fuzz.embed import EMBED_AT, EmbedCase, draw_embed_case, embed_expected_error, run_embed_case
 from fuzz.gelu import GELU_AT, GeluCase, draw_gelu_case, gelu_expected_error, run_gelu_case
+from fuzz.merge import MERGE_AT, MERGE_EVERY, MergeFuzzCase, draw_merge_case, merge_expected_error, run_merge_case
 from fuzz.norm import NORM_AT, NormCase, draw_norm_case, norm_expected_error, run_norm_case
 from fuzz.select import (
     SELECT_AT,
@@ -223,14 +224,14 @@ def run_linear_case(c: LinearCase, sessions: dict) -> tuple[str, str | None]:
     return "checked", None
 
 
-AnyCase = Case | LinearCase | SelectFuzzCase | GeluCase | NormCase | EmbedCase | ArityCase
+AnyCase = Case | LinearCase | SelectFuzzCase | GeluCase | NormCase | EmbedCase | ArityCase | MergeFuzzCase
 
 
 def draw_any(seed: int, index: int) -> AnyCase:
     """Call `index` of fuzz run `seed`: a RaggedLinear case every LINEAR_EVERY calls, a RaggedSelect case when
     index % 10 == SELECT_AT, a BiasGelu case when index % 10 == GELU_AT, a GatherLayerNorm case when index % 10 ==
     NORM_AT, a PatchEmbed case when index % 10 == EMBED_AT, an input-count case when index % ARITY_EVERY ==
-    ARITY_AT, else a RaggedAttention one."""
+    ARITY_AT, a RaggedMerge case when index % MERGE_EVERY == MERGE_AT, else a RaggedAttention one."""
     if index % LINEAR_EVERY == LINEAR_EVERY - 1:
         return draw_linear_case(seed, index)
     if index % 10 == SELECT_AT:
@@ -243,6 +244,8 @@ def draw_any(seed: int, index: int) -> AnyCase:
         return draw_embed_case(seed, index)
     if index % ARITY_EVERY == ARITY_AT:
         return draw_arity_case(seed, index)
+    if index % MERGE_EVERY == MERGE_AT:
+        return draw_merge_case(seed, index)
     return fuzz_cases.draw_case(seed, index)
 
 
@@ -257,6 +260,8 @@ def expected_any(c: AnyCase) -> str | None:
         return embed_expected_error(c)
     if isinstance(c, ArityCase):
         return arity_expected_error(c)
+    if isinstance(c, MergeFuzzCase):
+        return merge_expected_error(c)
     return linear_expected_error(c) if isinstance(c, LinearCase) else fuzz_cases.expected_error(c)
 
 
@@ -271,4 +276,6 @@ def run_any(c: AnyCase, sessions: dict) -> tuple[str, str | None]:
         return run_embed_case(c, sessions)
     if isinstance(c, ArityCase):
         return run_arity_case(c, sessions)
+    if isinstance(c, MergeFuzzCase):
+        return run_merge_case(c, sessions)
     return run_linear_case(c, sessions) if isinstance(c, LinearCase) else fuzz_cases.run_case(c, sessions)
