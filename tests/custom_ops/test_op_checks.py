@@ -1,7 +1,7 @@
 """The findings the shared checks (raggedvit/custom_ops/op_checks.h) fix, one test each: an int epsilon, RaggedSelect's
 keep outside (0, 1] (the op and its torch reference), PatchEmbed's wrapping grid, a token_pos of the other int type.
-Every attribute of every op at the wrong type and limit values, and sizes near 2**63 on all six ops, are the crafted
-cases of the CPU fuzz (tests/custom_ops/fuzz/attrs.py, test_fuzz_cpu.py)."""
+Every attribute of every op at the wrong type and limit values, and sizes near 2**63 on six of the seven ops, are the
+crafted cases of the CPU fuzz (tests/custom_ops/fuzz/attrs.py, test_fuzz_cpu.py)."""
 
 from __future__ import annotations
 

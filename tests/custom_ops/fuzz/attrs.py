@@ -1,4 +1,4 @@
-"""Crafted calls of all six ops (CPU EP) that the random fuzz draws rarely: every attribute given as the other
+"""Crafted calls of all seven ops (CPU EP) that the random fuzz draws rarely: every attribute given as the other
 numeric type (an int-typed float attribute, a float-typed int one), at the int64 / float limits, and tensors with a
 zero dimension whose other dimensions multiply past 2**63. Each valid node must load; each invalid one must be
 refused with an ORT error naming the attribute or the input.
@@ -25,6 +25,7 @@ from tests.support.ort_models import (
     embed_model,
     gelu_model,
     linear_model,
+    merge_model,
     norm_model,
     select_model,
 )
@@ -34,6 +35,7 @@ __all__ = ["ATTRS", "CraftedCase", "crafted_cases", "run_crafted"]
 I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
 F32_MAX = float(np.finfo(np.float32).max)
 SELECT = {"width": 4, "bound": 4, "num_prefix": 1, "policy": 0, "keep": 0.5, "mass": 0.0}
+MERGE = {"num_heads": 2, "num_prefix": 1, "r": 2, "class_token": 1}
 
 # op -> attribute -> (type, valid(value)): the documented attributes of every op (BiasGelu has none)
 ATTRS: dict[str, dict[str, tuple[type, Callable[[float], bool]]]] = {
@@ -56,6 +58,12 @@ ATTRS: dict[str, dict[str, tuple[type, Callable[[float], bool]]]] = {
     },
     "GatherLayerNorm": {"epsilon": (float, lambda v: math.isfinite(v) and 0 <= v <= F32_MAX)},
     "PatchEmbed": {"patch": (int, lambda v: 1 <= v <= 1 << 15)},
+    "RaggedMerge": {
+        "num_heads": (int, lambda v: 1 <= v <= I64_MAX // 3),
+        "num_prefix": (int, lambda v: v >= 0),
+        "r": (int, lambda v: v >= 0),
+        "class_token": (int, lambda v: v in (0, 1)),
+    },
 }
 # a refusal may name the attribute a value conflicts with instead (bound > width; policy 1 without its mass)
 RELATED = {("RaggedSelect", "width"): ("bound",), ("RaggedSelect", "bound"): ("width",),
@@ -83,6 +91,8 @@ def _model(op: str, name: str, value: float) -> bytes:
         return select_model({**SELECT, name: value})
     if op == "GatherLayerNorm":
         return norm_model(TensorProto.FLOAT, epsilon=value)
+    if op == "RaggedMerge":
+        return merge_model(TensorProto.FLOAT, {**MERGE, name: value}, qkv_bias=True, size=True)
     return embed_model(patch=value)
 
 

@@ -447,7 +447,7 @@ def refusal(e: Exception, expected: str | None, stage: str) -> tuple[str, str | 
 # the last UNDEFINED input's, so its message names the output it would mistype, not the input
 _ORT_TYPE_CHECK = "Type Error: Type (tensor("
 
-# every input and attribute of the six ops: a case with several faults may be refused for another one than the
+# every input and attribute of the seven ops: a case with several faults may be refused for another one than the
 # category names, as long as the refusal names it
 ARGUMENT_NAMES = (
     "qkv", "cu_seqlens", "bias", "pos_table", "token_pos", "num_heads", "scale", "max_seqlen", "grid_h", "grid_w",
