@@ -544,6 +544,76 @@ def validate_study(full: bool, prefix: str) -> list[str]:
     return validate_study_lines(_load(name), name, full)
 
 
+_BARS = {"gpu_time_vs_flops": "GPU time <= 1.15 x FLOPs share", "not_slower_at_b1": "not slower at B=1",
+         "r16_speedup": "r=16 at 1.5x"}  # fmt: skip
+
+
+def _tome_label(policy: str) -> str:
+    head, *fields = policy.split(":")
+    params = " ".join(fields)
+    return {"none": "unpruned"}.get(head, f"{head} {params}".strip())
+
+
+def tome_table(data: dict[str, Any], full: bool) -> list[str]:
+    """A `benchmarks.serving --tome` file: per model, the raggedvit exports (unpruned, tome r=8 / 16, topk-l2 at the
+    same final count), img/s (ratio to the unpruned export; full: and GPU µs per image) per batch, then the
+    token-merging bars (`benchmarks.tome_targets`: its rows in the file)."""
+    recs = [r for r in data["records"] if r.get("status") == "ok" and r["variant"] in ("ort_unpruned", "ort_raggedvit")]
+    batches = sorted({r["batch"] for r in recs})
+    base = {(r["model"], r["batch"]): r for r in recs if r["variant"] == "ort_unpruned"}
+    lines = ["| model | export | " + " | ".join(f"B={b}" for b in batches) + " |", "|---|---|" + "---:|" * len(batches)]
+    for model in dict.fromkeys(r["model"] for r in recs):
+        for policy in dict.fromkeys(r["policy"] for r in recs if r["model"] == model):
+            cells = []
+            for b in batches:
+                r = next((x for x in recs if (x["model"], x["policy"], x["batch"]) == (model, policy, b)), None)
+                if r is None:
+                    cells.append("")
+                    continue
+                unp = base.get((model, b))
+                cell = _n(r["img_per_s"])
+                if unp is not None and policy != "none":
+                    cell += f" ({r['img_per_s'] / unp['img_per_s']:.2f}x)"
+                if full and r.get("gpu_us_per_image") is not None:
+                    cell += f"; {r['gpu_us_per_image']:.1f} µs"
+                cells.append(cell)
+            lines.append(f"| {model} | {_tome_label(policy)} | " + " | ".join(cells) + " |")
+    rows = data.get("tome_targets") or []
+    verdicts = [(row, name, bar) for row in rows for name, bar in row["bars"].items()]
+    met = sum(bar["met"] for _, _, bar in verdicts)
+    lines += ["", f"Token-merging bars: {met} of {len(verdicts)} met."]
+    if full:
+        for row, name, bar in verdicts:
+            state = "met" if bar["met"] else "**missed**"
+            lines.append(f"- {row['model']} r={row['r']} B={row['batch']}, {_BARS.get(name, name)}: {state}")
+    else:
+        missed = [f"{row['model']} r={row['r']} B={row['batch']} ({_BARS.get(name, name)})"
+                  for row, name, bar in verdicts if not bar["met"]]  # fmt: skip
+        if missed:
+            lines[-1] += " Missed: " + "; ".join(missed) + "."
+    return lines
+
+
+def tome(full: bool, prefix: str) -> list[str]:
+    """The newest `benchmarks.serving --tome` file (serving_tome_<GPU>.json), or the line saying none has run."""
+    try:
+        name = latest("serving_tome")
+    except FileNotFoundError:
+        return [
+            "No GPU run of `python3 -m benchmarks.serving --tome` yet: tome r=8 and r=16 against the unpruned "
+            "export and topk-l2 at the same final token count, as CUDA graphs."
+        ]
+    data = _load(name)
+    cfg, env = data["config"], data["env"]
+    caption = (
+        f"img/s (ratio to the unpruned export at the same batch{'; GPU µs per image' if full else ''}), "
+        f"{cfg['export_dtype']} exports as CUDA graphs, seeded weights, the sample photos tiled to the batch. tome "
+        "merges r tokens in every block; topk-l2 keeps the same final count at block 4. "
+        f"{_env_caption(env)}; {_provenance(full, name, env.get('commit'), env.get('date'))}."
+    )
+    return [caption, "", *tome_table(data, full)]
+
+
 def gpu_runs(full: bool, prefix: str) -> list[str]:
     """The test section's GPU lines: the newest GPU suite record and the newest validation study on a GPU (or that
     none has run yet)."""
@@ -566,6 +636,7 @@ SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "cuda_graph": cuda_graph,
     "sweep": sweep,
     "serve_load": serve_load,
+    "tome": tome,
 }
 
 _MARKED = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)

@@ -8,7 +8,7 @@ Bars (ORT exports run as CUDA graphs, fp16-all, GPU time per image from the serv
   - B = 1: tome's img/s >= the unpruned export's;
   - r = 16, B >= 32: img/s >= 1.5 x the unpruned export's.
 FLOPs: raggedvit.pruning.flops.image_flops with tome's per-block counts (merged_count; the merge inside the block:
-its attention on the rows before it), on the timm model the file names (no weights needed).
+its attention on the rows before it), on the timm model the file names with its model_kwargs (no weights needed).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ SLACK = 1.15
 R16_SPEEDUP = 1.5
 
 
-def flops_ratio(model: str, r: int) -> float:
-    """FLOPs of tome r in every block over the unpruned forward, one image of `model` (a short name: deit_small)."""
+def flops_ratio(model: str, r: int, model_kwargs: dict[str, Any] | None = None) -> float:
+    """FLOPs of tome r in every block over the unpruned forward, one image of `model` (a short name: deit_small;
+    model_kwargs: timm's, as the run used them)."""
     import timm
     import torch
 
@@ -34,7 +35,8 @@ def flops_ratio(model: str, r: int) -> float:
     from raggedvit.pruning.flops import image_flops, unpruned_flops
     from raggedvit.pruning.spec import merged_count
 
-    vit = timm.create_model(f"{model}_patch16_224" if "_patch" not in model else model, pretrained=False).eval()
+    name = f"{model}_patch16_224" if "_patch" not in model else model
+    vit = timm.create_model(name, pretrained=False, **(model_kwargs or {})).eval()
     bb = backbone_for(vit)
     n, counts = bb.tokens_per_image(), []
     for _ in range(bb.depth):
@@ -53,6 +55,7 @@ def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (model, tome policy, batch): the measured figures and each bar's verdict."""
     recs = [r for r in data["records"] if r.get("status") == "ok" and r["variant"] in ("ort_unpruned", "ort_raggedvit")]
     base = {(r["model"], r["batch"]): r for r in recs if r["variant"] == "ort_unpruned"}
+    kwargs = (data.get("config") or {}).get("model_kwargs") or {}
     ratios: dict[tuple[str, int], float] = {}
     rows = []
     for rec in recs:
@@ -61,7 +64,7 @@ def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         key = (rec["model"], r)
         if key not in ratios:
-            ratios[key] = flops_ratio(*key)
+            ratios[key] = flops_ratio(*key, kwargs)
         unp = base[(rec["model"], rec["batch"])]
         row = {
             "model": rec["model"],
@@ -75,8 +78,11 @@ def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
         }
         bars = {}
         if rec["batch"] >= 32:
-            limit = SLACK * ratios[key] * unp["gpu_us_per_image"]
-            bars["gpu_time_vs_flops"] = {"limit_us": round(limit, 2), "met": rec["gpu_us_per_image"] <= limit}
+            if rec["gpu_us_per_image"] is None or unp["gpu_us_per_image"] is None:  # no CUDA profile (a CPU run)
+                bars["gpu_time_vs_flops"] = {"limit_us": None, "met": False, "why_not": "no GPU time measured"}
+            else:
+                limit = SLACK * ratios[key] * unp["gpu_us_per_image"]
+                bars["gpu_time_vs_flops"] = {"limit_us": round(limit, 2), "met": rec["gpu_us_per_image"] <= limit}
             if r == 16:
                 bars["r16_speedup"] = {"limit": R16_SPEEDUP, "met": row["speedup_img_per_s"] >= R16_SPEEDUP}
         if rec["batch"] == 1:
@@ -84,6 +90,10 @@ def evaluate(data: dict[str, Any]) -> list[dict[str, Any]]:
         row["bars"] = bars
         rows.append(row)
     return rows
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in data["tome_targets"]:
         verdicts = ", ".join(f"{k} {'met' if v['met'] else 'MISSED'}" for k, v in row["bars"].items())
         print(
-            f"{row['model']} r={row['r']} B={row['batch']}: {row['gpu_us_per_image']:.1f} us/img "
-            f"(unpruned {row['unpruned_gpu_us_per_image']:.1f}, FLOPs x{row['flops_ratio']:.3f}), "
+            f"{row['model']} r={row['r']} B={row['batch']}: {_us(row['gpu_us_per_image'])} us/img "
+            f"(unpruned {_us(row['unpruned_gpu_us_per_image'])}, FLOPs x{row['flops_ratio']:.3f}), "
             f"{row['speedup_img_per_s']:.2f}x img/s; {verdicts}"
         )
     return 0

@@ -22,7 +22,8 @@ floor, and the ratio to timm_compile; `targets` evaluates the speed bars (benchm
     python3 -m benchmarks.serving --tome --out DIR        # tome r = 8, 16 against topk-l2 at the same final count
     python3 -m benchmarks.serving --device cpu --smoke    # debug: deit_tiny, fp32, CUDA-only variants skipped
 
-Writes <out>/serving_<gpu>.json after every model (overwritten in place), then the .png, and prints the table last.
+Writes <out>/serving_<gpu>.json (serving_tome_<gpu>.json with --tome, its token-merging bars judged at the end by
+benchmarks.tome_targets) after every model (overwritten in place), then the .png, and prints the table last.
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         with profile(activities=[ProfilerActivity.CUDA]):
             pass
     gpu = (env.get("gpu") or {}).get("name") or ("cpu" if cfg.device == "cpu" else "unknown")
-    json_path, png_path = result_path(args.out, "serving", gpu), result_path(args.out, "serving", gpu, ".png")
+    name = "serving_tome" if args.tome else "serving"  # the tome run is its own benchmark: its own canonical file
+    json_path, png_path = result_path(args.out, name, gpu), result_path(args.out, name, gpu, ".png")
     result: dict[str, Any] = {
         "benchmark": "benchmarks.serving",
         "env": env,
@@ -242,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         plot(result["records"], png_path, f"benchmarks.serving on {gpu} ({cfg.dtype}; exports {cfg.export_dtype})")
     except Exception as exc:  # noqa: BLE001
         log(f"plot failed: {exc!r}")
+    if args.tome:
+        from benchmarks.tome_targets import evaluate
+
+        try:
+            result["tome_targets"] = evaluate(result)
+        except Exception as exc:  # noqa: BLE001 - the records stay; `python3 -m benchmarks.tome_targets` redoes it
+            log(f"tome_targets failed: {exc!r}")
     result["seconds"] = round(time.time() - _T0, 1)
     write_json(json_path, result)
     log(f"wrote {json_path} in {result['seconds']} s")

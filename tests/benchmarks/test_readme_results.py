@@ -47,3 +47,35 @@ def test_charts_point_at_committed_files() -> None:
             if line.startswith("![") and "benchmarks/results/" in line:
                 target = line[line.index("(") + 1 : line.rindex(")")]
                 assert (ROOT / doc).parent.joinpath(target).resolve().is_file(), (doc, target, prefix)
+
+
+def test_tome_table_from_a_serving_tome_file() -> None:
+    """The tome section's table and bar line on hand-made records (no GPU file is committed yet): img/s with the
+    ratio to the unpruned export, GPU µs in the full table, the bars met and the ones missed."""
+    from benchmarks.readme_results import tome_table
+
+    def rec(variant, policy, batch, img_per_s, gpu_us):
+        return {"model": "deit_small", "variant": variant, "policy": policy, "batch": batch, "status": "ok",
+                "img_per_s": img_per_s, "gpu_us_per_image": gpu_us}  # fmt: skip
+
+    data = {
+        "records": [rec("ort_unpruned", "none", 1, 2000.0, 300.0), rec("ort_raggedvit", "tome:r=8", 1, 1800.0, 290.0),
+                    rec("ort_unpruned", "none", 32, 20000.0, 40.0), rec("ort_raggedvit", "tome:r=8", 32, 25000.0, 33.0),
+                    rec("timm_eager", "none", 32, 9000.0, 90.0)],  # fmt: skip
+        "tome_targets": [
+            {"model": "deit_small", "r": 8, "batch": 1, "bars": {"not_slower_at_b1": {"met": False}}},
+            {"model": "deit_small", "r": 8, "batch": 32, "bars": {"gpu_time_vs_flops": {"limit_us": 34.2, "met": True}}},
+        ],
+    }
+    short = tome_table(data, full=False)
+    assert short[:4] == [
+        "| model | export | B=1 | B=32 |",
+        "|---|---|---:|---:|",
+        "| deit_small | unpruned | 2,000 | 20,000 |",
+        "| deit_small | tome r=8 | 1,800 (0.90x) | 25,000 (1.25x) |",
+    ]
+    assert short[-1] == "Token-merging bars: 1 of 2 met. Missed: deit_small r=8 B=1 (not slower at B=1)."
+    full = tome_table(data, full=True)
+    assert full[3] == "| deit_small | tome r=8 | 1,800 (0.90x); 290.0 µs | 25,000 (1.25x); 33.0 µs |"
+    assert full[-2:] == ["- deit_small r=8 B=1, not slower at B=1: **missed**",
+                         "- deit_small r=8 B=32, GPU time <= 1.15 x FLOPs share: met"]  # fmt: skip

@@ -42,3 +42,26 @@ def test_tome_flag_sets_the_policies(monkeypatch) -> None:
     with pytest.raises(SystemExit):
         main(["--tome", "--device", "cpu", "--smoke"])
     assert seen["policies"] == TOME_POLICIES
+
+
+def test_cpu_smoke_run_writes_its_own_file_with_the_bars(tmp_path) -> None:
+    """--tome writes serving_tome_<machine>.json (not the serving run's file) and judges the bars at its end; on the
+    CPU (deit_tiny, depth 2, batch 1, the tome policies only) the batch-1 bar is judged on img/s."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "benchmarks.serving", "--tome", "--device", "cpu", "--smoke", "--depth", "2",
+           "--batches", "1", "--export-workers", "0", "--variants", "ort_unpruned,ort_raggedvit", "--out",
+           str(tmp_path), "--policies", "tome:r=8", "tome:r=16"]  # fmt: skip (topk-l2's block 4 needs 5 blocks)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not list(tmp_path.glob("serving_cpu.*"))
+    data = json.loads((tmp_path / "serving_tome_cpu.json").read_text())
+    assert {r["policy"] for r in data["records"] if r["status"] == "ok"} == {"none", "tome:r=8", "tome:r=16"}
+    rows = {(t["r"], t["batch"]): t for t in data["tome_targets"]}
+    assert set(rows) == {(8, 1), (16, 1)}
+    assert all(set(t["bars"]) == {"not_slower_at_b1"} for t in rows.values())
+    assert 0.5 < rows[(8, 1)]["flops_ratio"] < 1.0  # depth 2: the run's model, not the 12-block one
