@@ -64,7 +64,8 @@ def test_tome_table_from_a_serving_tome_file() -> None:
                     rec("timm_eager", "none", 32, 9000.0, 90.0)],  # fmt: skip
         "tome_targets": [
             {"model": "deit_small", "r": 8, "batch": 1, "bars": {"not_slower_at_b1": {"met": False}}},
-            {"model": "deit_small", "r": 8, "batch": 32, "bars": {"gpu_time_vs_flops": {"limit_us": 34.2, "met": True}}},
+            {"model": "deit_small", "r": 8, "batch": 32,
+             "bars": {"gpu_time_vs_flops": {"limit_us": 34.2, "met": True}}},  # fmt: skip
         ],
     }
     short = tome_table(data, full=False)
