@@ -614,6 +614,40 @@ def tome(full: bool, prefix: str) -> list[str]:
     return [caption, "", *tome_table(data, full)]
 
 
+def merge_kernel_table(data: dict[str, Any]) -> list[str]:
+    """A `benchmarks.merge_kernel` file: per dtype and batch, the fused kernel's and the standard-op merge's GPU time
+    per call (CUDA-graph replay), the speed-up, the kernel's bandwidth and its agreement check."""
+    lines = ["| dtype | B | RaggedMerge (Triton) | standard-op merge | speed-up | kernel GB/s | src equal |",
+             "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    recs = data["records"]
+    for fused in (r for r in recs if r["impl"] == "triton_merge"):
+        ref = next((r for r in recs if r["impl"] == "torch_reference" and (r["dtype"], r["B"]) == (fused["dtype"],
+                    fused["B"])), None)  # fmt: skip
+        us = [f"{x['gpu_us']:.1f} µs" if x and x.get("gpu_us") else "failed" for x in (fused, ref)]
+        speedup = fused.get("speedup_vs_reference")
+        gbps = fused.get("gbps")
+        lines.append(
+            f"| {fused['dtype']} | {fused['B']} | {us[0]} | {us[1]} | {f'{speedup:.1f}x' if speedup else ''} | "
+            f"{f'{gbps:.0f}' if gbps else ''} | {'yes' if fused.get('src_equal') else '**no**'} |"
+        )
+    return lines
+
+
+def merge_kernel(full: bool, prefix: str) -> list[str]:
+    """The newest `benchmarks.merge_kernel` file (merge_kernel_<GPU>.json), or the line saying none has run."""
+    try:
+        name = latest("merge_kernel")
+    except FileNotFoundError:
+        return ["No GPU run of `python3 -m benchmarks.merge_kernel` yet."]
+    data = _load(name)
+    caption = (
+        "One tome merge at deit_small shapes (n = 197, C = 384, 6 heads, r = 8, the residual fused in): GPU time per "
+        f"call, CUDA-graph replay. {_env_caption(data)}; "
+        f"{_provenance(full, name, data.get('commit'), data.get('date'))}."
+    )
+    return [caption, "", *merge_kernel_table(data)]
+
+
 def gpu_runs(full: bool, prefix: str) -> list[str]:
     """The test section's GPU lines: the newest GPU suite record and the newest validation study on a GPU (or that
     none has run yet)."""
@@ -637,6 +671,7 @@ SECTIONS: dict[str, Callable[[bool, str], list[str]]] = {
     "sweep": sweep,
     "serve_load": serve_load,
     "tome": tome,
+    "merge_kernel": merge_kernel,
 }
 
 _MARKED = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)

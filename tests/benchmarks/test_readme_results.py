@@ -80,3 +80,19 @@ def test_tome_table_from_a_serving_tome_file() -> None:
     assert full[3] == "| deit_small | tome r=8 | 1,800 (0.90x); 290.0 µs | 25,000 (1.25x); 33.0 µs |"
     assert full[-2:] == ["- deit_small r=8 B=1, not slower at B=1: **missed**",
                          "- deit_small r=8 B=32, GPU time <= 1.15 x FLOPs share: met"]  # fmt: skip
+
+
+def test_merge_kernel_table_from_records() -> None:
+    from benchmarks.readme_results import merge_kernel_table
+
+    recs = [
+        {"impl": "triton_merge", "dtype": "float16", "B": 32, "gpu_us": 20.0, "speedup_vs_reference": 15.0,
+         "gbps": 1200.0, "src_equal": True},
+        {"impl": "torch_reference", "dtype": "float16", "B": 32, "gpu_us": 300.0},
+        {"impl": "triton_merge", "dtype": "float32", "B": 1, "gpu_us": None, "src_equal": False},
+        {"impl": "torch_reference", "dtype": "float32", "B": 1, "gpu_us": 90.0},
+    ]  # fmt: skip
+    assert merge_kernel_table({"records": recs})[2:] == [
+        "| float16 | 32 | 20.0 µs | 300.0 µs | 15.0x | 1200 | yes |",
+        "| float32 | 1 | failed | 90.0 µs |  |  | **no** |",
+    ]
