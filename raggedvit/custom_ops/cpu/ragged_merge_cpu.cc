@@ -203,10 +203,12 @@ const T* ImageRows(const Job<T>& job, int64_t in0) {
   thread_local std::vector<T> rows;
   rows.resize(static_cast<size_t>(job.d.n * C));
   const T* skip = job.skip + in0 * C;
-  for (int64_t i = 0; i < job.d.n * C; ++i) {
-    T branch = skip[i];
-    if (job.skip_bias != nullptr) branch = FromFloat<T>(ToFloat(branch) + job.skip_bias[i % C]);
-    rows[static_cast<size_t>(i)] = FromFloat<T>(ToFloat(x[i]) + ToFloat(branch));
+  for (int64_t i = 0; i < job.d.n * C; i += C) {  // row by row: the bias by column
+    for (int64_t c = 0; c < C; ++c) {
+      T branch = skip[i + c];
+      if (job.skip_bias != nullptr) branch = FromFloat<T>(ToFloat(branch) + job.skip_bias[c]);
+      rows[static_cast<size_t>(i + c)] = FromFloat<T>(ToFloat(x[i + c]) + ToFloat(branch));
+    }
   }
   return rows.data();
 }
@@ -304,30 +306,27 @@ void RunTask(void* data, size_t index) {
   }
 }
 
+// p[0, count) as float in *buffer; returns buffer's data.
+template <typename T>
+const float* AsFloats(const T* p, int64_t count, std::vector<float>* buffer) {
+  buffer->resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) (*buffer)[static_cast<size_t>(i)] = ToFloat(p[i]);
+  return buffer->data();
+}
+
 template <typename T>
 OrtStatusPtr Compute(Ort::KernelContext& ctx, const MergeAttrs& attrs, const MergeValues& v, const MergeDims& d) {
   const int64_t rows = d.B * d.m;  // <= T
   Job<T> job;
   job.x = v.x.GetTensorData<T>();
   job.qkv = v.qkv.GetTensorData<T>();
-  job.k_bias = nullptr;
-  if (v.info.has_qkv_bias) {  // converted once per call (thread_local: no allocation once grown)
-    thread_local std::vector<float> k_bias;
-    const T* bias = v.qkv_bias.GetTensorData<T>() + d.H * d.Dh;
-    k_bias.resize(static_cast<size_t>(d.H * d.Dh));
-    for (int64_t i = 0; i < d.H * d.Dh; ++i) k_bias[static_cast<size_t>(i)] = ToFloat(bias[i]);
-    job.k_bias = k_bias.data();
-  }
+  // the biases as float, converted once per call (thread_local: no allocation once grown)
+  thread_local std::vector<float> k_bias, skip_bias;
+  job.k_bias = v.info.has_qkv_bias ? AsFloats(v.qkv_bias.GetTensorData<T>() + d.H * d.Dh, d.H * d.Dh, &k_bias)
+                                   : nullptr;
   job.size = v.info.has_size ? v.size.GetTensorData<float>() : nullptr;
   job.skip = v.info.has_skip ? v.skip.GetTensorData<T>() : nullptr;
-  job.skip_bias = nullptr;
-  if (v.info.has_skip_bias) {  // as float, once per call
-    thread_local std::vector<float> skip_bias;
-    const T* bias = v.skip_bias.GetTensorData<T>();
-    skip_bias.resize(static_cast<size_t>(d.C));
-    for (int64_t c = 0; c < d.C; ++c) skip_bias[static_cast<size_t>(c)] = ToFloat(bias[c]);
-    job.skip_bias = skip_bias.data();
-  }
+  job.skip_bias = v.info.has_skip_bias ? AsFloats(v.skip_bias.GetTensorData<T>(), d.C, &skip_bias) : nullptr;
   job.x_out = ctx.GetOutput(kMergeXOut, {rows, d.C}).GetTensorMutableData<T>();
   job.size_out = ctx.GetOutput(kMergeSizeOut, {rows}).GetTensorMutableData<float>();
   int64_t* cu_out = ctx.GetOutput(kMergeCuOut, {d.B + 1}).GetTensorMutableData<int64_t>();

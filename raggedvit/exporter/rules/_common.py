@@ -63,6 +63,24 @@ def typed(value: ir.Value, dtype: ir.DataType | None, shape: ir.Shape | None = N
     return value
 
 
+def rebuild_node(graph: ir.Graph, node: ir.Node, inputs: list[ir.Value | None], num_outputs: int) -> ir.Node:
+    """Replace `node` in `graph` by a node of the same op, domain, attributes and name reading `inputs`, with its
+    first `num_outputs` outputs (each keeping its name, shape and type, and its readers). Returns the new node."""
+    new = ir.node(
+        node.op_type,
+        inputs,
+        {a.name: a for a in node.attributes.values()},
+        domain=node.domain,
+        num_outputs=num_outputs,
+        name=node.name,
+    )
+    old = list(node.outputs[:num_outputs])
+    for before, value in zip(old, new.outputs):
+        value.name, value.shape, value.type = before.name, before.shape, before.type
+    ir.convenience.replace_nodes_and_values(graph, node, [node], [new], old, list(new.outputs))
+    return new
+
+
 def type_norm_stats(mean: ir.Value, inv_std: ir.Value) -> None:
     """Type com.microsoft::SkipLayerNormalization's mean and inv_std_var outputs (not read): float32, its schema's
     only type for them (type constraint U), whatever the rows' type."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from raggedvit.exporter.rules._common import RAGGED, producer, rank1_const
+from raggedvit.exporter.rules._common import RAGGED, producer, rank1_const, rebuild_node
 
 __all__ = ["merge_residual"]
 
@@ -72,16 +72,6 @@ def merge_residual(model: ir.Model) -> int:
         inputs[_X] = residual
         if skip_bias is None:
             inputs.pop()
-        new = ir.node(
-            node.op_type,
-            inputs,
-            {attr.name: attr for attr in node.attributes.values()},
-            domain=node.domain,
-            num_outputs=len(node.outputs),
-            name=node.name,
-        )
-        for old, value in zip(node.outputs, new.outputs):
-            value.name, value.shape, value.type = old.name, old.shape, old.type
-        ir.convenience.replace_nodes_and_values(graph, node, [node], [new], list(node.outputs), list(new.outputs))
+        rebuild_node(graph, node, inputs, len(node.outputs))
         done += 1
     return done

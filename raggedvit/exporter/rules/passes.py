@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from raggedvit.exporter.rules._common import rebuild_node
+
 __all__ = ["drop_unused_outputs", "fold_weight_layout", "gemm_to_matmul"]
 
 
@@ -72,19 +74,7 @@ def drop_unused_outputs(model: ir.Model, op_type: str = "RaggedAttention") -> in
             keep -= 1
         if keep == len(node.outputs):
             continue
-        new = ir.node(
-            node.op_type,
-            list(node.inputs),
-            {a.name: a for a in node.attributes.values()},
-            domain=node.domain,
-            num_outputs=keep,
-            name=node.name,
-        )
-        for old, value in zip(node.outputs[:keep], new.outputs):
-            value.name, value.shape, value.type = old.name, old.shape, old.type
-        ir.convenience.replace_nodes_and_values(
-            graph, node, [node], [new], list(node.outputs[:keep]), list(new.outputs)
-        )
+        rebuild_node(graph, node, list(node.inputs), keep)
         done += 1
     return done
 
